@@ -1,0 +1,38 @@
+"""ortlab: fine-tune Hugging Face models fast from Jupyter, with ONNX Runtime training and friends.
+
+`import ortlab` is kept light on purpose (no torch, no transformers: they take seconds to import), so that a
+notebook, the CLI and the Jupyter server extension start fast. Public names are resolved lazily on first use.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from ortlab._version import __version__
+
+# public name -> module that defines it (imported on first attribute access)
+_LAZY = {
+    "doctor": "ortlab.probe",
+    "DoctorReport": "ortlab.probe",
+    "Availability": "ortlab.accel",
+}
+
+__all__ = ["Availability", "DoctorReport", "__version__", "doctor"]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ortlab.accel import Availability
+    from ortlab.probe import DoctorReport, doctor
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ortlab' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

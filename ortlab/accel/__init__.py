@@ -1,0 +1,53 @@
+"""The accelerations ortlab can apply, one module each.
+
+    ort            ONNX Runtime training: the model runs inside ORTModule (ort.py)
+    fused_adam     a fused AdamW: ORT's FusedAdam on CUDA, torch's fused AdamW elsewhere (fused_adam.py)
+    zero1          DeepSpeed ZeRO stage 1: optimizer state sharded across processes (zero.py)
+    fp16, bf16     mixed precision (precision.py)
+    torch_compile  torch.compile (torch_compile.py)
+
+Each module has a `check()` that says whether the acceleration can run in *this* Python environment and why,
+and the small function that applies it. `ortlab doctor` and the trainer share these checks, so what the doctor
+promises is what the trainer accepts. There is deliberately no registry: five accelerations, written out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+ACCELERATIONS = ("ort", "fused_adam", "zero1", "fp16", "bf16", "torch_compile")
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether one acceleration can run here.
+
+    `reason` always says why (also when available: which implementation, which device), and `remedy` says what
+    to do about it, so that a user never has to guess. `slow` marks an acceleration that runs but is known to
+    be slower than not using it on this machine (e.g. bf16 on a CPU without bf16 instructions).
+    """
+
+    name: str
+    available: bool
+    reason: str
+    remedy: str
+    slow: bool = False
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Availability:
+        return cls(**data)
+
+
+def package_version(dist: str) -> str | None:
+    """The installed version of a distribution, without importing it (importing torch takes seconds)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None

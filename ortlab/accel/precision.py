@@ -1,0 +1,89 @@
+"""Mixed precision: run matmuls in 16-bit floats, keep master weights in fp32.
+
+- fp16 halves memory traffic and uses tensor cores on NVIDIA GPUs, but its narrow range under/overflows
+  gradients, so it needs dynamic loss scaling (multiply the loss, unscale the gradients, skip steps that
+  overflowed). Trainer does this with torch's GradScaler; it needs a CUDA device.
+- bf16 has fp32's range (no loss scaling) and less precision. Fast on Ampere+ GPUs and on CPUs with bf16
+  instructions (AVX512_BF16 or AMX); elsewhere it is emulated and much slower than fp32 (>10x seen on an
+  EPYC without them).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from ortlab.accel import Availability, package_version
+
+CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+@lru_cache(maxsize=2)
+def check_fp16(probe: bool = False) -> Availability:
+    if package_version("torch") is None:
+        return Availability("fp16", False, "torch is not installed", "pip install torch")
+    import torch
+
+    if not torch.cuda.is_available():
+        return Availability(
+            "fp16",
+            False,
+            "fp16 needs a CUDA device (no CUDA device is visible to torch)",
+            "use a machine with an NVIDIA GPU, or bf16 / fp32 on this machine",
+        )
+    name = torch.cuda.get_device_name(0)
+    return Availability(
+        "fp16",
+        True,
+        f"CUDA device {name}: fp16 autocast with dynamic loss scaling",
+        "nothing to do",
+        details={"device": name},
+    )
+
+
+@lru_cache(maxsize=2)
+def check_bf16(probe: bool = False) -> Availability:
+    if package_version("torch") is None:
+        return Availability("bf16", False, "torch is not installed", "pip install torch")
+    import torch
+
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name(0)
+        if torch.cuda.is_bf16_supported():
+            return Availability(
+                "bf16", True, f"CUDA device {name} supports bf16", "nothing to do", details={"device": name}
+            )
+        return Availability(
+            "bf16",
+            False,
+            f"CUDA device {name} has no bf16 support (needs Ampere or newer)",
+            "use fp16 on this GPU",
+        )
+    flags = cpu_flags()
+    hw = [f for f in CPU_BF16_FLAGS if f in flags]
+    if hw:
+        return Availability(
+            "bf16",
+            True,
+            f"CPU with bf16 instructions ({', '.join(hw)}): bf16 autocast",
+            "nothing to do",
+            details={"device": "cpu", "cpu_flags": hw},
+        )
+    return Availability(
+        "bf16",
+        True,
+        "bf16 on this CPU has no hardware support (no avx512_bf16/amx_bf16) and is slow (>10x slower than fp32)",
+        "train in fp32 on this CPU, or use a GPU with bf16 (Ampere or newer)",
+        slow=True,
+        details={"device": "cpu"},
+    )

@@ -1,0 +1,65 @@
+"""DeepSpeed ZeRO stage 1: shard the optimizer state across data-parallel processes.
+
+With plain data parallelism each of N processes keeps a full copy of the Adam moments (8 bytes per fp32
+parameter, twice the model). ZeRO-1 gives each rank 1/N of them: a rank updates only its shard of the
+parameters, then the updated shards are all-gathered. Memory per rank for optimizer state drops ~N-fold at
+the cost of one all-gather per step; with one process it changes nothing but the code path.
+
+DeepSpeed picks its communication backend from its accelerator: NCCL on CUDA, gloo on CPU (this is how ortlab
+tests ZeRO-1 with two processes on a CPU machine).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from ortlab.accel import Availability, package_version
+
+
+@lru_cache(maxsize=2)
+def check(probe: bool = False) -> Availability:
+    """DeepSpeed installed and able to start here; `probe=True` imports it (seconds) and asks its accelerator."""
+    name = "zero1"
+    version = package_version("deepspeed")
+    if version is None:
+        return Availability(name, False, "deepspeed is not installed", "pip install 'ortlab[deepspeed]'")
+    if package_version("torch") is None:
+        return Availability(name, False, "torch is not installed", "pip install torch")
+    if not probe:
+        return Availability(
+            name,
+            True,
+            f"deepspeed {version} installed (not probed)",
+            "nothing to do",
+            details={"deepspeed": version},
+        )
+    try:
+        import torch.distributed as dist
+        from deepspeed.accelerator import get_accelerator
+
+        accel = get_accelerator()
+        backend = accel.communication_backend_name()
+        backend_ok = {"nccl": dist.is_nccl_available, "gloo": dist.is_gloo_available}.get(backend, lambda: True)()
+        details = {"deepspeed": version, "accelerator": accel.device_name(), "backend": backend}
+    except Exception as e:
+        return Availability(
+            name,
+            False,
+            f"deepspeed {version} failed to start: {type(e).__name__}: {e}"[:400],
+            "reinstall deepspeed for this torch (`pip install --force-reinstall deepspeed`)",
+        )
+    if not backend_ok:
+        return Availability(
+            name,
+            False,
+            f"torch.distributed has no {backend} backend",
+            "install a torch build with the backend DeepSpeed needs",
+            details=details,
+        )
+    return Availability(
+        name,
+        True,
+        f"deepspeed {version} on its {details['accelerator']} accelerator, {backend} backend",
+        "ZeRO-1 saves memory only with several processes (set processes > 1)",
+        details=details,
+    )

@@ -1,0 +1,136 @@
+"""`ortlab doctor`: real probes in real subprocesses, in this environment and in a bare one."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import venv
+from pathlib import Path
+
+import pytest
+from conftest import PYTHON, ROOT
+
+from ortlab.accel import ACCELERATIONS, Availability
+from ortlab.probe import GROUPS, _collect
+
+
+@pytest.fixture(scope="module")
+def report() -> dict:
+    ortlab_cli = Path(PYTHON).parent / "ortlab"
+    out = subprocess.run([str(ortlab_cli), "doctor", "--json"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_every_acceleration_has_a_reason_and_a_remedy(report):
+    accels = report["accelerations"]
+    assert list(accels) == list(ACCELERATIONS)
+    for name, a in accels.items():
+        assert a["name"] == name
+        assert isinstance(a["available"], bool)
+        assert len(a["reason"]) > 10, a
+        assert len(a["remedy"]) > 5, a
+
+
+def test_dev_environment_runs_ort_fused_adam_and_zero1(report):
+    # The pinned development environment exists to make these three work on any machine, CPU included.
+    accels = report["accelerations"]
+    for name in ("ort", "fused_adam", "zero1"):
+        assert accels[name]["available"], accels[name]
+    assert "trained through ORTModule" in accels["ort"]["reason"]  # the probe really ran a step
+
+
+def test_fp16_follows_cuda(report):
+    import torch
+
+    fp16 = report["accelerations"]["fp16"]
+    assert fp16["available"] == torch.cuda.is_available()
+    if not torch.cuda.is_available():
+        assert "CUDA" in fp16["reason"]
+        assert report["devices"] == []
+
+
+def test_torch_compile_is_refused_on_torch_2_6(report):
+    import torch
+
+    if hasattr(torch.compiler, "is_exporting"):
+        pytest.skip("this runtime has a torch that can compile")
+    tc = report["accelerations"]["torch_compile"]
+    assert not tc["available"]
+    assert "2.7" in tc["remedy"]
+
+
+def test_bare_environment_reports_every_acceleration_missing(tmp_path):
+    # A real second runtime without torch: the doctor must explain, not crash.
+    bare = tmp_path / "bare"
+    venv.EnvBuilder(with_pip=False).create(bare)
+    from ortlab.probe import doctor
+
+    started = time.monotonic()
+    rep = doctor(python=str(bare / "bin" / "python"))
+    assert time.monotonic() - started < 60
+    assert rep.torch is None
+    for name in ACCELERATIONS:
+        a = rep[name]
+        assert not a.available, a
+        assert "not installed" in a.reason, a
+        assert "pip install" in a.remedy, a
+
+
+def test_a_crashing_probe_is_reported_not_raised():
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import os, sys; sys.stderr.write('boom\\n'); sys.stderr.flush(); os.abort()"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    result = _collect(proc, "ort", time.monotonic() + 30)
+    ort = Availability.from_dict(result["accelerations"]["ort"])
+    assert not ort.available
+    assert "crashed" in ort.reason and "boom" in ort.reason
+    assert set(result["accelerations"]) == set(GROUPS["ort"])
+
+
+def test_ort_rejects_torch_2_7(monkeypatch):
+    from ortlab.accel import ort
+
+    real = ort.package_version
+    monkeypatch.setattr(ort, "package_version", lambda d: "2.7.1" if d == "torch" else real(d))
+    ort.check.cache_clear()
+    try:
+        a = ort.check()
+    finally:
+        ort.check.cache_clear()
+    assert not a.available
+    assert "torch < 2.7" in a.reason and "torch 2.6.0" in a.remedy
+
+
+def test_human_table_lists_every_acceleration():
+    out = subprocess.run(
+        [str(Path(PYTHON).parent / "ortlab"), "doctor"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+    )
+    assert out.returncode == 0, out.stderr
+    for name in ACCELERATIONS:
+        assert name in out.stdout
+    assert "reason" in out.stdout and "remedy" in out.stdout
+
+
+def test_second_setup_does_nothing():
+    started = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-X", "utf8", str(ROOT / "scripts" / "dev"), "setup"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    elapsed = time.monotonic() - started
+    assert out.returncode == 0, out.stderr
+    assert "installing" not in out.stdout and "building" not in out.stdout, out.stdout
+    assert "already built" in out.stdout
+    assert elapsed < 60, f"a set-up with nothing to do took {elapsed:.0f} s"
