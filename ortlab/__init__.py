@@ -16,13 +16,29 @@ _LAZY = {
     "doctor": "ortlab.probe",
     "DoctorReport": "ortlab.probe",
     "Availability": "ortlab.accel",
+    "ORTTrainer": "ortlab.train.trainer",
+    "ORTTrainingArguments": "ortlab.train.args",
+    "AccelerationNotApplied": "ortlab.train.trainer",
+    "MixError": "ortlab.accel.mix",
 }
 
-__all__ = ["Availability", "DoctorReport", "__version__", "doctor"]
+__all__ = [
+    "AccelerationNotApplied",
+    "Availability",
+    "DoctorReport",
+    "MixError",
+    "ORTTrainer",
+    "ORTTrainingArguments",
+    "__version__",
+    "doctor",
+]
 
 if TYPE_CHECKING:  # pragma: no cover
     from ortlab.accel import Availability
+    from ortlab.accel.mix import MixError
     from ortlab.probe import DoctorReport, doctor
+    from ortlab.train.args import ORTTrainingArguments
+    from ortlab.train.trainer import AccelerationNotApplied, ORTTrainer
 
 
 def __getattr__(name: str) -> Any:

@@ -43,6 +43,23 @@ class Availability:
         return cls(**data)
 
 
+@dataclass
+class Applied:
+    """What really happened to one acceleration in a run: asked for, really in effect, and how.
+
+    `applied` is only True when ortlab verified it (ORT built a training session and did not fall back; the
+    optimizer that exists is the fused one; DeepSpeed's engine runs the requested ZeRO stage ...).
+    """
+
+    name: str
+    requested: bool
+    applied: bool = False
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 def package_version(dist: str) -> str | None:
     """The installed version of a distribution, without importing it (importing torch takes seconds)."""
     from importlib import metadata

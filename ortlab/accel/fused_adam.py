@@ -89,11 +89,30 @@ def _try_step(make, device: str) -> tuple[bool, str | None]:
         return False, f"{type(e).__name__}: {str(e).strip()[:200]}"
 
 
-def create(params, device: str, lr: float, betas: tuple[float, float], eps: float, weight_decay: float):
-    """The fused AdamW for `device`, and the name of the implementation that was created."""
-    kw = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
-    if device == "cuda":
+def optimizer_cls_and_kwargs(device_type: str) -> tuple[type, dict, str]:
+    """The fused AdamW class for `device_type`, its extra kwargs, and a human name of the implementation.
+
+    Returned in the shape of `Trainer(optimizer_cls_and_kwargs=...)`, so the Trainer still builds the parameter
+    groups (weight decay off for biases and norms) and passes lr/betas/eps/weight_decay itself.
+    """
+    import torch
+
+    if device_type == "cuda":
         ok, _ = _try_step(_ort_fused_adam, "cuda")
         if ok:
-            return _ort_fused_adam(params, **kw), ORT_NAME
-    return _torch_fused_adamw(params, **kw), TORCH_NAME
+            from onnxruntime.training.optim import AdamWMode, FusedAdam
+
+            return FusedAdam, {"adam_w_mode": AdamWMode.ADAMW_TORCH}, ORT_NAME
+    return torch.optim.AdamW, {"fused": True}, TORCH_NAME
+
+
+def describe(optimizer) -> tuple[bool, str]:
+    """(is it fused, which implementation) for an optimizer that exists, looking inside wrappers."""
+    inner = optimizer
+    while hasattr(inner, "optimizer") and inner is not inner.optimizer:
+        inner = inner.optimizer
+    cls = type(inner).__name__
+    if cls == "FusedAdam":
+        return True, ORT_NAME
+    fused = bool(getattr(inner, "defaults", {}).get("fused"))
+    return fused, f"torch {cls}(fused={fused})"

@@ -22,6 +22,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -78,8 +81,11 @@ def build_extensions(force: bool = False) -> bool:
             build = Path(tmp) / name
             setup_py = ext_dir / "cpu" / name / "setup.py"
             cmd = [sys.executable, str(setup_py), "-q", "build", "--build-base", str(build)]
-            if subprocess.call(cmd, cwd=tmp, env=env) != 0:
-                raise RuntimeError(f"building ORTModule extension {name} failed (command: {' '.join(cmd)})")
+            # The compiler's output is long and only useful when it fails: keep it, show its tail then.
+            proc = subprocess.run(cmd, cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            if proc.returncode != 0:
+                tail = "\n".join(proc.stdout.splitlines()[-30:])
+                raise RuntimeError(f"building ORTModule extension {name} failed ({' '.join(cmd)}):\n{tail}")
             built = list(build.glob("lib.*/*.so"))
             if not built:
                 raise RuntimeError(f"building ORTModule extension {name} produced no .so under {build}")
@@ -187,6 +193,118 @@ def _probe() -> tuple[bool, str, dict]:
         )
     finally:
         os.environ.pop("ORTMODULE_FALLBACK_POLICY", None)
+
+
+# --- applying it ---------------------------------------------------------------------------------------------
+
+LOG_LEVELS = ("VERBOSE", "INFO", "WARNING", "ERROR", "FATAL")
+
+
+@dataclass(frozen=True)
+class ORTOptions:
+    """ORTModule's useful knobs. `fallback="error"` makes an export failure fail the run instead of silently
+    training in PyTorch; `save_onnx_path` keeps the exported training graphs (for Netron or for a bug report);
+    `memory_opt_level` 1 recomputes layer activations in backward (less memory, more compute)."""
+
+    log_level: str = "WARNING"
+    save_onnx_path: str | None = None
+    memory_opt_level: int = 0
+    fallback: str = "warn"
+
+    def __post_init__(self) -> None:
+        if self.log_level not in LOG_LEVELS:
+            raise ValueError(f"ort_log_level must be one of {LOG_LEVELS}, got {self.log_level!r}")
+        if self.fallback not in ("warn", "error"):
+            raise ValueError(f"ort_fallback must be 'warn' or 'error', got {self.fallback!r}")
+        if self.memory_opt_level not in (0, 1, 2):
+            raise ValueError(f"ort_memory_opt_level must be 0, 1 or 2, got {self.memory_opt_level!r}")
+
+
+class ORTFallbackError(RuntimeError):
+    """ORTModule could not run the model and `ort_fallback="error"` was set."""
+
+
+def prepare_model(model) -> dict[str, str]:
+    """Make a transformers-5 model exportable by ORTModule; return what was changed.
+
+    - attention: SDPA (the transformers default) breaks ORT 1.19's gradient builder; eager attention exports.
+    - use_cache: a decoder's KV cache is a `Cache` object, not tensors: the ONNX export cannot return it.
+    """
+    changed: dict[str, str] = {}
+    config = getattr(model, "config", None)
+    if config is None:
+        return changed
+    attn = getattr(config, "_attn_implementation", None)
+    if attn not in (None, "eager") and hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation("eager")
+        changed["attention"] = f"eager (was {attn})"
+    if getattr(config, "use_cache", False):
+        config.use_cache = False
+        changed["use_cache"] = "False (a KV cache cannot be exported)"
+    return changed
+
+
+@contextmanager
+def _env(values: dict[str, str]) -> Iterator[None]:
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def wrap(model, options: ORTOptions):
+    """Wrap `model` in ORTModule. The wrapper shares the model's parameters: an optimizer built on the model
+    trains through it, and the model itself stays a plain PyTorch/transformers model (for saving)."""
+    env = {"ORTMODULE_MEMORY_OPT_LEVEL": str(options.memory_opt_level)}
+    if options.fallback == "error":
+        env["ORTMODULE_FALLBACK_POLICY"] = "FALLBACK_DISABLE"
+    with _env(env):
+        from onnxruntime.training.ortmodule import DebugOptions, LogLevel, ORTModule
+
+        debug = DebugOptions(
+            log_level=LogLevel[options.log_level],
+            save_onnx=bool(options.save_onnx_path),
+            onnx_prefix="ortlab",
+            save_path=options.save_onnx_path or "",
+        )
+        if options.save_onnx_path:
+            Path(options.save_onnx_path).mkdir(parents=True, exist_ok=True)
+        return ORTModule(model, debug)
+
+
+def fallback_reason(ort_module) -> str | None:
+    """Why ORTModule is running the model in PyTorch instead of ONNX Runtime, or None if it is not."""
+    from onnxruntime.training.ortmodule._torch_module_pytorch import TorchModulePytorch
+
+    manager = ort_module._fallback_manager
+    if manager._exception is not None:
+        e = manager._exception
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        return f"{type(e).__name__}: {first[:500]}"
+    if isinstance(ort_module._torch_module, TorchModulePytorch):
+        return "ORTModule switched to PyTorch at initialisation"
+    return None
+
+
+def ran_in_ort(ort_module) -> bool:
+    """True once ONNX Runtime has built a training session for the model (after the first training forward)."""
+    from onnxruntime.training.ortmodule._torch_module_ort import TorchModuleORT
+
+    torch_module = ort_module._torch_module
+    if not isinstance(torch_module, TorchModuleORT):
+        return False
+    return torch_module._execution_manager(True)._execution_agent is not None
+
+
+def is_ort_error(exc: BaseException) -> bool:
+    """An exception raised by ORTModule (export, graph build or execution)."""
+    return type(exc).__module__.startswith("onnxruntime")
 
 
 if __name__ == "__main__":

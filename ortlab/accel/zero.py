@@ -63,3 +63,50 @@ def check(probe: bool = False) -> Availability:
         "ZeRO-1 saves memory only with several processes (set processes > 1)",
         details=details,
     )
+
+
+def deepspeed_config(stage: int = 1) -> dict:
+    """A DeepSpeed config for ZeRO `stage` whose sizes come from the TrainingArguments ("auto").
+
+    No "optimizer" section on purpose: the Trainer builds the optimizer (so `adamw_ort_fused` still applies)
+    and DeepSpeed shards it. A DeepSpeed-side AdamW would JIT-compile its CPU op for minutes on first use.
+    """
+    return {
+        "zero_optimization": {"stage": stage},
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+        "fp16": {"enabled": "auto"},
+        "bf16": {"enabled": "auto"},
+        "zero_allow_untested_optimizer": True,
+    }
+
+
+def stage_of(config: dict | str | None) -> int:
+    """The ZeRO stage of a DeepSpeed config (a dict or a JSON file path); 0 when there is none."""
+    if config is None:
+        return 0
+    if isinstance(config, str):
+        import json
+        from pathlib import Path
+
+        config = json.loads(Path(config).read_text())
+    return int(config.get("zero_optimization", {}).get("stage", 0))
+
+
+def ensure_process_group_env() -> bool:
+    """DeepSpeed always starts torch.distributed. Launched without a launcher (a notebook, `python x.py`),
+    there is no MASTER_ADDR/RANK/...: set a one-process group on a free local port. Returns True if set."""
+    import os
+
+    if "RANK" in os.environ or "WORLD_SIZE" in os.environ:
+        return False
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(
+        {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+    )
+    return True

@@ -1,0 +1,1 @@
+"""Training: `ORTTrainingArguments` and `ORTTrainer` (imports transformers: load lazily via `ortlab.ORTTrainer`)."""

@@ -1,0 +1,148 @@
+"""`ORTTrainingArguments`: `transformers.TrainingArguments` plus the acceleration mix.
+
+Drop-in for Optimum's class of the same name: `optim="adamw_ort_fused"` is accepted, and by default the model
+trains inside ORTModule. Every rule about which accelerations combine is checked here, when the arguments are
+built, i.e. before a model is trained (and, from a RunSpec, before it is even loaded).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from dataclasses import dataclass, field
+
+from transformers import TrainingArguments
+
+from ortlab.accel import mix as mix_rules
+from ortlab.accel import zero
+from ortlab.accel.ort import ORTOptions
+
+logger = logging.getLogger("ortlab")
+
+ORT_FUSED = "adamw_ort_fused"
+
+
+@dataclass
+class ORTTrainingArguments(TrainingArguments):
+    use_ort: bool = field(
+        default=True,
+        metadata={"help": "Train the model inside ONNX Runtime's ORTModule (the point of ORTTrainer)."},
+    )
+    ort_fallback: str = field(
+        default="warn",
+        metadata={
+            "help": "What to do when ORTModule cannot run the model and would train it in PyTorch instead: "
+            "'warn' (train on in PyTorch, reported loudly and recorded as not applied) or 'error' (fail)."
+        },
+    )
+    ort_log_level: str = field(
+        default="WARNING", metadata={"help": "ORTModule's log level: VERBOSE, INFO, WARNING, ERROR or FATAL."}
+    )
+    ort_save_onnx_path: str | None = field(
+        default=None, metadata={"help": "Folder to save ORTModule's exported training graphs in (for inspection)."}
+    )
+    ort_memory_opt_level: int = field(
+        default=0,
+        metadata={"help": "ORTModule memory optimizer: 0 off, 1 layer-wise recompute, 2 also recompute compromised."},
+    )
+    fused_adam: bool = field(
+        default=False,
+        metadata={
+            "help": f"Use the best fused AdamW of this runtime (set by optim={ORT_FUSED!r}): ORT's FusedAdam on "
+            "CUDA, torch's AdamW(fused=True) elsewhere."
+        },
+    )
+    zero_stage: int = field(
+        default=0,
+        metadata={
+            "help": "DeepSpeed ZeRO stage (1: shard optimizer state). ortlab builds the DeepSpeed config from these "
+            "arguments; pass `deepspeed=` instead to use your own."
+        },
+    )
+    metrics_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "Append-only JSON-lines file for per-step metrics; default <output_dir>/metrics.jsonl, "
+            "'' to disable."
+        },
+    )
+    metrics_warmup_steps: int = field(
+        default=2,
+        metadata={"help": "Steps counted as warm-up (ORT export, graph build, allocator) in throughput summaries."},
+    )
+
+    def __post_init__(self) -> None:
+        if self.optim == ORT_FUSED:
+            # transformers validates `optim` against its own names; the fused choice is ortlab's (see fused_adam).
+            self.fused_adam = True
+            self.optim = "adamw_torch_fused"
+        self._configure_zero()
+        self.ort_options  # noqa: B018 -- validates the ORT options early
+        for warning in mix_rules.validate(self.mix):
+            warnings.warn(warning, stacklevel=3)
+            logger.warning(warning)
+        super().__post_init__()
+        self._count_cpu_deepspeed_processes()
+        if self.metrics_path is None:
+            self.metrics_path = os.path.join(self.output_dir, "metrics.jsonl")
+
+    def _configure_zero(self) -> None:
+        user_stage = zero.stage_of(self.deepspeed) if self.deepspeed else 0
+        if self.deepspeed and self.zero_stage and self.zero_stage != user_stage:
+            raise mix_rules.MixError(
+                [f"zero_stage={self.zero_stage} but the DeepSpeed config says stage {user_stage}: set only one"]
+            )
+        if self.zero_stage and not self.deepspeed:
+            self.deepspeed = zero.deepspeed_config(self.zero_stage)
+        self.zero_stage = self.zero_stage or user_stage
+        import torch
+
+        cuda = torch.cuda.is_available() and not self.use_cpu
+        if self.deepspeed:
+            zero.ensure_process_group_env()
+        elif not cuda and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            # Plain data parallelism on CPU: Accelerate only shards the data across processes with use_cpu.
+            self.use_cpu = True
+
+    def _count_cpu_deepspeed_processes(self) -> None:
+        """Work around Accelerate (1.15) starting DeepSpeed on CPU without naming a backend: it then records
+        one process, and every rank would train on the same batches. Count the processes DeepSpeed started."""
+        import torch.distributed as dist
+
+        state = self.distributed_state
+        if not self.deepspeed or state is None or state.backend is not None:
+            return
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            state.backend = dist.get_backend()
+            state.num_processes = dist.get_world_size()
+            state.process_index = dist.get_rank()
+            state.local_process_index = int(os.environ.get("LOCAL_RANK", dist.get_rank()))
+
+    @property
+    def ort_options(self) -> ORTOptions:
+        return ORTOptions(
+            log_level=self.ort_log_level,
+            save_onnx_path=self.ort_save_onnx_path,
+            memory_opt_level=self.ort_memory_opt_level,
+            fallback=self.ort_fallback,
+        )
+
+    @property
+    def mix(self) -> mix_rules.Mix:
+        ds = self.deepspeed
+        if isinstance(ds, str):
+            import json
+            from pathlib import Path
+
+            ds = json.loads(Path(ds).read_text())
+        return mix_rules.Mix(
+            ort=self.use_ort,
+            fused_adam=self.fused_adam or str(getattr(self.optim, "value", self.optim)) == "adamw_torch_fused",
+            zero_stage=self.zero_stage,
+            precision="fp16" if self.fp16 else "bf16" if self.bf16 else "fp32",
+            torch_compile=bool(self.torch_compile),
+            processes=int(os.environ.get("WORLD_SIZE", "1")),
+            use_cpu=bool(self.use_cpu),
+            deepspeed_defines_optimizer=bool(isinstance(ds, dict) and "optimizer" in ds),
+        )
