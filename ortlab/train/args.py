@@ -77,32 +77,34 @@ class ORTTrainingArguments(TrainingArguments):
             # transformers validates `optim` against its own names; the fused choice is ortlab's (see fused_adam).
             self.fused_adam = True
             self.optim = "adamw_torch_fused"
-        self._configure_zero()
-        self.ort_options  # noqa: B018 -- validates the ORT options early
-        for warning in mix_rules.validate(self.mix):
-            warnings.warn(warning, stacklevel=3)
-            logger.warning(warning)
-        super().__post_init__()
-        self._count_cpu_deepspeed_processes()
-        if self.metrics_path is None:
-            self.metrics_path = os.path.join(self.output_dir, "metrics.jsonl")
-
-    def _configure_zero(self) -> None:
         user_stage = zero.stage_of(self.deepspeed) if self.deepspeed else 0
         if self.deepspeed and self.zero_stage and self.zero_stage != user_stage:
             raise mix_rules.MixError(
                 [f"zero_stage={self.zero_stage} but the DeepSpeed config says stage {user_stage}: set only one"]
             )
+        self.zero_stage = self.zero_stage or user_stage
+        self.ort_options  # noqa: B018 -- validates the ORT options early
+        # Every combination rule, before anything is set up (no process group, no model).
+        for warning in mix_rules.validate(self.mix):
+            warnings.warn(warning, stacklevel=3)
+            logger.warning(warning)
+        self._configure_processes()
+        super().__post_init__()
+        self._count_cpu_deepspeed_processes()
+        if self.metrics_path is None:
+            self.metrics_path = os.path.join(self.output_dir, "metrics.jsonl")
+
+    def _configure_processes(self) -> None:
         if self.zero_stage and not self.deepspeed:
             self.deepspeed = zero.deepspeed_config(self.zero_stage)
-        self.zero_stage = self.zero_stage or user_stage
         import torch
 
         cuda = torch.cuda.is_available() and not self.use_cpu
         if self.deepspeed:
             zero.ensure_process_group_env()
-        elif not cuda and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            # Plain data parallelism on CPU: Accelerate only shards the data across processes with use_cpu.
+        elif not cuda:
+            # Without a GPU, say so: Accelerate only shards data across CPU processes with use_cpu, and
+            # transformers refuses bf16 on CPU without it.
             self.use_cpu = True
 
     def _count_cpu_deepspeed_processes(self) -> None:

@@ -140,7 +140,8 @@ class ORTTrainer(Trainer):
         current = self.model
         self.model = _unwrap_ort(current)
         try:
-            super()._save(output_dir, state_dict)
+            with ort.original_config(self.model):
+                super()._save(output_dir, state_dict)
         finally:
             self.model = current
         self._write_accelerations(output_dir or self.args.output_dir)
