@@ -46,6 +46,149 @@ def build_ort_extensions(
     typer.echo("ORTModule extensions built" if built else "ORTModule extensions already built: nothing to do")
 
 
+@app.command()
+def train(
+    spec_file: Annotated[
+        Path | None, typer.Argument(help="a RunSpec as YAML or JSON (default: the embedded default)")
+    ] = None,
+    model: Annotated[str | None, typer.Option(help="Hub model id or local folder")] = None,
+    data: Annotated[str | None, typer.Option(help="Hub dataset id, local file/folder, or embedded:NAME")] = None,
+    task: Annotated[str | None, typer.Option(help="sequence-classification, token-classification or causal-lm")] = None,
+    text_column: Annotated[str | None, typer.Option()] = None,
+    label_column: Annotated[str | None, typer.Option()] = None,
+    max_train_samples: Annotated[int | None, typer.Option()] = None,
+    max_eval_samples: Annotated[int | None, typer.Option()] = None,
+    epochs: Annotated[float | None, typer.Option()] = None,
+    max_steps: Annotated[int | None, typer.Option()] = None,
+    learning_rate: Annotated[float | None, typer.Option("--lr", "--learning-rate")] = None,
+    batch_size: Annotated[int | None, typer.Option()] = None,
+    max_length: Annotated[int | None, typer.Option()] = None,
+    ort: Annotated[bool | None, typer.Option("--ort/--no-ort", help="ONNX Runtime training (default: auto)")] = None,
+    fused_adam: Annotated[bool | None, typer.Option("--fused-adam/--no-fused-adam", help="(default: auto)")] = None,
+    zero_stage: Annotated[int | None, typer.Option(help="DeepSpeed ZeRO stage")] = None,
+    precision: Annotated[str | None, typer.Option(help="fp32, fp16 or bf16")] = None,
+    output_dir: Annotated[str | None, typer.Option(help="folder for run folders (default: ortlab-runs)")] = None,
+    name: Annotated[str | None, typer.Option(help="run name")] = None,
+    seed: Annotated[int | None, typer.Option()] = None,
+    quiet: Annotated[bool, typer.Option(help="no progress bars")] = False,
+) -> None:
+    """Train a RunSpec in the foreground: checks everything first, then prints eval before and after."""
+    from ortlab.spec import RunSpec
+
+    overrides = {
+        ("model", "name"): model,
+        ("data", "source"): data,
+        ("task",): task,
+        ("data", "text_column"): text_column,
+        ("data", "label_column"): label_column,
+        ("data", "max_train_samples"): max_train_samples,
+        ("data", "max_eval_samples"): max_eval_samples,
+        ("hyper", "epochs"): epochs,
+        ("hyper", "max_steps"): max_steps,
+        ("hyper", "learning_rate"): learning_rate,
+        ("hyper", "batch_size"): batch_size,
+        ("hyper", "max_length"): max_length,
+        ("accel", "ort"): ort,
+        ("accel", "fused_adam"): fused_adam,
+        ("accel", "zero_stage"): zero_stage,
+        ("accel", "precision"): precision,
+        ("output_dir",): output_dir,
+        ("name",): name,
+        ("seed",): seed,
+    }
+    try:
+        base = _read_spec_file(spec_file) if spec_file is not None else RunSpec().model_dump(mode="json")
+        if data is not None and spec_file is None:
+            base["data"] = {"source": data}  # a new dataset starts from the data defaults, not the demo's caps
+        for path, value in overrides.items():
+            if value is None:
+                continue
+            node = base
+            for key in path[:-1]:
+                node = node.setdefault(key, {})
+            node[path[-1]] = value
+        spec = RunSpec.parse(base)
+        from ortlab.train.run import train_spec
+
+        result = train_spec(spec, progress=not quiet)
+    except _user_errors() as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    _print_result(result)
+
+
+def _read_spec_file(path: Path) -> dict:
+    import json
+
+    import yaml
+
+    from ortlab.spec import SpecError
+
+    if not path.is_file():
+        raise SpecError([f"spec file {str(path)!r} does not exist"])
+    text = path.read_text()
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        raise SpecError([f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {e}"]) from None
+    if not isinstance(data, dict):
+        raise SpecError([f"{path}: a spec is a mapping of fields, got {type(data).__name__}"])
+    return data
+
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    """Errors that mean 'your input is wrong' (shown as one clear message), not 'ortlab is broken'."""
+    from ortlab.accel.mix import MixError
+    from ortlab.assets import AssetMissing
+    from ortlab.data import DataError
+    from ortlab.spec import SpecError
+    from ortlab.tasks import ModelError
+
+    return (SpecError, DataError, ModelError, MixError, AssetMissing)
+
+
+def _print_result(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title=f"run {result['run_dir']}")
+    table.add_column("metric")
+    table.add_column("before", justify="right")
+    table.add_column("after", justify="right")
+    for key, value in result["eval_after"].items():
+        if (
+            key.startswith("eval_")
+            and isinstance(value, float)
+            and not key.endswith(("runtime", "per_second", "_time"))
+        ):
+            before = result["eval_before"].get(key)
+            table.add_row(key[5:], f"{before:.4f}" if isinstance(before, float) else "", f"{value:.4f}")
+    console.print(table)
+    s = result["summary"]
+    applied = [k for k, v in result["accelerations"].items() if v["applied"]]
+    not_applied = [k for k, v in result["accelerations"].items() if v["requested"] and not v["applied"]]
+    console.print(
+        f"steady state: {s.get('steady_samples_per_s', 0):.1f} samples/s, {s.get('steady_tokens_per_s', 0):.0f} "
+        f"tokens/s; warm-up {s['warmup_time_s']:.1f} s; peak memory {s['peak_mem_mb']:.0f} MB"
+    )
+    console.print(f"accelerations applied: {', '.join(applied) or 'none'}")
+    if not_applied:
+        console.print(f"[red]requested but NOT applied: {', '.join(not_applied)}[/]")
+
+
+@app.command()
+def spec(
+    schema: Annotated[bool, typer.Option("--schema", help="print the JSON schema instead of the default spec")] = False,
+) -> None:
+    """Print the default RunSpec as YAML (a starting point for your own), or its JSON schema."""
+    import json
+
+    from ortlab.spec import RunSpec
+
+    print(json.dumps(RunSpec.json_schema(), indent=2) if schema else RunSpec().to_yaml())
+
+
 def main() -> None:
     app(prog_name="ortlab")
 

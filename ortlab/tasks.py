@@ -46,3 +46,76 @@ def check_model_matches(model: object, name: str) -> None:
             f"feature={name!r} needs a model with a *{feature.head_suffix} head, but got {cls}: load the model "
             f"with {feature.auto_class}.from_pretrained(...) or pass the matching feature"
         )
+
+
+# --- models for a RunSpec ----------------------------------------------------------------------------------------
+
+
+class ModelError(ValueError):
+    """The model cannot be used; the message says what is wrong and how to fix it."""
+
+
+def resolve_model(name: str) -> str:
+    """A local folder for `name`: a folder the user named, ortlab's packaged copy of a Hub id, or the Hub id
+    itself when it exists on a reachable Hub (checked fast; nothing is downloaded here)."""
+    import os
+    from pathlib import Path
+
+    from ortlab.assets import embedded_model_path
+    from ortlab.hub import HubUnavailable, hub_repo_exists
+
+    path = Path(os.path.expanduser(name))
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise ModelError(f"model.name: the folder {name!r} has no config.json: is it a Hugging Face model folder?")
+        return str(path)
+    embedded = embedded_model_path(name)
+    if embedded is not None:
+        return str(embedded)
+    if name.startswith((".", "/", "~")) or path.suffix:
+        raise ModelError(f"model.name: the folder {name!r} does not exist")
+    try:
+        exists = hub_repo_exists(name, "model")
+    except HubUnavailable as e:
+        raise ModelError(
+            f"model.name: {name!r} is not a local folder and the Hugging Face Hub is not reachable ({e}). "
+            "Use a local model folder or the embedded sentence-transformers/all-MiniLM-L6-v2, or go online."
+        ) from None
+    if not exists:
+        raise ModelError(f"model.name: no model {name!r} on the Hugging Face Hub (check the id)")
+    return name
+
+
+TASK_FEATURES = {
+    "sequence-classification": "sequence-classification",
+    "token-classification": "token-classification",
+    "causal-lm": "causal-lm",
+}
+
+
+def load_tokenizer(path: str, revision: str | None = None):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
+    if tokenizer.pad_token is None:
+        # Decoder tokenizers (GPT-2 style) have no pad token; padding with EOS is the usual convention.
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(path: str, task: str, label_names: list[str], revision: str | None = None):
+    """The model with the head for `task`; classification heads sized for `label_names` (a pretrained head of
+    another size is replaced, which transformers 5 only does with ignore_mismatched_sizes)."""
+    import transformers
+
+    feature = get_feature(TASK_FEATURES[task])
+    auto = getattr(transformers, feature.auto_class)
+    kw: dict = {"revision": revision}
+    if label_names:
+        kw.update(
+            num_labels=len(label_names),
+            id2label=dict(enumerate(label_names)),
+            label2id={n: i for i, n in enumerate(label_names)},
+            ignore_mismatched_sizes=True,
+        )
+    return auto.from_pretrained(path, **kw)

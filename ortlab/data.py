@@ -1,0 +1,303 @@
+"""Datasets: find the source, load it, check it fits the task, split, map labels, tokenize, collate.
+
+Everything that can be checked without a model happens in `load_and_check` (cheap: reading the files), so a
+bad column or an empty file fails before a model is loaded. Tokenized datasets are cached by `datasets` (keyed
+on the data, the tokenizer and the settings), so a second run over the same data starts at once.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ortlab.assets import EMBEDDED_PREFIX, embedded_dataset
+
+if TYPE_CHECKING:  # pragma: no cover
+    from datasets import Dataset
+
+    from ortlab.spec import DataSpec
+
+SUFFIX_FORMATS = {
+    ".csv": "csv",
+    ".tsv": "csv",
+    ".json": "json",
+    ".jsonl": "json",
+    ".parquet": "parquet",
+    ".txt": "text",
+}
+TEXT_NAMES = ("text", "sentence", "review", "content", "document", "question", "sentence1", "tokens", "words")
+LABEL_NAMES = ("label", "labels", "category", "class", "sentiment", "ner_tags", "tags", "target")
+PAIR_NAMES = ("text_pair", "sentence2", "hypothesis", "context")
+
+
+class DataError(ValueError):
+    """The data cannot be used for this run; the message says what is wrong and how to fix it."""
+
+
+@dataclass
+class Prepared:
+    """Raw, checked data for one run: the splits and what was decided about their columns and labels."""
+
+    train: Dataset
+    eval: Dataset
+    text_column: str
+    text_pair_column: str | None
+    label_column: str | None
+    label_names: list[str] = field(default_factory=list)
+    source_files: list[str] = field(default_factory=list)
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.label_names)
+
+
+# --- finding and loading ----------------------------------------------------------------------------------------
+
+
+def resolve_source(spec: DataSpec) -> tuple[str, list[str] | None]:
+    """('csv'|'json'|'parquet'|'text', files) for local and embedded data, or ('hub', None) for a Hub id."""
+    source = spec.source
+    if source.startswith(EMBEDDED_PREFIX):
+        path, fmt = embedded_dataset(source[len(EMBEDDED_PREFIX) :])
+        return fmt, [str(path)]
+    path = Path(os.path.expanduser(source))
+    if path.exists():
+        files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix in SUFFIX_FORMATS)
+        if not files:
+            raise DataError(f"data.source: the folder {source!r} has no data files ({', '.join(SUFFIX_FORMATS)})")
+        fmt = spec.format
+        if fmt == "auto":
+            fmts = {SUFFIX_FORMATS.get(p.suffix) for p in files}
+            if None in fmts or len(fmts) != 1:
+                raise DataError(
+                    f"data.source: cannot tell the format of {source!r} from its suffix; set data.format to one "
+                    "of csv, json, parquet, text"
+                )
+            fmt = fmts.pop()
+        return fmt, [str(p) for p in files]
+    if source.startswith((".", "/", "~")) or Path(source).suffix in SUFFIX_FORMATS:
+        raise DataError(f"data.source: the file or folder {source!r} does not exist")
+    return "hub", None
+
+
+def _check_hub_dataset(spec: DataSpec) -> None:
+    from ortlab.hub import HubUnavailable, hub_repo_exists
+
+    try:
+        exists = hub_repo_exists(spec.source, repo_type="dataset")
+    except HubUnavailable as e:
+        raise DataError(
+            f"data.source: {spec.source!r} is not a local file or folder, and the Hugging Face Hub is not "
+            f"reachable ({e}). Use a local file, an embedded dataset (embedded:rotten-tomatoes), or go online."
+        ) from None
+    if not exists:
+        raise DataError(f"data.source: no dataset {spec.source!r} on the Hugging Face Hub (check the id)")
+
+
+def load_raw(spec: DataSpec) -> tuple[dict[str, Dataset], list[str]]:
+    """Load every split of the source. Local files become one 'train' split."""
+    import datasets
+
+    fmt, files = resolve_source(spec)
+    datasets.disable_progress_bars() if os.environ.get("ORTLAB_QUIET") else None
+    try:
+        if fmt == "hub":
+            _check_hub_dataset(spec)
+            loaded = datasets.load_dataset(spec.source, spec.config_name)
+        else:
+            kw = {"delimiter": "\t"} if files and all(f.endswith(".tsv") for f in files) else {}
+            loaded = datasets.load_dataset(fmt, data_files={"train": files}, **kw)
+    except DataError:
+        raise
+    except Exception as e:
+        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+        raise DataError(f"data.source: could not read {spec.source!r} as {fmt}: {first}") from None
+    return dict(loaded), files or []
+
+
+# --- checking against the task ---------------------------------------------------------------------------------
+
+
+def _pick(columns: list[str], preferred: tuple[str, ...]) -> str | None:
+    lowered = {c.lower(): c for c in columns}
+    return next((lowered[n] for n in preferred if n in lowered), None)
+
+
+def _is_string(feature: Any) -> bool:
+    return getattr(feature, "dtype", None) in ("string", "large_string")
+
+
+def _is_string_list(feature: Any) -> bool:
+    inner = getattr(feature, "feature", None)
+    return inner is not None and _is_string(inner)
+
+
+def propose_mapping(features: dict[str, Any]) -> dict[str, str | None]:
+    """Guess text / text pair / label columns and the task from column names and types."""
+    columns = list(features)
+    text = _pick(columns, TEXT_NAMES)
+    if text is None:
+        text = next((c for c in columns if _is_string(features[c]) or _is_string_list(features[c])), None)
+    label = _pick([c for c in columns if c != text], LABEL_NAMES)
+    pair = _pick([c for c in columns if c not in (text, label)], PAIR_NAMES)
+    if text is not None and _is_string_list(features[text]):
+        task = "token-classification"
+    elif label is None:
+        task = "causal-lm"
+    else:
+        task = "sequence-classification"
+    return {"text_column": text, "text_pair_column": pair, "label_column": label, "task": task}
+
+
+def check(raw: dict[str, Dataset], spec: DataSpec, task: str) -> tuple[str, str | None, str | None]:
+    """The (text, pair, label) columns to use, or a DataError naming the problem."""
+    if spec.train_split not in raw:
+        raise DataError(f"data.train_split: no split {spec.train_split!r}; the data has {sorted(raw)}")
+    train = raw[spec.train_split]
+    if len(train) == 0:
+        raise DataError(f"data.source: the {spec.train_split!r} split of {spec.source!r} is empty")
+    features = train.features
+    columns = list(features)
+    guess = propose_mapping(features)
+    text = spec.text_column or guess["text_column"]
+    label = None if task == "causal-lm" else (spec.label_column or guess["label_column"])
+    pair = spec.text_pair_column
+    for role, col in (("text_column", text), ("text_pair_column", pair), ("label_column", label)):
+        if col is not None and col not in columns:
+            raise DataError(f"data.{role}: no column {col!r}; the data has columns {columns}")
+    if text is None:
+        raise DataError(f"data.text_column: found no text column among {columns}; set data.text_column")
+    if task == "token-classification":
+        if not _is_string_list(features[text]):
+            raise DataError(
+                f"data.text_column: token classification needs a column of word lists, but {text!r} holds "
+                f"{features[text]}; use task sequence-classification for whole texts"
+            )
+    elif not _is_string(features[text]):
+        raise DataError(
+            f"data.text_column: column {text!r} is not text (it holds {features[text]}); name a text column"
+        )
+    if pair is not None and not _is_string(features[pair]):
+        raise DataError(f"data.text_pair_column: column {pair!r} is not text (it holds {features[pair]})")
+    if task != "causal-lm" and label is None:
+        raise DataError(f"data.label_column: found no label column among {columns}; set data.label_column")
+    if spec.eval_split is not None and spec.eval_split not in raw:
+        raise DataError(f"data.eval_split: no split {spec.eval_split!r}; the data has {sorted(raw)}")
+    return text, pair, label
+
+
+def label_names(train: Dataset, label: str, task: str) -> list[str]:
+    """Sorted label names; checks the labels fit the task (several classes, no regression targets)."""
+    feature = train.features[label]
+    names = getattr(feature, "names", None) or getattr(getattr(feature, "feature", None), "names", None)
+    if names:
+        return list(names)
+    values = train[label]
+    if task == "token-classification":
+        if not all(isinstance(v, list) for v in values):
+            raise DataError(f"data.label_column: token classification needs a list of tags per row in {label!r}")
+        flat = {str(t) for row in values for t in row}
+    else:
+        if any(isinstance(v, float) and not float(v).is_integer() for v in values):
+            raise DataError(
+                f"data.label_column: {label!r} holds fractional numbers (a regression target); "
+                "ortlab trains classifiers: use class labels"
+            )
+        if any(isinstance(v, list) for v in values):
+            raise DataError(f"data.label_column: {label!r} holds lists; for tags per word use token-classification")
+        flat = {str(v) for v in values if v is not None}
+    if len(flat) < 2:
+        raise DataError(
+            f"data.label_column: {label!r} has {len(flat)} distinct label(s); a classifier needs at least 2"
+        )
+    if len(flat) > 1000:
+        raise DataError(f"data.label_column: {label!r} has {len(flat)} distinct labels; is it really a label column?")
+    return sorted(flat, key=lambda s: (not s.lstrip("-").isdigit(), int(s) if s.lstrip("-").isdigit() else 0, s))
+
+
+def load_and_check(spec: DataSpec, task: str, seed: int) -> Prepared:
+    """Load the data, check it against the task, split and cap it. No model, no tokenizer needed."""
+    raw, files = load_raw(spec)
+    text, pair, label = check(raw, spec, task)
+    train = raw[spec.train_split]
+    if spec.eval_split is not None:
+        evaluation = raw[spec.eval_split]
+    else:
+        if len(train) < 2:
+            raise DataError("data.source: need at least 2 rows to hold some out for evaluation")
+        split = train.train_test_split(test_size=spec.eval_fraction, seed=seed)
+        train, evaluation = split["train"], split["test"]
+    if spec.max_train_samples:
+        train = train.shuffle(seed=seed).select(range(min(spec.max_train_samples, len(train))))
+    if spec.max_eval_samples:
+        evaluation = evaluation.select(range(min(spec.max_eval_samples, len(evaluation))))
+    names = label_names(train, label, task) if label else []
+    return Prepared(train, evaluation, text, pair, label, names, files)
+
+
+# --- tokenizing --------------------------------------------------------------------------------------------------
+
+
+def tokenize(prepared: Prepared, tokenizer: Any, task: str, max_length: int) -> tuple[Dataset, Dataset]:
+    """Token ids (and label ids) for both splits; the original columns are dropped."""
+    index = {name: i for i, name in enumerate(prepared.label_names)}
+    text, pair, label = prepared.text_column, prepared.text_pair_column, prepared.label_column
+
+    def to_id(value: Any) -> int:
+        return index[str(value)] if not isinstance(value, int) or str(value) in index else value
+
+    if task == "sequence-classification":
+
+        def fn(batch: dict) -> dict:
+            args = (batch[text], batch[pair]) if pair else (batch[text],)
+            out = tokenizer(*args, truncation=True, max_length=max_length)
+            out["labels"] = [to_id(v) for v in batch[label]]
+            return out
+
+    elif task == "token-classification":
+
+        def fn(batch: dict) -> dict:
+            out = tokenizer(batch[text], is_split_into_words=True, truncation=True, max_length=max_length)
+            all_labels = []
+            for i, tags in enumerate(batch[label]):
+                previous, row = None, []
+                for word in out.word_ids(i):
+                    # Label the first sub-token of each word; -100 (ignored) for the rest and special tokens.
+                    row.append(-100 if word is None or word == previous else to_id(tags[word]))
+                    previous = word
+                all_labels.append(row)
+            out["labels"] = all_labels
+            return out
+
+    else:  # causal-lm: concatenate and cut into blocks of max_length
+
+        def fn(batch: dict) -> dict:
+            ids = tokenizer([t for t in batch[text] if t and t.strip()])["input_ids"]
+            eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+            flat = [tok for row in ids for tok in row + eos]
+            n = (len(flat) // max_length) * max_length
+            blocks = [flat[i : i + max_length] for i in range(0, n, max_length)]
+            return {"input_ids": blocks, "attention_mask": [[1] * max_length for _ in blocks], "labels": blocks}
+
+    def run(ds: Dataset, what: str) -> Dataset:
+        return ds.map(fn, batched=True, remove_columns=ds.column_names, desc=f"tokenizing {what}")
+
+    train, evaluation = run(prepared.train, "train"), run(prepared.eval, "eval")
+    if len(train) == 0:
+        raise DataError(
+            f"data: no training examples after tokenizing (causal LM needs at least {max_length} tokens of text; "
+            "lower hyper.max_length or add text)"
+        )
+    return train, evaluation
+
+
+def collator(task: str, tokenizer: Any) -> Any:
+    from transformers import DataCollatorForTokenClassification, DataCollatorWithPadding, default_data_collator
+
+    if task == "sequence-classification":
+        return DataCollatorWithPadding(tokenizer)
+    if task == "token-classification":
+        return DataCollatorForTokenClassification(tokenizer)
+    return default_data_collator  # causal LM blocks all have the same length

@@ -1,0 +1,95 @@
+"""Evaluation metrics per task, computed with numpy only (no extra packages, easy to check by hand).
+
+- sequence classification: accuracy and macro F1 (every class counts the same, so a majority-class model
+  does not look good on imbalanced data);
+- token classification: entity-level precision, recall and F1 over BIO spans (an entity counts only if its
+  type and its exact span are right, as in seqeval/CoNLL), plus token accuracy;
+- causal LM: perplexity, exp(mean token cross-entropy) = exp(eval_loss).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+
+def argmax_logits(logits: Any, labels: Any) -> Any:
+    """Keep only the predicted ids during evaluation (logits of a whole eval set can be large)."""
+    if isinstance(logits, tuple):
+        logits = logits[0]
+    return logits.argmax(dim=-1)
+
+
+def classification(predictions: Any, labels: Any, num_labels: int) -> dict[str, float]:
+    import numpy as np
+
+    predictions, labels = np.asarray(predictions), np.asarray(labels)
+    accuracy = float((predictions == labels).mean()) if labels.size else 0.0
+    f1s = []
+    for c in range(num_labels):
+        tp = float(((predictions == c) & (labels == c)).sum())
+        fp = float(((predictions == c) & (labels != c)).sum())
+        fn = float(((predictions != c) & (labels == c)).sum())
+        f1s.append(2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 0.0)
+    return {"accuracy": accuracy, "f1": float(sum(f1s) / len(f1s)) if f1s else 0.0}
+
+
+def spans(tags: list[str]) -> set[tuple[str, int, int]]:
+    """(type, start, end) of each BIO entity. An I- tag without a matching B- starts an entity (as seqeval)."""
+    found, kind, start = set(), None, 0
+    for i, tag in enumerate([*tags, "O"]):
+        prefix, _, label = tag.partition("-")
+        continues = prefix == "I" and label == kind
+        if kind is not None and not continues:
+            found.add((kind, start, i))
+            kind = None
+        if prefix in ("B", "I") and not continues:
+            kind, start = label, i
+    return found
+
+
+def entities(pred_rows: list[list[str]], gold_rows: list[list[str]]) -> dict[str, float]:
+    tp = n_pred = n_gold = 0
+    correct_tokens = total_tokens = 0
+    for pred, gold in zip(pred_rows, gold_rows, strict=True):
+        p, g = spans(pred), spans(gold)
+        tp += len(p & g)
+        n_pred += len(p)
+        n_gold += len(g)
+        correct_tokens += sum(a == b for a, b in zip(pred, gold, strict=True))
+        total_tokens += len(gold)
+    precision = tp / n_pred if n_pred else 0.0
+    recall = tp / n_gold if n_gold else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return {
+        "precision": precision,
+        "recall": recall,
+        "f1": f1,
+        "token_accuracy": correct_tokens / total_tokens if total_tokens else 0.0,
+    }
+
+
+def compute_metrics_for(task: str, label_names: list[str]) -> Callable[[Any], dict[str, float]] | None:
+    """The Trainer `compute_metrics` for a task (None for causal LM: perplexity comes from the eval loss)."""
+    if task == "sequence-classification":
+        return lambda p: classification(p.predictions, p.label_ids, len(label_names))
+    if task == "token-classification":
+
+        def token(p: Any) -> dict[str, float]:
+            preds, golds = [], []
+            for pred_row, gold_row in zip(p.predictions, p.label_ids, strict=True):
+                keep = [(int(a), int(b)) for a, b in zip(pred_row, gold_row, strict=True) if b != -100]
+                preds.append([label_names[a] if 0 <= a < len(label_names) else "O" for a, _ in keep])
+                golds.append([label_names[b] for _, b in keep])
+            return entities(preds, golds)
+
+        return token
+    return None
+
+
+def add_perplexity(metrics: dict[str, float], prefix: str = "eval") -> dict[str, float]:
+    loss = metrics.get(f"{prefix}_loss")
+    if loss is not None:
+        metrics[f"{prefix}_perplexity"] = math.exp(loss) if loss < 50 else float("inf")
+    return metrics

