@@ -20,6 +20,11 @@ _LAZY = {
     "ORTTrainingArguments": "ortlab.train.args",
     "AccelerationNotApplied": "ortlab.train.trainer",
     "MixError": "ortlab.accel.mix",
+    "RunSpec": "ortlab.spec",
+    "Run": "ortlab.runner",
+    "launch": "ortlab.runner",
+    "runs": "ortlab.runner",
+    "attach": "ortlab.runner",
 }
 
 __all__ = [
@@ -29,14 +34,21 @@ __all__ = [
     "MixError",
     "ORTTrainer",
     "ORTTrainingArguments",
+    "Run",
+    "RunSpec",
     "__version__",
+    "attach",
     "doctor",
+    "launch",
+    "runs",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
     from ortlab.accel import Availability
     from ortlab.accel.mix import MixError
     from ortlab.probe import DoctorReport, doctor
+    from ortlab.runner import Run, attach, launch, runs
+    from ortlab.spec import RunSpec
     from ortlab.train.args import ORTTrainingArguments
     from ortlab.train.trainer import AccelerationNotApplied, ORTTrainer
 

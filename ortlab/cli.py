@@ -71,8 +71,12 @@ def train(
     name: Annotated[str | None, typer.Option(help="run name")] = None,
     seed: Annotated[int | None, typer.Option()] = None,
     quiet: Annotated[bool, typer.Option(help="no progress bars")] = False,
+    detach: Annotated[
+        bool, typer.Option("--detach", "-d", help="run in the background; watch with `ortlab follow RUN`")
+    ] = False,
 ) -> None:
-    """Train a RunSpec in the foreground: checks everything first, then prints eval before and after."""
+    """Train a RunSpec: checks everything first, then trains in the foreground (or detached) and prints eval
+    before and after."""
     from ortlab.spec import RunSpec
 
     overrides = {
@@ -108,8 +112,15 @@ def train(
                 node = node.setdefault(key, {})
             node[path[-1]] = value
         spec = RunSpec.parse(base)
-        from ortlab.train.run import train_spec
+        from ortlab.train.run import check, train_spec
 
+        if detach:
+            check(spec)  # the same fast checks as in the foreground, before anything starts
+            from ortlab.runner import launch
+
+            run = launch(spec)
+            typer.echo(f"launched {run.id} ({run.path}); watch it with: ortlab follow {run.path}")
+            return
         result = train_spec(spec, progress=not quiet)
     except _user_errors() as e:
         typer.echo(f"error: {e}", err=True)
@@ -175,6 +186,130 @@ def _print_result(result: dict) -> None:
     console.print(f"accelerations applied: {', '.join(applied) or 'none'}")
     if not_applied:
         console.print(f"[red]requested but NOT applied: {', '.join(not_applied)}[/]")
+
+
+RootOption = Annotated[
+    Path | None, typer.Option(help="folder holding the runs (default: $ORTLAB_RUNS or ./ortlab-runs)")
+]
+
+
+def _attach(run_id: str, root: Path | None):
+    from ortlab.runner import RunError, attach
+
+    try:
+        return attach(run_id, root)
+    except RunError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+
+
+@app.command("runs")
+def list_runs(root: RootOption = None) -> None:
+    """The runs under the runs folder: state, step, what applied, throughput."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from ortlab.runner import default_root, runs
+    from ortlab.runner.compare import row_for
+
+    table = Table(title=f"runs in {root or default_root()}")
+    for col in ("run", "state", "step", "applied", "samples/s", "eval"):
+        table.add_column(col)
+    for run in runs(root):
+        row = row_for(run.dir)
+        metric = next(iter(row.eval.items()), None)
+        sps = row.summary.get("steady_samples_per_s")
+        table.add_row(
+            run.id,
+            row.state,
+            str(row.summary["steps"]),
+            ", ".join(row.applied) or "-",
+            f"{sps:.2f}" if sps else "-",
+            f"{metric[0][5:]} {metric[1]:.4f}" if metric else "-",
+        )
+    Console().print(table)
+
+
+@app.command()
+def follow(
+    run_id: Annotated[str, typer.Argument(help="run id or folder")],
+    root: RootOption = None,
+    json_out: Annotated[bool, typer.Option("--json", help="print the raw JSON lines")] = False,
+) -> None:
+    """Print a run's metrics from the start, then live until it ends."""
+    import json
+
+    run = _attach(run_id, root)
+    for r in run.follow():
+        if json_out:
+            print(json.dumps(r), flush=True)
+        elif r.get("event") == "step":
+            print(
+                f"step {r['step']:>6}  loss {r['loss']:.4f}  {r['samples_per_s']:.1f} samples/s  "
+                f"{r['step_time_s']:.2f} s/step  peak {r['peak_mem_mb']:.0f} MB",
+                flush=True,
+            )
+        elif r.get("event") == "eval":
+            scores = ", ".join(
+                f"{k[5:]} {v:.4f}"
+                for k, v in r.items()
+                if k.startswith("eval_") and isinstance(v, float) and not k.endswith(("runtime", "per_second", "_time"))
+            )
+            print(f"eval {r.get('phase', '')} (step {r.get('step')}): {scores}", flush=True)
+        elif r.get("event") in ("acceleration", "stopped", "resume"):
+            print(f"{r['event']}: {r.get('message') or r.get('checkpoint', '')}", flush=True)
+    status = run.status()
+    print(f"{run.id}: {status['state']}" + (f" ({status['error']})" if status.get("error") else ""))
+    if status["state"] == "failed":
+        raise typer.Exit(1)
+
+
+@app.command()
+def stop(run_id: Annotated[str, typer.Argument(help="run id or folder")], root: RootOption = None) -> None:
+    """Stop a run gracefully: it finishes its step, saves a checkpoint and ends `stopped`."""
+    status = _attach(run_id, root).stop()
+    typer.echo(
+        f"{run_id}: {status['state']}" + (f", checkpoint {status['checkpoint']}" if status.get("checkpoint") else "")
+    )
+
+
+@app.command()
+def resume(run_id: Annotated[str, typer.Argument(help="run id or folder")], root: RootOption = None) -> None:
+    """Continue a stopped run from its last checkpoint (in the background; watch with `ortlab follow`)."""
+    from ortlab.runner import RunError
+
+    run = _attach(run_id, root)
+    try:
+        run.resume()
+    except RunError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"resumed {run.id}; watch it with: ortlab follow {run.path}")
+
+
+@app.command("compare")
+def compare_runs(
+    run_ids: Annotated[list[str], typer.Argument(help="runs to compare (ids or folders)")],
+    baseline: Annotated[str | None, typer.Option(help="the run the ratios are against (default: the first)")] = None,
+    root: RootOption = None,
+    json_out: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Compare runs: mix requested and applied, throughput, warm-up, memory, loss and eval, as ratios."""
+    import json
+    from dataclasses import asdict
+
+    from ortlab.runner.compare import compare, render
+
+    runs_ = [_attach(r, root) for r in run_ids]
+    try:
+        rows = compare([r.dir for r in runs_], baseline=baseline)
+    except ValueError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    if json_out:
+        print(json.dumps([asdict(r) for r in rows], indent=2, default=str))
+    else:
+        render(rows)
 
 
 @app.command()

@@ -65,6 +65,9 @@ class HyperSpec(_Strict):
     gradient_accumulation_steps: int = Field(1, gt=0, description="Micro-batches per optimizer step.")
     logging_steps: int = Field(10, gt=0, description="Steps between smoothed-loss log lines.")
     eval_steps: int | None = Field(None, gt=0, description="Evaluate every N steps (default: only at the end).")
+    save_steps: int | None = Field(
+        None, gt=0, description="Save a checkpoint every N steps (default: only when the run is stopped)."
+    )
 
 
 class AccelSpec(_Strict):

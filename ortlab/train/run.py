@@ -1,59 +1,33 @@
-"""Run a `RunSpec` in this process: check, load, tokenize, evaluate, train, evaluate, save.
+"""Run a `RunSpec`: check, load, tokenize, evaluate, train, evaluate, save, inside a run directory.
 
 The order matters: everything that can fail cheaply (the spec, the model's location, the data and its columns)
 is checked before the run folder exists and before a model is loaded, so bad input fails in seconds and leaves
-nothing behind that looks like a run. A run folder says what state it is in (`status.json`): it is only
-`completed` once the model and the results are written.
-
-    <output_dir>/<name>/spec.yaml            the spec, as run
-    <output_dir>/<name>/status.json          pending -> running -> completed | failed (with error and traceback)
-    <output_dir>/<name>/metrics.jsonl        the metrics stream (ortlab.train.metrics)
-    <output_dir>/<name>/model/               the trained model and tokenizer (transformers format)
-    <output_dir>/<name>/result.json          eval before/after, throughput summary, what applied
+nothing behind that looks like a run. `execute` is what a run process does (in the foreground for
+`ortlab train`, or as the launched process of `ortlab.launch`); the run folder's `status.json` says at every
+moment what state the run is in, and `completed` only once the model and `result.json` are written.
 """
 
 from __future__ import annotations
 
-import json
 import os
+import signal
 import time
 import traceback
 from collections.abc import Callable
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ortlab.data import collator, load_and_check, tokenize
-from ortlab.scores import add_perplexity, argmax_logits, compute_metrics_for
+from ortlab.runner.rundir import RunDir, process_create_time, write_json
 from ortlab.spec import RunSpec
-from ortlab.tasks import TASK_FEATURES, load_model, load_tokenizer, resolve_model
 
 
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write atomically: readers never see half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, path)
-
-
-def new_run_dir(spec: RunSpec) -> Path:
-    name = spec.name or f"{spec.task}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
-    base = Path(spec.output_dir) / name
-    path, i = base, 1
-    while path.exists():
-        i += 1
-        path = base.with_name(f"{base.name}-{i}")
-    path.mkdir(parents=True)
-    return path
-
-
-def training_arguments(spec: RunSpec, run_dir: Path, progress: bool):
+def training_arguments(spec: RunSpec, run: RunDir, progress: bool):
     from ortlab.train.args import ORTTrainingArguments
 
     a, h = spec.accel.resolved(), spec.hyper
     return ORTTrainingArguments(
-        output_dir=str(run_dir / "checkpoints"),
-        metrics_path=str(run_dir / "metrics.jsonl"),
+        output_dir=str(run.checkpoints),
+        metrics_path=str(run.metrics_path),
         use_ort=bool(a.ort),
         ort_fallback=a.ort_fallback,
         ort_log_level="ERROR",  # ORT's export chatter hides the progress; ortlab reports fallbacks itself
@@ -73,12 +47,27 @@ def training_arguments(spec: RunSpec, run_dir: Path, progress: bool):
         logging_steps=h.logging_steps,
         eval_strategy="steps" if h.eval_steps else "no",
         eval_steps=h.eval_steps,
-        save_strategy="no",
+        save_strategy="steps" if h.save_steps else "no",
+        save_steps=h.save_steps or 500,
         seed=spec.seed,
         data_seed=spec.seed,
         report_to=[],
         disable_tqdm=not progress,
     )
+
+
+def check(spec: RunSpec, log: Callable[[str], None] = print):
+    """The cheap checks: where the model is, and whether the data fits the task. Returns what they found."""
+    from ortlab.data import load_and_check
+    from ortlab.tasks import resolve_model
+
+    model_path = resolve_model(spec.model.name)
+    prepared = load_and_check(spec.data, spec.task, spec.seed)
+    log(
+        f"data: {len(prepared.train)} train / {len(prepared.eval)} eval rows, text={prepared.text_column!r}"
+        + (f", label={prepared.label_column!r} ({prepared.num_labels} classes)" if prepared.label_column else "")
+    )
+    return model_path, prepared
 
 
 def train_spec(
@@ -87,39 +76,99 @@ def train_spec(
     on_metrics: Callable[[dict], None] | None = None,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Train `spec` here and return its result (also written to <run folder>/result.json)."""
+    """Check, then train `spec` in this process (the foreground `ortlab train`). Returns the result."""
+    checked = check(spec, log)
+    run = RunDir.create(spec.output_dir, spec)
+    pid = os.getpid()
+    run.set_status("pending", pid=pid, create_time=process_create_time(pid))
+    return execute(run, checked=checked, progress=progress, on_metrics=on_metrics, log=log)
+
+
+class _StopRequested:
+    """Set by SIGTERM or by the run folder's control/stop file; checked after every optimizer step."""
+
+    def __init__(self, run: RunDir):
+        self.run = run
+        self.flag = False
+
+    def __call__(self) -> bool:
+        self.flag = self.flag or self.run.stop_requested()
+        return self.flag
+
+
+def _stop_callback(stop: _StopRequested):
+    from transformers import TrainerCallback
+
+    class StopOnRequest(TrainerCallback):
+        """A graceful stop: finish the current step, save a checkpoint, leave the training loop."""
+
+        def on_step_end(self, args, state, control, **kwargs):
+            requested = stop()
+            if args.world_size > 1:
+                # Every rank must leave at the same step (or the next collective op hangs): agree on the flag.
+                import torch
+                import torch.distributed as dist
+
+                flag = torch.tensor([1.0 if requested else 0.0], device=args.device)
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+                requested = stop.flag = bool(flag.item())
+            if requested:
+                control.should_save = True
+                control.should_training_stop = True
+
+    return StopOnRequest()
+
+
+def execute(
+    run: RunDir,
+    resume: bool = False,
+    checked: tuple | None = None,
+    progress: bool = True,
+    on_metrics: Callable[[dict], None] | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Train the run in `run` (resuming from its last checkpoint if asked); keep its status true throughout."""
     started = time.monotonic()
-    # 1. Cheap checks, before anything is created or loaded.
-    model_path = resolve_model(spec.model.name)
-    prepared = load_and_check(spec.data, spec.task, spec.seed)
-    log(
-        f"data: {len(prepared.train)} train / {len(prepared.eval)} eval rows, text={prepared.text_column!r}"
-        + (f", label={prepared.label_column!r} ({prepared.num_labels} classes)" if prepared.label_column else "")
-    )
-    # 2. The run folder exists from here on, and always says what state it is in.
-    run_dir = new_run_dir(spec)
-    (run_dir / "spec.yaml").write_text(spec.to_yaml())
-    write_json(run_dir / "status.json", {"state": "running", "pid": os.getpid(), "started": time.time()})
+    stop = _StopRequested(run)
+    previous = signal.getsignal(signal.SIGTERM)
+    if _is_main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: setattr(stop, "flag", True))
+    rank = int(os.environ.get("RANK", "0"))
     try:
-        result = _train(spec, run_dir, model_path, prepared, progress, on_metrics, log)
+        spec = run.spec()
+        if rank == 0:
+            run.set_status("running", started=time.time(), worker_pid=os.getpid(), step=run.last_step())
+        model_path, prepared = checked or check(spec, log)
+        result = _train(spec, run, model_path, prepared, resume, stop, progress, on_metrics, log)
     except BaseException as e:
-        write_json(
-            run_dir / "status.json",
-            {
-                "state": "failed",
-                "error": f"{type(e).__name__}: {e}",
-                "traceback": traceback.format_exc(),
-                "ended": time.time(),
-            },
-        )
+        if rank == 0:
+            run.set_status(
+                "failed", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(), step=run.last_step()
+            )
         raise
-    result["wall_time_s"] = time.monotonic() - started
-    write_json(run_dir / "result.json", result)
-    write_json(run_dir / "status.json", {"state": "completed", "ended": time.time()})
+    finally:
+        if _is_main_thread():
+            signal.signal(signal.SIGTERM, previous)
+    if rank == 0:
+        if result.get("stopped"):
+            run.set_status("stopped", step=result["step"], checkpoint=result["checkpoint"])
+        else:
+            result["wall_time_s"] = time.monotonic() - started
+            write_json(run.result_path, result)
+            run.set_status("completed", step=result["summary"]["steps"])
     return result
 
 
-def _train(spec, run_dir, model_path, prepared, progress, on_metrics, log) -> dict[str, Any]:
+def _is_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _train(spec, run, model_path, prepared, resume, stop, progress, on_metrics, log) -> dict[str, Any]:
+    from ortlab.data import collator, tokenize
+    from ortlab.scores import add_perplexity, argmax_logits, compute_metrics_for
+    from ortlab.tasks import TASK_FEATURES, load_model, load_tokenizer
     from ortlab.train.trainer import ORTTrainer
 
     tokenizer = load_tokenizer(model_path, spec.model.revision)
@@ -128,7 +177,7 @@ def _train(spec, run_dir, model_path, prepared, progress, on_metrics, log) -> di
     classify = spec.task != "causal-lm"
     trainer = ORTTrainer(
         model=model,
-        args=training_arguments(spec, run_dir, progress),
+        args=training_arguments(spec, run, progress),
         train_dataset=train_ds,
         eval_dataset=eval_ds,
         data_collator=collator(spec.task, tokenizer),
@@ -137,33 +186,79 @@ def _train(spec, run_dir, model_path, prepared, progress, on_metrics, log) -> di
         preprocess_logits_for_metrics=argmax_logits if classify else None,
         feature=TASK_FEATURES[spec.task],
         on_metrics=on_metrics,
+        callbacks=[_stop_callback(stop)],
     )
     score = add_perplexity if spec.task == "causal-lm" else dict
-    before = score(trainer.evaluate(metric_key_prefix="eval"))
-    trainer.metrics_sink({"event": "eval", "phase": "before", "step": 0, **before})
-    log("before training: " + _headline(before))
-    trainer.train()
+    emit = trainer.metrics_sink if trainer.is_world_process_zero() else (lambda record: None)
+    checkpoint = run.last_checkpoint() if resume else None
+    if resume and checkpoint is None:
+        raise RuntimeError(f"cannot resume {run.id}: it has no complete checkpoint in {run.checkpoints}")
+    if checkpoint is None:
+        before = score(trainer.evaluate(metric_key_prefix="eval"))
+        emit({"event": "eval", "phase": "before", "step": 0, **before})
+        log("before training: " + _headline(before))
+    else:
+        before = _previous_eval(run) or {}
+        emit({"event": "resume", "step": int(checkpoint.name.split("-")[-1]), "checkpoint": str(checkpoint)})
+        log(f"resuming from {checkpoint}")
+    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    if stop.flag:
+        last = run.last_checkpoint()
+        emit({"event": "stopped", "step": trainer.state.global_step, "checkpoint": str(last)})
+        trainer.metrics_sink.close()
+        log(f"stopped at step {trainer.state.global_step}; checkpoint {last}")
+        return {"stopped": True, "step": trainer.state.global_step, "checkpoint": str(last)}
     after = score(trainer.evaluate(metric_key_prefix="eval"))
-    trainer.metrics_sink({"event": "eval", "phase": "after", "step": trainer.state.global_step, **after})
+    emit({"event": "eval", "phase": "after", "step": trainer.state.global_step, **after})
     trainer.metrics_sink.close()
     log("after training:  " + _headline(after))
-    model_dir = run_dir / "model"
-    trainer.save_model(str(model_dir))
-    tokenizer.save_pretrained(str(model_dir))
-    summary = trainer.step_metrics.summary(trainer.args.metrics_warmup_steps)
+    trainer.save_model(str(run.model_dir))
+    if trainer.is_world_process_zero():
+        tokenizer.save_pretrained(str(run.model_dir))
     return {
-        "run_dir": str(run_dir),
+        "run_dir": str(run.path),
         "task": spec.task,
         "model": spec.model.name,
         "data": spec.data.source,
         "label_names": prepared.label_names,
         "eval_before": before,
         "eval_after": after,
-        "summary": summary,
+        "summary": _summary(run, trainer),
         "accelerations": {k: v.to_dict() for k, v in trainer.accelerations.items()},
     }
+
+
+def _previous_eval(run: RunDir) -> dict[str, Any] | None:
+    for record in run.metrics():
+        if record.get("event") == "eval" and record.get("phase") == "before":
+            return {k: v for k, v in record.items() if k.startswith("eval_")}
+    return None
+
+
+def _summary(run: RunDir, trainer: Any) -> dict[str, Any]:
+    """Throughput over the whole run, resumed parts included (each part has its own warm-up)."""
+    from ortlab.runner.compare import summarize
+
+    return summarize(run.metrics(), trainer.args.metrics_warmup_steps)
 
 
 def _headline(metrics: dict[str, float]) -> str:
     keys = ("eval_accuracy", "eval_f1", "eval_perplexity", "eval_loss")
     return ", ".join(f"{k[5:]} {metrics[k]:.4f}" for k in keys if k in metrics)
+
+
+def worker_main(argv: list[str] | None = None) -> int:
+    """`python -m ortlab.runner.worker RUN_DIR [--resume]`: the launched run process."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m ortlab.runner.worker")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--resume", action="store_true")
+    a = p.parse_args(argv)
+    run = RunDir(a.run_dir)
+    try:
+        execute(run, resume=a.resume, progress=False)
+    except Exception:
+        traceback.print_exc()
+        return 1
+    return 0

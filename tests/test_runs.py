@@ -1,0 +1,213 @@
+"""Runs in their own processes: follow, stop, resume, kill -9, re-attach, concurrency, crashes, comparison.
+
+Every run here is a real training process (tiny BERT, CPU) launched through `ortlab.launch`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import PYTHON
+
+import ortlab
+from ortlab.runner import RunError
+
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+
+
+@pytest.fixture
+def make_spec(tiny_bert, tmp_path):
+    def make(name: str, max_steps: int = 30, ort: bool = False, **hyper) -> dict:
+        return {
+            "name": name,
+            "output_dir": str(tmp_path / "runs"),
+            "model": {"name": str(tiny_bert)},
+            "data": {"source": "embedded:rotten-tomatoes", "max_train_samples": 4000, "max_eval_samples": 32},
+            "hyper": {"learning_rate": 1e-3, "batch_size": 8, "max_length": 32, "max_steps": max_steps, **hyper},
+            "accel": {"ort": ort, "fused_adam": False},
+        }
+
+    return make
+
+
+def first_step(run, timeout: float = 120) -> dict:
+    for record in run.follow(timeout=timeout):
+        if record["event"] == "step":
+            return record
+    raise AssertionError(f"no step within {timeout} s; status {run.status()}; log:\n{run.dir.log_path.read_text()}")
+
+
+def steps_of(run) -> list[int]:
+    return [r["step"] for r in run.metrics() if r["event"] == "step"]
+
+
+def test_first_metric_arrives_while_running(make_spec):
+    run = ortlab.launch(make_spec("live", max_steps=400))
+    record = first_step(run)
+    assert record["step"] == 1
+    assert run.state == "running", "the first metric must arrive while the run is still going"
+    assert run.stop()["state"] == "stopped"
+
+
+def test_stop_then_resume_continues_from_the_checkpoint(make_spec):
+    run = ortlab.launch(make_spec("stop-resume", max_steps=60))
+    for record in run.follow():
+        if record["event"] == "step" and record["step"] >= 5:
+            break
+    status = run.stop()
+    assert status["state"] == "stopped", status
+    stopped_at = status["step"]
+    assert 5 <= stopped_at < 60
+    checkpoint = Path(status["checkpoint"])
+    assert checkpoint.name == f"checkpoint-{stopped_at}"
+    assert (checkpoint / "trainer_state.json").exists()
+    assert (checkpoint / "optimizer.pt").exists()
+    assert run.result() is None, "a stopped run has no result yet"
+
+    run.resume().wait(timeout=300)
+    assert run.state == "completed", run.status()
+    steps = steps_of(run)
+    assert steps == list(range(1, 61)), "resume continues at the next step: no step twice, none missing"
+    resumed = [r for r in run.metrics() if r["event"] == "resume"]
+    assert [r["step"] for r in resumed] == [stopped_at]
+    assert run.result()["summary"]["steps"] == 60
+
+
+def test_kill_9_ends_failed_and_keeps_every_metric_line(make_spec):
+    run = ortlab.launch(make_spec("killed", max_steps=400))
+    for record in run.follow():
+        if record["event"] == "step" and record["step"] >= 3:
+            break
+    pid = run.status()["pid"]
+    os.kill(pid, signal.SIGKILL)
+    status = run.wait(timeout=60)
+    assert status["state"] == "failed"
+    assert "killed" in status["error"]
+    raw = run.dir.metrics_path.read_bytes()
+    complete = raw[: raw.rfind(b"\n") + 1].decode().splitlines()
+    parsed = [json.loads(line) for line in complete]  # every complete line is intact JSON
+    assert [r["step"] for r in parsed if r["event"] == "step"][:3] == [1, 2, 3]
+
+
+def test_reattach_from_a_new_process_replays_history_then_follows_live(make_spec, tmp_path):
+    run = ortlab.launch(make_spec("attach", max_steps=40))
+    first_step(run)
+    script = textwrap.dedent(
+        f"""
+        import json, ortlab
+        run = ortlab.attach({run.id!r}, root={str(run.path.parent)!r})
+        state_at_attach = run.state
+        steps = [r["step"] for r in run.follow() if r["event"] == "step"]
+        print(json.dumps({{"state_at_attach": state_at_attach, "steps": steps, "final": run.state}}))
+        """
+    )
+    proc = subprocess.run([PYTHON, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["state_at_attach"] == "running"
+    assert seen["steps"] == list(range(1, 41)), "history from step 1, then live to the last step"
+    assert seen["final"] == "completed"
+
+
+def test_two_concurrent_runs_with_different_mixes_then_compare(make_spec, tmp_path):
+    a = ortlab.launch(make_spec("eager", max_steps=25))
+    b = ortlab.launch(make_spec("with-ort", max_steps=25, ort=True))
+    assert a.path != b.path
+    assert a.wait(timeout=400)["state"] == "completed", a.dir.log_path.read_text()[-3000:]
+    assert b.wait(timeout=400)["state"] == "completed", b.dir.log_path.read_text()[-3000:]
+    assert steps_of(a) == steps_of(b) == list(range(1, 26))
+    assert a.result()["accelerations"]["ort"]["applied"] is False
+    assert b.result()["accelerations"]["ort"]["applied"] is True
+    assert {r.id for r in ortlab.runs(tmp_path / "runs")} == {"eager", "with-ort"}
+
+    ortlab_cli = str(Path(PYTHON).parent / "ortlab")
+    proc = subprocess.run(
+        [ortlab_cli, "compare", "eager", "with-ort", "--root", str(tmp_path / "runs"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["run_id"]: r for r in json.loads(proc.stdout)}
+    assert rows["eager"]["ratios"]["samples_per_s"] == 1.0
+    ratio = rows["with-ort"]["ratios"]["samples_per_s"]
+    expected = rows["with-ort"]["summary"]["steady_samples_per_s"] / rows["eager"]["summary"]["steady_samples_per_s"]
+    assert abs(ratio - expected) < 1e-9
+    assert rows["with-ort"]["applied"] == ["ort"]
+    table = subprocess.run(
+        [ortlab_cli, "compare", "eager", "with-ort", "--root", str(tmp_path / "runs")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert "with-ort" in table.stdout
+    assert "1.000" in table.stdout
+
+
+def test_a_crash_at_step_k_ends_failed_with_error_and_traceback(make_spec, tmp_path, monkeypatch):
+    # The crash is injected into the run process (sitecustomize) at step 4, as a corrupt batch would raise:
+    # ortlab validates and tokenizes all data before training, so real bad data fails before step 1.
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(
+        textwrap.dedent(
+            """
+            import ortlab.train.trainer as t
+            original = t.ORTTrainer.training_step
+            def training_step(self, model, inputs, num_items_in_batch=None):
+                if self.state.global_step == 3:
+                    raise ValueError("corrupt batch: token id out of range at step 4")
+                return original(self, model, inputs, num_items_in_batch)
+            t.ORTTrainer.training_step = training_step
+            """
+        )
+    )
+    monkeypatch.setenv("PYTHONPATH", str(inject))
+    run = ortlab.launch(make_spec("crash", max_steps=50))
+    status = run.wait(timeout=300)
+    assert status["state"] == "failed"
+    assert "corrupt batch" in status["error"]
+    assert "Traceback" in status["traceback"]
+    assert "training_step" in status["traceback"]
+    assert status["step"] == 3
+    assert steps_of(run) == [1, 2, 3]
+    with pytest.raises(RunError, match="no checkpoint"):
+        run.resume()
+
+
+def test_cli_lists_follows_and_reports(make_spec, tmp_path):
+    run = ortlab.launch(make_spec("cli", max_steps=15))
+    ortlab_cli = str(Path(PYTHON).parent / "ortlab")
+    root = str(tmp_path / "runs")
+    follow = subprocess.run([ortlab_cli, "follow", "cli", "--root", root], capture_output=True, text=True, timeout=300)
+    assert follow.returncode == 0, follow.stderr
+    assert "step     15" in follow.stdout
+    assert "cli: completed" in follow.stdout
+    listing = subprocess.run(
+        [ortlab_cli, "runs", "--root", root],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert "cli" in listing.stdout
+    assert "completed" in listing.stdout
+    missing = subprocess.run([ortlab_cli, "follow", "nope", "--root", root], capture_output=True, text=True)
+    assert missing.returncode == 2
+    assert "no run 'nope'" in missing.stderr
+    assert run.state == "completed"
+
+
+def test_bad_spec_is_refused_before_a_run_exists(tmp_path):
+    from ortlab.spec import SpecError
+
+    with pytest.raises(SpecError, match=r"hyper\.batch_size"):
+        ortlab.launch({"hyper": {"batch_size": 0}, "output_dir": str(tmp_path)})
+    assert not any(tmp_path.iterdir())
