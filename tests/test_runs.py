@@ -211,3 +211,36 @@ def test_bad_spec_is_refused_before_a_run_exists(tmp_path):
     with pytest.raises(SpecError, match=r"hyper\.batch_size"):
         ortlab.launch({"hyper": {"batch_size": 0}, "output_dir": str(tmp_path)})
     assert not any(tmp_path.iterdir())
+
+
+def test_run_in_another_python_environment(make_spec, tmp_path):
+    # A second interpreter (its own venv) that sees the same packages through a .pth file: the run must
+    # execute there, not in this interpreter.
+    import sysconfig
+    import venv
+
+    other = tmp_path / "other-runtime"
+    venv.EnvBuilder(with_pip=False).create(other)
+    site = next((other / "lib").glob("python3*/site-packages"))
+    (site / "dev-env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    spec = make_spec("other-python", max_steps=5)
+    spec["target"] = {"python": str(other / "bin" / "python")}
+    run = ortlab.launch(spec)
+    status = run.wait(timeout=300)
+    assert status["state"] == "completed", run.dir.log_path.read_text()[-3000:]
+    assert status["python"] == str(other / "bin" / "python")
+
+
+def test_two_processes_zero1_through_the_launcher(make_spec):
+    spec = make_spec("zero1-x2", max_steps=8)
+    spec["target"] = {"processes": 2}
+    spec["accel"]["zero_stage"] = 1
+    run = ortlab.launch(spec)
+    status = run.wait(timeout=400)
+    assert status["state"] == "completed", run.dir.log_path.read_text()[-4000:]
+    assert status["world_size"] == 2
+    zero = run.result()["accelerations"]["zero1"]
+    assert zero["applied"] is True
+    assert zero["details"]["world_size"] == 2
+    step = next(r for r in run.metrics() if r["event"] == "step")
+    assert step["samples"] == 16, "samples per step count both processes"

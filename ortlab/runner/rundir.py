@@ -137,7 +137,8 @@ class RunDir:
         if state not in STATES:
             raise ValueError(f"unknown run state {state!r}")
         current = self.read_status() if self.status_path.exists() else {}
-        keep = {k: v for k, v in current.items() if k in ("pid", "create_time", "started", "launcher")}
+        identity = ("pid", "create_time", "started", "launcher", "python", "world_size", "worker_pid")
+        keep = {k: v for k, v in current.items() if k in identity}
         status = {**keep, **fields, "state": state, "updated": time.time()}
         if state in ("completed", "failed", "stopped"):
             status.setdefault("ended", time.time())

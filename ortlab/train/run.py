@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -137,7 +138,14 @@ def execute(
     try:
         spec = run.spec()
         if rank == 0:
-            run.set_status("running", started=time.time(), worker_pid=os.getpid(), step=run.last_step())
+            run.set_status(
+                "running",
+                started=time.time(),
+                worker_pid=os.getpid(),
+                python=sys.executable,
+                world_size=int(os.environ.get("WORLD_SIZE", "1")),
+                step=run.last_step(),
+            )
         model_path, prepared = checked or check(spec, log)
         result = _train(spec, run, model_path, prepared, resume, stop, progress, on_metrics, log)
     except BaseException as e:

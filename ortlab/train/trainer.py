@@ -136,6 +136,17 @@ class ORTTrainer(Trainer):
         self._step_counters["loss"] += float(loss)
         return loss
 
+    def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+        if self.is_deepspeed_enabled and self.deepspeed is None and self.args.zero_stage < 3:
+            # Before training, transformers evaluates a DeepSpeed model by starting a DeepSpeed inference engine,
+            # which only exists for ZeRO-3. Stages 1 and 2 leave the parameters whole: evaluate the plain model.
+            self.is_deepspeed_enabled = False
+            try:
+                return super().evaluate(*args, **kwargs)
+            finally:
+                self.is_deepspeed_enabled = True
+        return super().evaluate(*args, **kwargs)
+
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         current = self.model
         self.model = _unwrap_ort(current)
