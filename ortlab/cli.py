@@ -313,6 +313,85 @@ def compare_runs(
 
 
 @app.command()
+def export(
+    run_id: Annotated[str, typer.Argument(help="a completed run (id or folder)")],
+    root: RootOption = None,
+    samples: Annotated[int, typer.Option(help="eval samples for the parity check")] = 64,
+    optimize: Annotated[bool, typer.Option(help="also save ORT's offline-optimized graph")] = False,
+    quantize: Annotated[bool, typer.Option(help="also save a dynamic int8 quantization")] = False,
+) -> None:
+    """Export a finished run to ONNX (<run>/onnx/), check parity with PyTorch and compare latency."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from ortlab.export import ExportError, export_onnx
+
+    run = _attach(run_id, root)
+    try:
+        report = export_onnx(run.dir, samples=samples, optimize=optimize, quantize=quantize)
+    except ExportError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    table = Table(title=f"{run.id}: ONNX vs PyTorch on {report.samples} eval samples ({report.task})")
+    for col in ("model", "max |diff|", "agreement", "accuracy", "latency", "good"):
+        table.add_column(col)
+
+    def latency(ms: dict[str, float]) -> str:
+        return ", ".join(f"{k.replace('_', ' ')}: {v:.2f} ms" for k, v in ms.items())
+
+    acc = report.pytorch_accuracy
+    table.add_row("PyTorch", "", "", f"{acc:.4f}" if acc is not None else "-", latency(report.pytorch_latency_ms), "")
+    for name, v in report.variants.items():
+        speedup = ", ".join(f"{report.pytorch_latency_ms[k] / t:.2f}x" for k, t in v.latency_ms.items())
+        table.add_row(
+            f"{name} ({v.file})",
+            f"{v.max_abs_diff:.2e}",
+            f"{v.agreement:.4f}",
+            f"{v.accuracy:.4f}" if v.accuracy is not None else "-",
+            f"{latency(v.latency_ms)} (speed-up {speedup})",
+            "[green]yes[/]" if v.good else "[red]NO[/]",
+        )
+    Console().print(table)
+    print(f"written to {run.path / 'onnx'}")
+    if not report.good:
+        typer.echo("error: the ONNX model does not match PyTorch: it is not marked good", err=True)
+        raise typer.Exit(1)
+
+
+@app.command()
+def push(
+    run_id: Annotated[str, typer.Argument(help="a completed run (id or folder)")],
+    repo: Annotated[str | None, typer.Option(help="Hub repo id, e.g. you/my-model")] = None,
+    to_folder: Annotated[Path | None, typer.Option(help="copy to a local folder instead of the Hub")] = None,
+    git: Annotated[str | None, typer.Option(help="push to a git remote (with git-lfs) instead of the Hub")] = None,
+    private: Annotated[bool, typer.Option(help="create the Hub repo private")] = False,
+    overwrite: Annotated[bool, typer.Option(help="push into an existing repo / non-empty folder")] = False,
+    include_checkpoints: Annotated[bool, typer.Option(help="also upload checkpoints (optimizer states)")] = False,
+    root: RootOption = None,
+) -> None:
+    """Publish a finished run: model, tokenizer, ONNX files (if exported) and a model card."""
+    from ortlab.publish import PublishError, push_to_folder, push_to_git, push_to_hub
+
+    run = _attach(run_id, root)
+    if sum(x is not None for x in (repo, to_folder, git)) != 1:
+        typer.echo("error: give exactly one of --repo, --to-folder, --git", err=True)
+        raise typer.Exit(2)
+    try:
+        if repo:
+            where = push_to_hub(
+                run.dir, repo, private=private, overwrite=overwrite, include_checkpoints=include_checkpoints
+            )
+        elif to_folder:
+            where = push_to_folder(run.dir, to_folder, overwrite=overwrite, include_checkpoints=include_checkpoints)
+        else:
+            where = f"{git} @ {push_to_git(run.dir, git, include_checkpoints=include_checkpoints)}"
+    except PublishError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"published {run.id}: {where}")
+
+
+@app.command()
 def spec(
     schema: Annotated[bool, typer.Option("--schema", help="print the JSON schema instead of the default spec")] = False,
 ) -> None:

@@ -143,6 +143,18 @@ class Run:
         self._process = _start(self.dir, self.spec(), resume=True)
         return self
 
+    def export_onnx(self, **kwargs: Any):
+        """Export the finished model to ONNX with a parity check and latency numbers (see ortlab.export)."""
+        from ortlab.export import export_onnx
+
+        return export_onnx(self.dir, **kwargs)
+
+    def push_to_hub(self, repo_id: str, **kwargs: Any):
+        """Publish model, tokenizer, ONNX files and a model card (see ortlab.publish)."""
+        from ortlab.publish import push_to_hub
+
+        return push_to_hub(self.dir, repo_id, **kwargs)
+
     def compare(self, *others: Run) -> list:
         from ortlab.runner.compare import compare
 

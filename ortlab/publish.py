@@ -1,0 +1,218 @@
+"""Publish a finished run: model, tokenizer, ONNX files and a model card, to the Hub, a folder or a git remote.
+
+What is published is staged first in a temporary folder that holds only what should leave the machine: the
+model and tokenizer files, `onnx/` if the run was exported, and a README.md model card that states the base
+model, the data, the task, the accelerations that really applied, the throughput measured and the eval
+results. Tokens, optimizer states and checkpoints are never included unless asked for (`include_checkpoints`).
+
+- `push_to_hub(run, "user/name")`: the token comes from the usual Hugging Face places (HF_TOKEN, the token saved
+  by `hf auth login`) or the `token` argument; offline mode and a missing token fail at once, before any upload.
+- `push_to_folder(run, path)`: the same files, for users without the Hub.
+- `push_to_git(run, remote)`: the same files committed with git-lfs (weights as LFS objects) and pushed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from ortlab._version import __version__
+
+MODEL_PATTERNS = ("*.json", "*.safetensors", "*.txt", "*.model", "tokenizer*", "vocab*", "merges*")
+NEVER = ("optimizer.pt", "scheduler.pt", "rng_state*", "training_args.bin", "*.tmp", ".ortlab*")
+LFS_PATTERNS = ("*.safetensors", "*.onnx", "*.bin")
+
+
+class PublishError(RuntimeError):
+    """The run cannot be published as asked; the message says what to do."""
+
+
+def _completed(run: Any):
+    from ortlab.runner.rundir import RunDir
+
+    run = RunDir(getattr(run, "path", run))
+    status = run.status()
+    if status.get("state") != "completed" or not (run.model_dir / "config.json").exists():
+        raise PublishError(f"run {run.id} is {status.get('state')}: only a completed run can be published")
+    return run
+
+
+def model_card(run: Any) -> str:
+    """The README.md that goes with the model: what it is, how it was trained, what was measured."""
+    spec = run.spec()
+    result = run.result() or {}
+    export = run.path / "onnx" / "export.json"
+    exported = json.loads(export.read_text()) if export.exists() else None
+    applied = [k for k, v in result.get("accelerations", {}).items() if v.get("applied")]
+    requested_not = [k for k, v in result.get("accelerations", {}).items() if v.get("requested") and not v["applied"]]
+    summary = result.get("summary", {})
+    pipeline = {
+        "sequence-classification": "text-classification",
+        "token-classification": "token-classification",
+        "causal-lm": "text-generation",
+    }[spec.task]
+    data = spec.data.source
+    front = ["---", "library_name: transformers", f"pipeline_tag: {pipeline}", "tags:", "- ortlab", "- onnxruntime"]
+    if not Path(spec.model.name).exists():
+        front.append(f"base_model: {spec.model.name}")
+    if not data.startswith("embedded:") and not Path(data).exists():
+        front += ["datasets:", f"- {data}"]
+    front.append("---")
+
+    def metrics(d: dict[str, Any]) -> str:
+        return ", ".join(
+            f"{k[5:]} {v:.4f}"
+            for k, v in d.items()
+            if k.startswith("eval_") and isinstance(v, float) and not k.endswith(("runtime", "per_second", "_time"))
+        )
+
+    lines = [
+        *front,
+        "",
+        f"# {run.id}",
+        "",
+        f"Fine-tuned with [ortlab](https://github.com/ortlab/ortlab) {__version__} for **{spec.task}**.",
+        "",
+        "## Training",
+        "",
+        f"- base model: `{spec.model.name}`",
+        f"- data: `{data}` ({spec.data.max_train_samples or 'all'} training rows)",
+        f"- hyperparameters: learning rate {spec.hyper.learning_rate}, batch size {spec.hyper.batch_size}, "
+        f"{spec.hyper.max_steps or spec.hyper.epochs} {'steps' if spec.hyper.max_steps else 'epochs'}, "
+        f"max length {spec.hyper.max_length}, seed {spec.seed}",
+        f"- accelerations that applied (verified during the run): {', '.join(applied) or 'none'}",
+    ]
+    if requested_not:
+        lines.append(f"- requested but NOT applied: {', '.join(requested_not)}")
+    if summary.get("steady_samples_per_s"):
+        lines.append(
+            f"- measured throughput: {summary['steady_samples_per_s']:.2f} samples/s, "
+            f"{summary.get('steady_tokens_per_s', 0):.0f} tokens/s (steady state, after "
+            f"{summary.get('warmup_time_s', 0):.1f} s of warm-up); peak memory {summary.get('peak_mem_mb', 0):.0f} MB "
+            f"({summary.get('mem_kind')})"
+        )
+    lines += ["", "## Evaluation", ""]
+    if result.get("eval_before"):
+        lines.append(f"- before training: {metrics(result['eval_before'])}")
+    if result.get("eval_after"):
+        lines.append(f"- after training: {metrics(result['eval_after'])}")
+    if exported:
+        lines += ["", "## ONNX", ""]
+        for name, v in exported["variants"].items():
+            lines.append(
+                f"- `onnx/{v['file']}` ({name}): max |logit diff| vs PyTorch {v['max_abs_diff']:.2e}, prediction "
+                f"agreement {v['agreement']:.4f}, {'passed' if v['good'] else 'FAILED'} the parity check"
+            )
+    lines.append("")
+    return "\n".join(lines)
+
+
+@contextmanager
+def staged(run: Any, include_checkpoints: bool = False):
+    """A temporary folder with exactly the files to publish."""
+    run = _completed(run)
+    with tempfile.TemporaryDirectory(prefix="ortlab-publish-") as tmp:
+        stage = Path(tmp)
+        for f in sorted(run.model_dir.iterdir()):
+            if f.is_file() and any(f.match(p) for p in MODEL_PATTERNS) and not any(f.match(p) for p in NEVER):
+                shutil.copy2(f, stage / f.name)
+        onnx = run.path / "onnx"
+        if onnx.is_dir():
+            shutil.copytree(onnx, stage / "onnx")
+        if include_checkpoints and run.checkpoints.is_dir():
+            shutil.copytree(run.checkpoints, stage / "checkpoints")
+        (stage / "README.md").write_text(model_card(run))
+        yield stage
+
+
+def push_to_hub(
+    run: Any,
+    repo_id: str,
+    private: bool = False,
+    token: str | None = None,
+    overwrite: bool = False,
+    include_checkpoints: bool = False,
+) -> str:
+    """Create `repo_id` on the Hub and upload the run; returns the commit URL. Checks come before uploading."""
+    from ortlab.hub import offline
+
+    _completed(run)
+    if offline():
+        raise PublishError("offline mode is on (HF_HUB_OFFLINE=1): unset it to push, or use push_to_folder")
+    from huggingface_hub import HfApi, get_token
+    from huggingface_hub.errors import HfHubHTTPError
+
+    token = token or get_token()
+    if not token:
+        raise PublishError("no Hugging Face token: run `hf auth login`, set HF_TOKEN, or pass token=...")
+    api = HfApi(token=token)
+    try:
+        exists = api.repo_exists(repo_id)
+        if exists and not overwrite:
+            raise PublishError(f"the repo {repo_id} already exists: pass overwrite=True (--overwrite) to push into it")
+        api.create_repo(repo_id, private=private, exist_ok=overwrite)
+        with staged(run, include_checkpoints) as stage:
+            info = api.upload_folder(
+                folder_path=str(stage),
+                repo_id=repo_id,
+                commit_message=f"ortlab: {Path(getattr(run, 'path', run)).name}",
+            )
+    except HfHubHTTPError as e:
+        status = getattr(getattr(e, "response", None), "status_code", None)
+        if status == 401:
+            raise PublishError("the Hub refused the token (401): check it with `hf auth whoami`") from None
+        raise PublishError(f"the Hub refused the push: {e}") from None
+    except OSError as e:
+        raise PublishError(f"could not reach the Hub: {e}") from None
+    return str(getattr(info, "commit_url", info))
+
+
+def push_to_folder(run: Any, folder: str | Path, overwrite: bool = False, include_checkpoints: bool = False) -> Path:
+    """Copy what would be published into `folder`."""
+    target = Path(folder)
+    if target.exists() and any(target.iterdir()) and not overwrite:
+        raise PublishError(f"{target} is not empty: pass overwrite=True to replace its contents")
+    with staged(run, include_checkpoints) as stage:
+        if target.exists():
+            shutil.rmtree(target)
+        shutil.copytree(stage, target)
+    return target
+
+
+def push_to_git(run: Any, remote: str, branch: str = "main", include_checkpoints: bool = False) -> str:
+    """Commit what would be published (weights through git-lfs) and push it to `remote`; returns the commit."""
+    for tool in ("git", "git-lfs"):
+        if shutil.which(tool) is None:
+            raise PublishError(f"pushing to a git remote needs {tool}: apt-get install {tool}")
+
+    def git(*args: str, cwd: Path) -> str:
+        proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise PublishError(f"git {' '.join(args)} failed: {proc.stderr.strip()[-500:]}")
+        return proc.stdout.strip()
+
+    if Path(remote).is_dir():
+        remote = Path(remote).resolve().as_uri()  # git-lfs only talks to local repositories through file:// URLs
+    with staged(run, include_checkpoints) as stage:
+        git("init", "-q", "-b", branch, cwd=stage)
+        git("lfs", "install", "--local", cwd=stage)
+        git("lfs", "track", *LFS_PATTERNS, cwd=stage)
+        git("add", "-A", cwd=stage)
+        git(
+            "-c",
+            "user.name=ortlab",
+            "-c",
+            "user.email=ortlab@localhost",
+            "commit",
+            "-q",
+            "-m",
+            f"ortlab: {Path(getattr(run, 'path', run)).name}",
+            cwd=stage,
+        )
+        git("push", "-q", remote, f"HEAD:{branch}", cwd=stage)
+        return git("rev-parse", "HEAD", cwd=stage)
