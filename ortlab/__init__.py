@@ -25,6 +25,7 @@ _LAZY = {
     "launch": "ortlab.runner",
     "runs": "ortlab.runner",
     "attach": "ortlab.runner",
+    "Workbench": "ortlab.ui",
 }
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "ORTTrainingArguments",
     "Run",
     "RunSpec",
+    "Workbench",
     "__version__",
     "attach",
     "doctor",
@@ -51,6 +53,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ortlab.spec import RunSpec
     from ortlab.train.args import ORTTrainingArguments
     from ortlab.train.trainer import AccelerationNotApplied, ORTTrainer
+    from ortlab.ui import Workbench
 
 
 def __getattr__(name: str) -> Any:

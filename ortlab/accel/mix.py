@@ -96,21 +96,14 @@ def problems(mix: Mix) -> tuple[list[str], list[str]]:
             errors.append(_unavailable(bf16))
         elif bf16.slow and not cuda:
             warnings.append(f"bf16: {bf16.reason}. {bf16.remedy}")
-    if mix.ort:
-        a = ort.check()
-        if not a.available:
-            errors.append(_unavailable(a))
-    if mix.fused_adam:
-        a = fused_adam.check()
-        if not a.available:
-            errors.append(_unavailable(a))
-    if mix.zero_stage > 0:
-        a = zero.check()
-        if not a.available:
-            errors.append(_unavailable(a))
-    if mix.torch_compile:
-        a = torch_compile.check()
-        if not a.available:
+    requested_checks = (
+        (mix.ort, ort.check),
+        (mix.fused_adam, fused_adam.check),
+        (mix.zero_stage > 0, zero.check),
+        (mix.torch_compile, torch_compile.check),
+    )
+    for requested, check in requested_checks:
+        if requested and not (a := check()).available:
             errors.append(_unavailable(a))
     return errors, warnings
 

@@ -1,0 +1,199 @@
+"""Live charts of runs: train/eval loss, samples/s, step time and peak memory, several runs overlaid.
+
+`RunMonitor(run)` follows each run's metrics stream in a background thread and draws with a plotly
+`FigureWidget`. Points are buffered and sent at most every `throttle_s` seconds in one `batch_update`: a
+per-point update sends one comm message per trace per step (1,600 messages for 200 steps were seen), which
+floods the browser. Each legend entry says which accelerations really applied to that run.
+
+Where widgets cannot render (papermill, nbconvert, a terminal), the monitor shows a static summary instead.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import ipywidgets as widgets
+
+from ortlab.ui.summary import run_label, static_summary
+
+PANELS = (
+    ("loss", "loss (train, eval)"),
+    ("samples_per_s", "samples/s"),
+    ("step_time_s", "step time (s)"),
+    ("peak_mem_mb", "peak memory (MB)"),
+)
+
+
+def _figure() -> Any:
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(
+        rows=2, cols=2, subplot_titles=[title for _, title in PANELS], horizontal_spacing=0.08, vertical_spacing=0.14
+    )
+    widget = go.FigureWidget(fig)
+    widget.update_layout(
+        height=520, margin={"l": 40, "r": 10, "t": 40, "b": 30}, legend={"orientation": "h"}, template="plotly_white"
+    )
+    return widget
+
+
+class RunMonitor(widgets.VBox):
+    """Live charts for one or more runs (`ortlab.Run` objects). Works alone: `RunMonitor(run)`."""
+
+    def __init__(self, *runs: Any, throttle_s: float = 0.5, **kwargs: Any):
+        self.figure = _figure()
+        self.status = widgets.HTML()
+        super().__init__([self.status, self.figure], **kwargs)
+        self.throttle_s = throttle_s
+        self.updates_sent = 0  # batch updates sent to the front end (what the throttle bounds)
+        self.points_received = 0
+        self._lock = threading.Lock()
+        self._pending: dict[int, tuple[list, list]] = {}  # trace index -> (xs, ys) waiting to be sent
+        self._traces: dict[tuple[str, str], int] = {}
+        self._runs: dict[str, Any] = {}
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.on_change: Any = None  # called after new points were sent and when a followed run ends
+        self._flusher = threading.Thread(target=self._flush_loop, daemon=True, name="ortlab-monitor-flush")
+        self._flusher.start()
+        for run in runs:
+            self.add_run(run)
+
+    # --- data in -----------------------------------------------------------------------------------------
+
+    def add_run(self, run: Any, follow: bool = True) -> None:
+        """Overlay `run`; its history is drawn at once, then live points as they come (if `follow`)."""
+        if run.id in self._runs:
+            return
+        self._runs[run.id] = run
+        if follow:
+            t = threading.Thread(target=self._follow, args=(run,), daemon=True, name=f"ortlab-follow-{run.id}")
+            t.start()
+            self._threads.append(t)
+        else:
+            for record in run.metrics():
+                self.consume(run.id, record)
+            self.flush()
+
+    def _follow(self, run: Any) -> None:
+        for record in run.follow(poll_s=0.3):
+            if self._stop.is_set():
+                return
+            self.consume(run.id, record)
+        self.flush()
+        self._set_status()
+        if self.on_change is not None:
+            self.on_change(final=True)
+
+    def consume(self, run_id: str, record: dict[str, Any]) -> None:
+        """Take one metrics record (from a stream or a recording); buffered until the next flush."""
+        event = record.get("event")
+        if event in ("train_begin", "train_end", "acceleration"):
+            self._relabel(run_id, record)
+            return
+        step = record.get("step")
+        if step is None:
+            return
+        points: list[tuple[str, str, Any]] = []
+        if event == "step":
+            points = [(name, "train", record.get(name)) for name, _ in PANELS]
+        elif event == "eval" and record.get("eval_loss") is not None:
+            points = [("loss", "eval", record["eval_loss"])]
+        with self._lock:
+            for panel, kind, value in points:
+                if isinstance(value, (int, float)):
+                    xs, ys = self._pending.setdefault(self._trace(run_id, panel, kind), ([], []))
+                    xs.append(step)
+                    ys.append(value)
+                    self.points_received += 1
+
+    # --- drawing -----------------------------------------------------------------------------------------
+
+    def _trace(self, run_id: str, panel: str, kind: str) -> int:
+        key = (run_id, f"{panel}/{kind}")
+        if key not in self._traces:
+            import plotly.graph_objects as go
+
+            index = [p for p, _ in PANELS].index(panel)
+            row, col = index // 2 + 1, index % 2 + 1
+            label = run_label(self._runs.get(run_id), run_id)
+            self.figure.add_trace(
+                go.Scatter(
+                    x=[],
+                    y=[],
+                    mode="lines+markers",
+                    marker={"size": 4},
+                    name=f"{label} ({kind})" if panel == "loss" else label,
+                    legendgroup=run_id,
+                    showlegend=panel == "loss",
+                    line={"dash": "dot"} if kind == "eval" else {},
+                ),
+                row=row,
+                col=col,
+            )
+            self._traces[key] = len(self.figure.data) - 1
+        return self._traces[key]
+
+    def _relabel(self, run_id: str, record: dict[str, Any]) -> None:
+        label = run_label(self._runs.get(run_id), run_id, record.get("accelerations"))
+        with self._lock:
+            for (rid, what), index in self._traces.items():
+                if rid == run_id:
+                    kind = what.split("/")[1]
+                    self.figure.data[index].name = f"{label} ({kind})" if what.startswith("loss") else label
+
+    def flush(self) -> None:
+        """Send what is buffered, in one batch update."""
+        with self._lock:
+            pending, self._pending = self._pending, {}
+            if not pending:
+                return
+            with self.figure.batch_update():
+                for index, (xs, ys) in pending.items():
+                    trace = self.figure.data[index]
+                    trace.x = tuple(trace.x or ()) + tuple(xs)
+                    trace.y = tuple(trace.y or ()) + tuple(ys)
+            self.updates_sent += 1
+        self._set_status()
+        if self.on_change is not None:
+            self.on_change()
+
+    def _flush_loop(self) -> None:
+        while not self._stop.wait(self.throttle_s):
+            self.flush()
+
+    def _set_status(self) -> None:
+        parts = []
+        for run in self._runs.values():
+            try:
+                state = run.state
+            except Exception:  # a run folder removed under us: show it, do not break the monitor
+                state = "missing"
+            parts.append(f"<b>{run.id}</b>: {state}")
+        self.status.value = " &nbsp; ".join(parts)
+
+    def close(self) -> None:
+        self._stop.set()
+        super().close()
+
+    # --- where widgets cannot render -------------------------------------------------------------------------
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        bundle = super()._repr_mimebundle_(**kwargs) or {}
+        html, text = static_summary(list(self._runs.values()))
+        bundle["text/html"] = html
+        bundle["text/plain"] = text
+        return bundle
+
+    def __repr__(self) -> str:
+        return static_summary(list(self._runs.values()))[1]
+
+    def wait_idle(self, timeout: float = 10.0) -> None:
+        """For tests and scripts: return when every followed run has ended and all points were sent."""
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        self.flush()

@@ -1,0 +1,336 @@
+"""`ortlab.Workbench()`: pick a model, data and an acceleration mix, launch and stop runs, watch and compare.
+
+The widgets only edit a RunSpec: `workbench.spec()` is what Launch would start, and every change is validated
+with the same RunSpec rules as the CLI (Launch stays disabled, with the reason shown, while the spec is
+invalid). Runs are launched with `ortlab.launch` and watched through their run folders, so a workbench opened
+again (in the same or a new kernel) finds its runs and re-attaches to the running ones.
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+import time
+from typing import Any
+
+import ipywidgets as widgets
+
+from ortlab.ui.charts import RunMonitor
+from ortlab.ui.summary import rows, static_summary, table_html
+
+ACCELS = ("ort", "fused_adam", "zero1", "bf16", "fp16", "torch_compile")
+WIDE = widgets.Layout(width="420px")
+
+
+def _availability() -> dict[str, Any]:
+    """The doctor's static checks (fast: no probe): what this runtime can run, and why not."""
+    from ortlab.accel import fused_adam, ort, precision, torch_compile, zero
+
+    return {
+        "ort": ort.check(),
+        "fused_adam": fused_adam.check(),
+        "zero1": zero.check(),
+        "bf16": precision.check_bf16(),
+        "fp16": precision.check_fp16(),
+        "torch_compile": torch_compile.check(),
+    }
+
+
+class Workbench(widgets.VBox):
+    """The ortlab workbench. `Workbench(spec={...})` starts from a spec (a dict or RunSpec) instead of the
+    embedded default; `root` is the runs folder (default ./ortlab-runs)."""
+
+    def __init__(self, spec: Any = None, root: str | None = None, **kwargs: Any):
+        from ortlab.spec import RunSpec
+
+        self.root = root
+        start = spec if isinstance(spec, RunSpec) else RunSpec.parse(spec or {})
+        self._base = start.model_dump(mode="json")
+        self.available = _availability()
+        self._runs: dict[str, Any] = {}
+
+        # model and data
+        self.model = widgets.Combobox(
+            value=start.model.name,
+            placeholder="Hub id or local folder",
+            description="model",
+            layout=WIDE,
+            ensure_option=False,
+        )
+        self.model_search = widgets.Button(description="search", layout=widgets.Layout(width="80px"))
+        self.model_info = widgets.HTML()
+        self.data = widgets.Combobox(
+            value=start.data.source,
+            description="data",
+            layout=WIDE,
+            placeholder="Hub id, file or folder, embedded:NAME",
+            ensure_option=False,
+        )
+        self.data_inspect = widgets.Button(description="inspect", layout=widgets.Layout(width="80px"))
+        self.data_preview = widgets.HTML()
+        self.task = widgets.Dropdown(
+            options=["sequence-classification", "token-classification", "causal-lm"],
+            value=start.task,
+            description="task",
+        )
+        self.text_column = widgets.Text(value=start.data.text_column or "", description="text col", placeholder="auto")
+        self.label_column = widgets.Text(
+            value=start.data.label_column or "", description="label col", placeholder="auto"
+        )
+
+        # the acceleration mix: a toggle each, with what the doctor says
+        resolved = start.accel.resolved()
+        initial = {
+            "ort": resolved.ort,
+            "fused_adam": resolved.fused_adam,
+            "zero1": start.accel.zero_stage > 0,
+            "bf16": start.accel.precision == "bf16",
+            "fp16": start.accel.precision == "fp16",
+            "torch_compile": start.accel.torch_compile,
+        }
+        self.toggles: dict[str, widgets.Checkbox] = {}
+        accel_rows = []
+        for name in ACCELS:
+            a = self.available[name]
+            box = widgets.Checkbox(
+                value=bool(initial[name]) and a.available,
+                description=name,
+                indent=False,
+                disabled=not a.available,
+                layout=widgets.Layout(width="130px"),
+            )
+            self.toggles[name] = box
+            mark = "ok" if a.available and not a.slow else "slow" if a.available else "unavailable"
+            tip, reason = html.escape(a.remedy, quote=True), html.escape(a.reason)
+            note = widgets.HTML(f"<span title='{tip}'><small>{mark}: {reason}</small></span>")
+            accel_rows.append(widgets.HBox([box, note]))
+
+        # hyperparameters and target
+        h = start.hyper
+        self.learning_rate = widgets.FloatText(value=h.learning_rate, description="learning rate")
+        self.epochs = widgets.FloatText(value=h.epochs, description="epochs")
+        self.max_steps = widgets.IntText(value=h.max_steps or 0, description="max steps", tooltip="0 = epochs")
+        self.batch_size = widgets.IntText(value=h.batch_size, description="batch size")
+        self.max_length = widgets.IntText(value=h.max_length, description="max length")
+        self.max_train_samples = widgets.IntText(value=start.data.max_train_samples or 0, description="train rows")
+        self.processes = widgets.IntText(value=start.target.processes, description="processes")
+        self.python = widgets.Text(value=start.target.python or "", description="runtime", placeholder="this Python")
+        self.name = widgets.Text(value=start.name or "", description="run name", placeholder="automatic")
+
+        # actions, state
+        self.launch_button = widgets.Button(description="Launch", button_style="success", icon="play")
+        self.stop_button = widgets.Button(description="Stop", button_style="warning", icon="stop")
+        self.problems = widgets.HTML()
+        self.run_list = widgets.Select(options=[], description="runs", rows=5, layout=WIDE)
+        self.baseline = widgets.Dropdown(options=[], description="baseline")
+        self.comparison = widgets.HTML()
+        self.monitor = RunMonitor()
+        self.monitor.on_change = self._refresh_soon
+        self._last_refresh = 0.0
+
+        form = widgets.VBox(
+            [
+                widgets.HTML("<h3>ortlab workbench</h3>"),
+                widgets.HBox([self.model, self.model_search]),
+                self.model_info,
+                widgets.HBox([self.data, self.data_inspect]),
+                self.data_preview,
+                widgets.HBox([self.task, self.text_column, self.label_column]),
+                widgets.HTML("<b>acceleration mix</b>"),
+                *accel_rows,
+                widgets.HTML("<b>training</b>"),
+                widgets.HBox([self.learning_rate, self.epochs, self.max_steps]),
+                widgets.HBox([self.batch_size, self.max_length, self.max_train_samples]),
+                widgets.HBox([self.processes, self.python, self.name]),
+                widgets.HBox([self.launch_button, self.stop_button]),
+                self.problems,
+            ]
+        )
+        runs_box = widgets.VBox([widgets.HBox([self.run_list, self.baseline]), self.comparison])
+        super().__init__([form, runs_box, self.monitor], **kwargs)
+
+        for w in (
+            self.model,
+            self.data,
+            self.task,
+            self.text_column,
+            self.label_column,
+            self.learning_rate,
+            self.epochs,
+            self.max_steps,
+            self.batch_size,
+            self.max_length,
+            self.max_train_samples,
+            self.processes,
+            self.python,
+            self.name,
+            *self.toggles.values(),
+        ):
+            w.observe(lambda _change: self.validate(), names="value")
+        self.baseline.observe(lambda _change: self.refresh_comparison(), names="value")
+        self.model_search.on_click(lambda _b: self.search_models())
+        self.data_inspect.on_click(lambda _b: self.inspect_data())
+        self.launch_button.on_click(lambda _b: self.launch())
+        self.stop_button.on_click(lambda _b: self.stop())
+        # Stable hooks for tests and user CSS.
+        self.add_class("ortlab-workbench")
+        self.launch_button.add_class("ortlab-launch")
+        self.stop_button.add_class("ortlab-stop")
+        self.validate()
+        self.reattach()
+
+    # --- the spec ------------------------------------------------------------------------------------------
+
+    def spec_dict(self) -> dict[str, Any]:
+        t = self.toggles
+        spec = {**self._base}
+        spec["name"] = self.name.value.strip() or None
+        spec["task"] = self.task.value
+        spec["model"] = {**self._base["model"], "name": self.model.value.strip()}
+        spec["data"] = {
+            **self._base["data"],
+            "source": self.data.value.strip(),
+            "text_column": self.text_column.value.strip() or None,
+            "label_column": self.label_column.value.strip() or None,
+            "max_train_samples": self.max_train_samples.value or None,
+        }
+        spec["hyper"] = {
+            **self._base["hyper"],
+            "learning_rate": self.learning_rate.value,
+            "epochs": self.epochs.value,
+            "max_steps": self.max_steps.value or None,
+            "batch_size": self.batch_size.value,
+            "max_length": self.max_length.value,
+        }
+        precision = "fp16" if t["fp16"].value else "bf16" if t["bf16"].value else "fp32"
+        spec["accel"] = {
+            **self._base["accel"],
+            "ort": t["ort"].value,
+            "fused_adam": t["fused_adam"].value,
+            "zero_stage": 1 if t["zero1"].value else 0,
+            "precision": precision,
+            "torch_compile": t["torch_compile"].value,
+        }
+        spec["target"] = {"processes": self.processes.value, "python": self.python.value.strip() or None}
+        if self.root:
+            spec["output_dir"] = self.root
+        return spec
+
+    def spec(self):
+        """The RunSpec that Launch would start (raises SpecError when invalid)."""
+        from ortlab.spec import RunSpec
+
+        return RunSpec.parse(self.spec_dict())
+
+    def validate(self) -> bool:
+        from ortlab.spec import SpecError
+
+        try:
+            self.spec()
+        except SpecError as e:
+            self.launch_button.disabled = True
+            items = "".join(f"<li>{p}</li>" for p in e.problems)
+            self.problems.value = f"<span style='color:#b00'>cannot launch:</span><ul>{items}</ul>"
+            return False
+        self.launch_button.disabled = False
+        self.problems.value = "<span style='color:#080'>ready to launch</span>"
+        return True
+
+    # --- pickers -------------------------------------------------------------------------------------------
+
+    def search_models(self) -> None:
+        from ortlab.discover import search_models
+
+        hits, note = search_models(self.model.value if "/" not in self.model.value else "")
+        self.model.options = [h.id for h in hits]
+        lines = []
+        for h in hits[:10]:
+            size = f", {h.size_mb:.0f} MB" if h.size_mb else ""
+            params = f", {h.parameters / 1e6:.1f}M parameters" if h.parameters else ""
+            lines.append(f"{h.id} <small>({h.where}{size}{params})</small>")
+        self.model_info.value = "<br>".join(lines) + (f"<br><small>{note}</small>" if note else "")
+
+    def inspect_data(self) -> None:
+        from ortlab.data import DataError
+        from ortlab.discover import inspect_dataset
+
+        try:
+            info = inspect_dataset(self.data.value.strip())
+        except DataError as e:
+            self.data_preview.value = f"<span style='color:#b00'>{e}</span>"
+            return
+        p = info.proposal
+        self.task.value = p["task"] or self.task.value
+        self.text_column.value = p["text_column"] or ""
+        self.label_column.value = p["label_column"] or ""
+        preview = [{k: str(v)[:80] for k, v in row.items()} for row in info.rows]
+        labels = f", labels: {', '.join(info.label_names[:12])}" if info.label_names else ""
+        self.data_preview.value = (
+            f"<small>splits {info.splits}; columns {info.columns}{labels}; proposed task "
+            f"<b>{p['task']}</b></small>" + table_html(preview)
+        )
+
+    # --- runs ----------------------------------------------------------------------------------------------
+
+    def launch(self):
+        """Start the current spec in its own process; its charts appear below."""
+        from ortlab.runner import launch
+
+        if not self.validate():
+            return None
+        run = launch(self.spec())
+        self._track(run)
+        return run
+
+    def stop(self) -> None:
+        """Stop the selected run gracefully (in the background: the kernel stays free)."""
+        run = self._runs.get(self.run_list.value)
+        if run is not None:
+            threading.Thread(target=run.stop, daemon=True).start()
+
+    def reattach(self) -> None:
+        """Find the runs under the runs folder; follow the running ones."""
+        from ortlab.runner import runs
+
+        for run in runs(self.root):
+            self._track(run, follow=run.state in ("pending", "running"))
+
+    def _track(self, run: Any, follow: bool = True) -> None:
+        self._runs[run.id] = run
+        self.monitor.add_run(run, follow=follow)
+        ids = list(self._runs)
+        self.run_list.options = ids
+        self.run_list.value = run.id
+        self.baseline.options = ids
+        if self.baseline.value is None:
+            self.baseline.value = ids[0]
+        self.refresh_comparison()
+
+    def _refresh_soon(self, final: bool = False) -> None:
+        """Called by the monitor as points arrive: refresh the table at most every 2 s (it reads run folders),
+        and always when a run ends."""
+        if final or time.monotonic() - self._last_refresh > 2.0:
+            self.refresh_comparison()
+
+    def refresh_comparison(self) -> None:
+        self._last_refresh = time.monotonic()
+        if self._runs:
+            self.comparison.value = table_html(rows(list(self._runs.values()), baseline=self.baseline.value))
+
+    # --- where widgets cannot render -------------------------------------------------------------------------
+
+    def _summary(self) -> tuple[str, str]:
+        html, text = static_summary(list(self._runs.values()), title="ortlab workbench")
+        try:
+            spec_text = self.spec().to_yaml()
+        except Exception as e:  # an invalid spec is still worth showing, with why
+            spec_text = f"invalid spec: {e}"
+        return html + f"<pre>{spec_text}</pre>", text + "\n" + spec_text
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        bundle = super()._repr_mimebundle_(**kwargs) or {}
+        bundle["text/html"], bundle["text/plain"] = self._summary()
+        return bundle
+
+    def __repr__(self) -> str:
+        return self._summary()[1]
