@@ -184,3 +184,15 @@ def test_papermill_gets_the_static_view_not_an_error(tmp_path):
     assert output["output_type"] == "execute_result"
     assert "static view" in output["data"]["text/html"]
     assert "embedded:rotten-tomatoes" in output["data"]["text/plain"]
+
+
+def test_a_new_workbench_finds_existing_runs(tmp_path):
+    from ortlab.ui import Workbench
+
+    run = recorded_run(tmp_path)
+    wb = Workbench(root=str(run.path.parent))
+    assert wb.run_list.options == ("recorded",)
+    assert "recorded" in wb.comparison.value
+    train_loss = next(t for t in wb.monitor.figure.data if t.name.endswith("(train)"))
+    assert len(train_loss.x) == 200  # a finished run's history is drawn at once
+    wb.monitor.close()
