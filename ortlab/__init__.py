@@ -56,7 +56,13 @@ if TYPE_CHECKING:  # pragma: no cover
     from ortlab.ui import Workbench
 
 
+# submodules reachable as attributes without an explicit import (`ortlab.ui.RunMonitor(run)` after `import ortlab`)
+_SUBMODULES = ("ui", "runner", "export", "publish", "discover", "spec", "notebooks")
+
+
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return import_module(f"ortlab.{name}")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'ortlab' has no attribute {name!r}")

@@ -392,6 +392,32 @@ def push(
 
 
 @app.command()
+def notebook(
+    path: Annotated[Path, typer.Argument(help="the notebook to run, e.g. notebooks/01-quickstart.ipynb")],
+    param: Annotated[list[str] | None, typer.Option("-p", "--param", help="NAME=VALUE (YAML value)")] = None,
+    output: Annotated[Path | None, typer.Option(help="executed notebook (default: <name>.out.ipynb)")] = None,
+) -> None:
+    """Run a notebook with parameters through papermill (every cell; a failing cell fails the command)."""
+    import yaml
+
+    from ortlab.notebooks import NotebookFailed, run_notebook
+
+    parameters = {}
+    for item in param or []:
+        name, sep, value = item.partition("=")
+        if not sep:
+            typer.echo(f"error: -p takes NAME=VALUE, got {item!r}", err=True)
+            raise typer.Exit(2)
+        parameters[name] = yaml.safe_load(value)
+    try:
+        out = run_notebook(path, output or path.with_suffix(".out.ipynb"), parameters)
+    except (NotebookFailed, ValueError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"executed: {out}")
+
+
+@app.command()
 def spec(
     schema: Annotated[bool, typer.Option("--schema", help="print the JSON schema instead of the default spec")] = False,
 ) -> None:

@@ -136,13 +136,26 @@ def _is_string_list(feature: Any) -> bool:
     return inner is not None and _is_string(inner)
 
 
-def propose_mapping(features: dict[str, Any]) -> dict[str, str | None]:
-    """Guess text / text pair / label columns and the task from column names and types."""
+def _looks_like_labels(values: list[Any]) -> bool:
+    """Few distinct short values, each repeated: a class column (e.g. 'priority': urgent/normal)."""
+    present = [v for v in values if v is not None]
+    distinct = {str(v) for v in present}
+    if not present or isinstance(present[0], (list, dict, float)) or len(distinct) < 2:
+        return False
+    return len(distinct) <= min(100, max(2, len(present) // 3)) and max(len(d) for d in distinct) <= 40
+
+
+def propose_mapping(dataset: Dataset) -> dict[str, str | None]:
+    """Guess text / text pair / label columns and the task from column names, types and (a sample of) values."""
+    features = dataset.features
     columns = list(features)
     text = _pick(columns, TEXT_NAMES)
     if text is None:
         text = next((c for c in columns if _is_string(features[c]) or _is_string_list(features[c])), None)
     label = _pick([c for c in columns if c != text], LABEL_NAMES)
+    if label is None:  # no telling name: a column whose values look like classes
+        sample = dataset.select(range(min(1000, len(dataset))))
+        label = next((c for c in columns if c != text and _looks_like_labels(sample[c])), None)
     pair = _pick([c for c in columns if c not in (text, label)], PAIR_NAMES)
     if text is not None and _is_string_list(features[text]):
         task = "token-classification"
@@ -162,7 +175,7 @@ def check(raw: dict[str, Dataset], spec: DataSpec, task: str) -> tuple[str, str 
         raise DataError(f"data.source: the {spec.train_split!r} split of {spec.source!r} is empty")
     features = train.features
     columns = list(features)
-    guess = propose_mapping(features)
+    guess = propose_mapping(train)
     text = spec.text_column or guess["text_column"]
     label = None if task == "causal-lm" else (spec.label_column or guess["label_column"])
     pair = spec.text_pair_column

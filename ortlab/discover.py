@@ -172,7 +172,7 @@ def inspect_dataset(source: str, n_rows: int = 5) -> DatasetInfo:
 
     raw, _ = load_raw(DataSpec(source=source))
     first = raw.get("train") or next(iter(raw.values()))
-    proposal = propose_mapping(first.features)
+    proposal = propose_mapping(first)
     labels: list[str] = []
     if proposal["label_column"]:
         try:

@@ -178,8 +178,13 @@ def test_papermill_gets_the_static_view_not_an_error(tmp_path):
     nb.cells = [nbformat.v4.new_code_cell(f"import ortlab\nortlab.Workbench(root={str(tmp_path / 'runs')!r})")]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, tmp_path / "in.ipynb")
-    papermill.execute_notebook(str(tmp_path / "in.ipynb"), str(tmp_path / "out.ipynb"), kernel_name="python3",
-                               progress_bar=False, cwd=str(tmp_path))
+    papermill.execute_notebook(
+        str(tmp_path / "in.ipynb"),
+        str(tmp_path / "out.ipynb"),
+        kernel_name="python3",
+        progress_bar=False,
+        cwd=str(tmp_path),
+    )
     (output,) = nbformat.read(tmp_path / "out.ipynb", as_version=4).cells[0].outputs
     assert output["output_type"] == "execute_result"
     assert "static view" in output["data"]["text/html"]
