@@ -240,24 +240,8 @@ def prepare_model(model) -> dict[str, str]:
         changed["attention"] = f"eager (was {attn})"
     if getattr(config, "use_cache", False):
         config.use_cache = False
-        model._ortlab_use_cache = True  # restored in saved copies: see original_config()
         changed["use_cache"] = "False (a KV cache cannot be exported)"
     return changed
-
-
-@contextmanager
-def original_config(model) -> Iterator[None]:
-    """While saving, give the config back what `prepare_model` changed for training (a saved causal LM must
-    still generate with its KV cache)."""
-    config = getattr(model, "config", None)
-    if config is None or not getattr(model, "_ortlab_use_cache", False):
-        yield
-        return
-    config.use_cache = True
-    try:
-        yield
-    finally:
-        config.use_cache = False
 
 
 @contextmanager

@@ -63,7 +63,10 @@ class ORTTrainer(Trainer):
         if feature is not None and model is not None:
             check_model_matches(model, feature)
         self.feature = feature
-        model_changes = ort.prepare_model(model) if (args.use_ort and model is not None) else {}
+        # Trainer.__init__ sets config.use_cache = args.use_cache (False) for good, and ORT needs it off too; the
+        # saved model gets the user's value back (a causal LM must keep generating with its KV cache).
+        self._user_use_cache = getattr(getattr(model, "config", None), "use_cache", None)
+        changes = ort.prepare_model(model) if (args.use_ort and model is not None) else {}
         super().__init__(model, args, *positional, **kwargs)
         if self.model_accepts_loss_kwargs and model is not None and not _loss_uses_num_items(model):
             # transformers decides from `**kwargs` in forward() that the model divides its loss by the number of
@@ -74,10 +77,9 @@ class ORTTrainer(Trainer):
         self.accelerations: dict[str, Applied] = {
             name: Applied(name, requested) for name, requested in args.mix.requested().items()
         }
-        if model_changes:
-            self.accelerations["ort"].details["model_changes"] = model_changes
+        if changes:
+            self.accelerations["ort"].details["model_changes"] = changes
         self._ort_module: Any = None
-        self._plain_model: Any = None
         self._reported: set[str] = set()
         self._step_counters: dict[str, float] = {"samples": 0, "tokens": 0, "loss": 0.0}
         self.metrics_sink = JsonLinesSink(args.metrics_path or None, also=on_metrics)
@@ -89,21 +91,23 @@ class ORTTrainer(Trainer):
     def train(self, *args: Any, **kwargs: Any):
         plain = self.model
         if self.args.use_ort:
-            changes = ort.prepare_model(plain)
-            if changes:
-                self.accelerations["ort"].details.setdefault("model_changes", {}).update(changes)
+            self._prepare_for_ort(plain)  # again: model_init may have built a new model
             if self._ort_module is None or self._ort_module.module is not plain:
                 self._ort_module = ort.wrap(plain, self.args.ort_options)
             # Both references: Trainer prepares `self.model` with Accelerate/DeepSpeed only when the model it is
             # about to train *is* self.model. Saving goes through `_save`, which unwraps again.
             self.model = self.model_wrapped = self._ort_module
-        self._plain_model = plain
         try:
             return super().train(*args, **kwargs)
         finally:
             self.model = plain
             self._write_accelerations(self.args.output_dir)
             self.metrics_sink.close()
+
+    def _prepare_for_ort(self, model: Any) -> None:
+        changes = ort.prepare_model(model)
+        if changes:
+            self.accelerations["ort"].details.setdefault("model_changes", {}).update(changes)
 
     def create_optimizer(self, model: Any = None):
         if self.optimizer is None and self.args.fused_adam and self.optimizer_cls_and_kwargs is None:
@@ -150,10 +154,15 @@ class ORTTrainer(Trainer):
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         current = self.model
         self.model = _unwrap_ort(current)
+        config = getattr(self.model, "config", None)
+        training_use_cache = getattr(config, "use_cache", None)
         try:
-            with ort.original_config(self.model):
-                super()._save(output_dir, state_dict)
+            if self._user_use_cache is not None and config is not None:
+                config.use_cache = self._user_use_cache
+            super()._save(output_dir, state_dict)
         finally:
+            if config is not None and training_use_cache is not None:
+                config.use_cache = training_use_cache
             self.model = current
         self._write_accelerations(output_dir or self.args.output_dir)
 
