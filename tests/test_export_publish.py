@@ -159,18 +159,7 @@ TOKEN = "hf_test_token"
 
 
 def hub_env(hub, tmp_path: Path, token: str | None = TOKEN) -> dict[str, str]:
-    """The environment of a process talking to `hub` (HF_ENDPOINT must be set before huggingface_hub loads)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_")) and "OFFLINE" not in k}
-    env.update(
-        HF_ENDPOINT=hub.url,
-        HF_HUB_DISABLE_XET="1",
-        HF_HOME=str(tmp_path / "hf-home"),
-        HF_HUB_DISABLE_TELEMETRY="1",
-        HF_HUB_DISABLE_PROGRESS_BARS="1",
-    )
-    if token:
-        env["HF_TOKEN"] = token
-    return env
+    return hub.client_env(tmp_path / "hf-home", token=token)
 
 
 def push(run: Path, env: dict[str, str], *extra: str) -> subprocess.CompletedProcess:

@@ -27,16 +27,7 @@ def hub():
 
 def run_client(hub: FakeHub, tmp_path: Path, script: str, *args: str) -> subprocess.CompletedProcess:
     """Run `script` with the venv's Python, talking to `hub`; `args` arrive as sys.argv[1:]."""
-    # Drop the caller's Hub settings, including the HF_HUB_OFFLINE=1 / TRANSFORMERS_OFFLINE=1 that conftest sets.
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_")) and "OFFLINE" not in k}
-    env.update(
-        HF_ENDPOINT=hub.url,
-        HF_HUB_DISABLE_XET="1",
-        HF_TOKEN=TOKEN,
-        HF_HOME=str(tmp_path / "hf_home"),
-        HF_HUB_DISABLE_TELEMETRY="1",
-        HF_HUB_DISABLE_PROGRESS_BARS="1",
-    )
+    env = hub.client_env(tmp_path / "hf_home", token=TOKEN)
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(script), *args],
         cwd=tmp_path,

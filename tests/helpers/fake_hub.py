@@ -48,6 +48,7 @@ import base64
 import hashlib
 import hmac
 import json
+import os
 import re
 import secrets
 import threading
@@ -213,6 +214,22 @@ class FakeHub:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def client_env(self, home: str | os.PathLike, token: str | None = None) -> dict[str, str]:
+        """The environment of a process whose huggingface_hub talks to this server (HF_ENDPOINT is read when
+        huggingface_hub is imported, so the client runs in a process started with it). The caller's Hub
+        settings are dropped, offline switches included; `home` keeps its cache and tokens apart."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_")) and "OFFLINE" not in k}
+        env.update(
+            HF_ENDPOINT=self.url,
+            HF_HUB_DISABLE_XET="1",
+            HF_HOME=str(home),
+            HF_HUB_DISABLE_TELEMETRY="1",
+            HF_HUB_DISABLE_PROGRESS_BARS="1",
+        )
+        if token:
+            env["HF_TOKEN"] = token
+        return env
 
     # ---- what the server holds, for assertions --------------------------------------------------------------------
 
