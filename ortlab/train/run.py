@@ -174,11 +174,14 @@ def _is_main_thread() -> bool:
 
 
 def _train(spec, run, model_path, prepared, resume, stop, progress, on_metrics, log) -> dict[str, Any]:
+    from transformers import set_seed
+
     from ortlab.data import collator, tokenize
     from ortlab.scores import add_perplexity, argmax_logits, compute_metrics_for
     from ortlab.tasks import TASK_FEATURES, load_model, load_tokenizer
     from ortlab.train.trainer import ORTTrainer
 
+    set_seed(spec.seed)  # a new classification head is initialised at load: same seed, same run
     tokenizer = load_tokenizer(model_path, spec.model.revision)
     model = load_model(model_path, spec.task, prepared.label_names, spec.model.revision)
     train_ds, eval_ds = tokenize(prepared, tokenizer, spec.task, spec.hyper.max_length)
