@@ -22,6 +22,7 @@ def summarize(records: list[dict[str, Any]], warmup_steps: int = 2) -> dict[str,
     steps = [s for seg in segments for s in seg]
     out: dict[str, Any] = {
         "steps": max((s["step"] for s in steps), default=0),
+        "warmup_steps": len(warm),
         "warmup_time_s": sum(s["step_time_s"] for s in warm),
         "final_loss": steps[-1]["loss"] if steps else None,
         "peak_mem_mb": max((s["peak_mem_mb"] for s in steps), default=None),

@@ -147,20 +147,6 @@ class StepMetricsCallback(TrainerCallback):
 
     def summary(self, warmup_steps: int) -> dict[str, Any]:
         """Warm-up (ORT export and graph build land in the first steps) apart from steady-state throughput."""
-        steps = self.steps
-        warm, steady = steps[:warmup_steps], steps[warmup_steps:]
-        out: dict[str, Any] = {
-            "steps": len(steps),
-            "warmup_steps": len(warm),
-            "warmup_time_s": sum(s["step_time_s"] for s in warm),
-            "train_time_s": time.perf_counter() - self._train_start,
-            "final_loss": steps[-1]["loss"] if steps else None,
-            "peak_mem_mb": max((s["peak_mem_mb"] for s in steps), default=None),
-            "mem_kind": steps[-1]["mem_kind"] if steps else None,
-        }
-        if steady:
-            t = sum(s["step_time_s"] for s in steady)
-            out["steady_samples_per_s"] = sum(s["samples"] for s in steady) / t if t else None
-            out["steady_tokens_per_s"] = sum(s["tokens"] for s in steady) / t if t else None
-            out["steady_step_time_s"] = t / len(steady)
-        return out
+        from ortlab.runner.compare import summarize
+
+        return {**summarize(self.steps, warmup_steps), "train_time_s": time.perf_counter() - self._train_start}
