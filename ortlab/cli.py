@@ -167,14 +167,11 @@ def _print_result(result: dict) -> None:
     table.add_column("metric")
     table.add_column("before", justify="right")
     table.add_column("after", justify="right")
-    for key, value in result["eval_after"].items():
-        if (
-            key.startswith("eval_")
-            and isinstance(value, float)
-            and not key.endswith(("runtime", "per_second", "_time"))
-        ):
-            before = result["eval_before"].get(key)
-            table.add_row(key[5:], f"{before:.4f}" if isinstance(before, float) else "", f"{value:.4f}")
+    from ortlab.scores import eval_scores
+
+    before = eval_scores(result["eval_before"])
+    for name, value in eval_scores(result["eval_after"]).items():
+        table.add_row(name, f"{before[name]:.4f}" if name in before else "", f"{value:.4f}")
     console.print(table)
     s = result["summary"]
     applied = [k for k, v in result["accelerations"].items() if v["applied"]]
@@ -239,6 +236,8 @@ def follow(
     """Print a run's metrics from the start, then live until it ends."""
     import json
 
+    from ortlab.scores import format_scores
+
     run = _attach(run_id, root)
     for r in run.follow():
         if json_out:
@@ -250,11 +249,7 @@ def follow(
                 flush=True,
             )
         elif r.get("event") == "eval":
-            scores = ", ".join(
-                f"{k[5:]} {v:.4f}"
-                for k, v in r.items()
-                if k.startswith("eval_") and isinstance(v, float) and not k.endswith(("runtime", "per_second", "_time"))
-            )
+            scores = format_scores(r)
             print(f"eval {r.get('phase', '')} (step {r.get('step')}): {scores}", flush=True)
         elif r.get("event") in ("acceleration", "stopped", "resume"):
             print(f"{r['event']}: {r.get('message') or r.get('checkpoint', '')}", flush=True)

@@ -101,7 +101,6 @@ def load_raw(spec: DataSpec) -> tuple[dict[str, Dataset], list[str]]:
     import datasets
 
     fmt, files = resolve_source(spec)
-    datasets.disable_progress_bars() if os.environ.get("ORTLAB_QUIET") else None
     try:
         if fmt == "hub":
             _check_hub_dataset(spec)

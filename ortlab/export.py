@@ -61,23 +61,21 @@ class ExportReport:
         return {**asdict(self), "good": self.good}
 
 
-class _LogitsOnly:
-    """Wraps a transformers model so that export sees tensors in, logits out (no dicts, no cache)."""
+def _logits_only(model: Any) -> Any:
+    """`model` as export should see it: tensors in, logits out (no dicts, no cache)."""
+    import torch
 
-    def __new__(cls, model: Any) -> Any:
-        import torch
+    class LogitsOnly(torch.nn.Module):
+        def __init__(self, inner: Any):
+            super().__init__()
+            self.inner = inner
 
-        class Wrapper(torch.nn.Module):
-            def __init__(self, inner: Any):
-                super().__init__()
-                self.inner = inner
+        def forward(self, input_ids, attention_mask):
+            return self.inner(
+                input_ids=input_ids, attention_mask=attention_mask, use_cache=False, return_dict=True
+            ).logits
 
-            def forward(self, input_ids, attention_mask):
-                return self.inner(
-                    input_ids=input_ids, attention_mask=attention_mask, use_cache=False, return_dict=True
-                ).logits
-
-        return Wrapper(model)
+    return LogitsOnly(model)
 
 
 def _eval_batch(run: Any, tokenizer: Any, n: int) -> tuple[dict[str, Any], Any]:
@@ -153,7 +151,7 @@ def export_onnx(
     if hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation("eager")  # exports on every opset; SDPA's export varies with versions
     inputs, labels = _eval_batch(run, tokenizer, samples)
-    wrapper = _LogitsOnly(model).eval()
+    wrapper = _logits_only(model).eval()
 
     out = run.path / "onnx"
     tmp = Path(tempfile.mkdtemp(prefix=".onnx-", dir=run.path))

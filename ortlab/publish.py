@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ortlab._version import __version__
+from ortlab.scores import format_scores
 
 MODEL_PATTERNS = ("*.json", "*.safetensors", "*.txt", "*.model", "tokenizer*", "vocab*", "merges*")
 NEVER = ("optimizer.pt", "scheduler.pt", "rng_state*", "training_args.bin", "*.tmp", ".ortlab*")
@@ -64,13 +65,6 @@ def model_card(run: Any) -> str:
         front += ["datasets:", f"- {data}"]
     front.append("---")
 
-    def metrics(d: dict[str, Any]) -> str:
-        return ", ".join(
-            f"{k[5:]} {v:.4f}"
-            for k, v in d.items()
-            if k.startswith("eval_") and isinstance(v, float) and not k.endswith(("runtime", "per_second", "_time"))
-        )
-
     lines = [
         *front,
         "",
@@ -98,9 +92,9 @@ def model_card(run: Any) -> str:
         )
     lines += ["", "## Evaluation", ""]
     if result.get("eval_before"):
-        lines.append(f"- before training: {metrics(result['eval_before'])}")
+        lines.append(f"- before training: {format_scores(result['eval_before'])}")
     if result.get("eval_after"):
-        lines.append(f"- after training: {metrics(result['eval_after'])}")
+        lines.append(f"- after training: {format_scores(result['eval_after'])}")
     if exported:
         lines += ["", "## ONNX", ""]
         for name, v in exported["variants"].items():

@@ -88,6 +88,21 @@ def compute_metrics_for(task: str, label_names: list[str]) -> Callable[[Any], di
     return None
 
 
+def eval_scores(metrics: dict[str, Any]) -> dict[str, float]:
+    """The quality numbers of an evaluation, named without their `eval_` prefix, and without the timing entries
+    that transformers adds to them (runtime, samples per second, model preparation time)."""
+    return {
+        k[5:]: v
+        for k, v in metrics.items()
+        if k.startswith("eval_") and isinstance(v, float) and not k.endswith(("runtime", "per_second", "_time"))
+    }
+
+
+def format_scores(metrics: dict[str, Any]) -> str:
+    """`loss 0.4884, accuracy 0.7860, f1 0.7752`: an evaluation on one line."""
+    return ", ".join(f"{k} {v:.4f}" for k, v in eval_scores(metrics).items())
+
+
 def add_perplexity(metrics: dict[str, float], prefix: str = "eval") -> dict[str, float]:
     loss = metrics.get(f"{prefix}_loss")
     if loss is not None:

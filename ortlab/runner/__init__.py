@@ -82,22 +82,17 @@ class Run:
         """
         offset, deadline = 0, None if timeout is None else time.monotonic() + timeout
         while True:
+            # The run writes its last metrics before its final status: once the status says it ended, one more
+            # read has every line.
+            ended = self.state in TERMINAL
             records, offset = read_metrics(self.dir.metrics_path, offset)
             for record in records:
                 if callback is not None:
                     callback(record)
                 yield record
+            if ended or (deadline is not None and time.monotonic() > deadline):
+                return
             if not records:
-                if self.state in TERMINAL:
-                    # One last read: lines written between the read above and the final status.
-                    records, offset = read_metrics(self.dir.metrics_path, offset)
-                    for record in records:
-                        if callback is not None:
-                            callback(record)
-                        yield record
-                    return
-                if deadline is not None and time.monotonic() > deadline:
-                    return
                 time.sleep(poll_s)
 
     def wait(self, timeout: float | None = None, poll_s: float = 0.5) -> dict[str, Any]:

@@ -18,9 +18,7 @@ did not apply is reported with a warning and an error log line.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import warnings
 from dataclasses import fields
 from pathlib import Path
@@ -29,6 +27,7 @@ from typing import Any
 from transformers import Trainer, TrainingArguments
 
 from ortlab.accel import Applied, fused_adam, ort
+from ortlab.runner.rundir import write_json
 from ortlab.tasks import check_model_matches
 from ortlab.train.args import ORTTrainingArguments
 from ortlab.train.metrics import JsonLinesSink, StepMetricsCallback
@@ -258,15 +257,9 @@ class ORTTrainer(Trainer):
     def _write_accelerations(self, output_dir: str) -> None:
         if not self.is_world_process_zero():
             return
-        path = Path(output_dir) / ACCELERATIONS_FILE
-        path.parent.mkdir(parents=True, exist_ok=True)
-        data = {
-            "feature": self.feature,
-            "accelerations": {k: v.to_dict() for k, v in self.accelerations.items()},
-        }
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=2, default=str))
-        os.replace(tmp, path)
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        data = {"feature": self.feature, "accelerations": {k: v.to_dict() for k, v in self.accelerations.items()}}
+        write_json(Path(output_dir) / ACCELERATIONS_FILE, data)
 
 
 def _loss_uses_num_items(model: Any) -> bool:
