@@ -70,7 +70,10 @@ def train(
     output_dir: Annotated[str | None, typer.Option(help="folder for run folders (default: ortlab-runs)")] = None,
     name: Annotated[str | None, typer.Option(help="run name")] = None,
     seed: Annotated[int | None, typer.Option()] = None,
-    quiet: Annotated[bool, typer.Option(help="no progress bars")] = False,
+    quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="show every library's output (default: in the run's logs/run.log)")
+    ] = False,
     detach: Annotated[
         bool, typer.Option("--detach", "-d", help="run in the background; watch with `ortlab follow RUN`")
     ] = False,
@@ -121,10 +124,16 @@ def train(
             run = launch(spec)
             typer.echo(f"launched {run.id} ({run.path}); watch it with: ortlab follow {run.path}")
             return
-        result = train_spec(spec, progress=not quiet)
+        from ortlab.train.terminal import Terminal
+
+        with Terminal(verbose=verbose, progress=not quiet) as terminal:
+            result = train_spec(spec, progress=not quiet, terminal=terminal)
     except _user_errors() as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        typer.echo("interrupted: the run is marked failed (its folder keeps what was written)", err=True)
+        raise typer.Exit(130) from None
     _print_result(result)
 
 
@@ -162,8 +171,10 @@ def _print_result(result: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
-    table = Table(title=f"run {result['run_dir']}")
+    console = Console(highlight=False)
+    # The path on a line of its own, whole: a table title would wrap it into the table's width.
+    console.print(f"[bold]run[/] {result['run_dir']}", soft_wrap=True)
+    table = Table()
     table.add_column("metric")
     table.add_column("before", justify="right")
     table.add_column("after", justify="right")
@@ -203,28 +214,10 @@ def _attach(run_id: str, root: Path | None):
 @app.command("runs")
 def list_runs(root: RootOption = None) -> None:
     """The runs under the runs folder: state, step, what applied, throughput."""
-    from rich.console import Console
-    from rich.table import Table
-
     from ortlab.runner import default_root, runs
-    from ortlab.runner.compare import row_for
+    from ortlab.runner.compare import render_runs, row_for
 
-    table = Table(title=f"runs in {root or default_root()}")
-    for col in ("run", "state", "step", "applied", "samples/s", "eval"):
-        table.add_column(col)
-    for run in runs(root):
-        row = row_for(run.dir)
-        metric = next(iter(row.eval.items()), None)
-        sps = row.summary.get("steady_samples_per_s")
-        table.add_row(
-            run.id,
-            row.state,
-            str(row.summary["steps"]),
-            ", ".join(row.applied) or "-",
-            f"{sps:.2f}" if sps else "-",
-            f"{metric[0][5:]} {metric[1]:.4f}" if metric else "-",
-        )
-    Console().print(table)
+    render_runs([row_for(run.dir) for run in runs(root)], title=f"runs in {root or default_root()}")
 
 
 @app.command()

@@ -89,45 +89,125 @@ def compare(runs: list[Any], baseline: str | None = None) -> list[Row]:
     return rows
 
 
+def _num(v: Any, fmt: str = ".2f") -> str:
+    return format(v, fmt) if isinstance(v, (int, float)) and not isinstance(v, bool) else "-"
+
+
+def _eval_cell(r: Row) -> str:
+    metric = next(iter(r.eval.items()), None)
+    return f"{metric[0][5:]} {metric[1]:.4f}" if metric else "-"
+
+
+def _applied_cell(r: Row) -> str:
+    missing = [a for a in r.requested if a not in r.applied]
+    applied = ", ".join(r.applied) or "none"
+    return applied + (f" [red](NOT: {', '.join(missing)})[/]" if missing else "")
+
+
+def _fits(console: Any, table: Any) -> bool:
+    """Would `table` fit the terminal without wrapping a cell? (Measured unconstrained: rich clamps to the width.)"""
+    from rich.measure import Measurement
+
+    return Measurement.get(console, console.options.update_width(10_000), table).maximum <= console.width
+
+
+# Terminal layouts. A table only shows when it fits the terminal whole; otherwise a narrower layout of the same
+# facts is printed, never cells cut to "sequence-class…" (every cell folds rather than ends in an ellipsis).
+
+
 def render(rows: list[Row], console: Any = None) -> None:
+    """The comparison in the terminal: one wide table if the terminal is wide enough, else runs side by side
+    as lettered columns (A, B, ...) with the metrics as rows, which fits 80 columns for a handful of runs."""
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    def num(v: Any, fmt: str = ".2f") -> str:
-        return format(v, fmt) if isinstance(v, (int, float)) else "-"
-
-    table = Table(title=f"baseline: {rows[0].run_id if rows else '-'} (ratios are run / baseline)")
-    for col in (
-        "run",
-        "state",
-        "applied (requested)",
-        "samples/s",
-        "x",
-        "warm-up s",
-        "x",
-        "peak MB",
-        "x",
-        "final loss",
-        "eval",
-    ):
-        table.add_column(col)
+    console = console or Console()
+    base = rows[0].run_id if rows else "-"
     for r in rows:
-        missing = [a for a in r.requested if a not in r.applied]
-        applied = ", ".join(r.applied) or "none"
-        if missing:
-            applied += f" [red](NOT: {', '.join(missing)})[/]"
-        metric = next(iter(r.eval.items()), None)
+        if r.ratios and all(v == 1.0 for v in r.ratios.values() if v is not None):
+            base = r.run_id
+            break
+    table = Table(title=f"baseline: {base} (x: run / baseline)", box=box.SIMPLE_HEAD)
+    for col in ("run", "state", "applied (requested)", "samples/s", "x", "warm-up s", "x", "peak MB", "x"):
+        table.add_column(col, overflow="fold")
+    table.add_column("final loss", overflow="fold")
+    table.add_column("eval", overflow="fold")
+    for r in rows:
         table.add_row(
             r.run_id,
             r.state,
-            applied,
-            num(r.summary.get("steady_samples_per_s")),
-            num(r.ratios.get("samples_per_s"), ".3f"),
-            num(r.summary.get("warmup_time_s"), ".1f"),
-            num(r.ratios.get("warmup_time"), ".2f"),
-            num(r.summary.get("peak_mem_mb"), ".0f"),
-            num(r.ratios.get("peak_mem"), ".3f"),
-            num(r.summary.get("final_loss"), ".4f"),
-            f"{metric[0][5:]} {metric[1]:.4f}" if metric else "-",
+            _applied_cell(r),
+            _num(r.summary.get("steady_samples_per_s")),
+            _num(r.ratios.get("samples_per_s"), ".3f"),
+            _num(r.summary.get("warmup_time_s"), ".1f"),
+            _num(r.ratios.get("warmup_time"), ".2f"),
+            _num(r.summary.get("peak_mem_mb"), ".0f"),
+            _num(r.ratios.get("peak_mem"), ".3f"),
+            _num(r.summary.get("final_loss"), ".4f"),
+            _eval_cell(r),
         )
-    (console or Console()).print(table)
+    if _fits(console, table):
+        console.print(table)
+        return
+    letters = [chr(ord("A") + i) if i < 26 else str(i + 1) for i in range(len(rows))]
+    for letter, r in zip(letters, rows, strict=True):
+        console.print(f"[bold]{letter}[/] {r.run_id}" + ("  (baseline)" if r.run_id == base else ""), soft_wrap=True)
+
+    def with_ratio(value: str, ratio: Any) -> str:
+        return value if value == "-" or not isinstance(ratio, (int, float)) else f"{value} ({ratio:.2f}x)"
+
+    narrow = Table(box=box.SIMPLE_HEAD, caption="(x: run / baseline)")
+    narrow.add_column("", style="bold", overflow="fold")
+    for letter in letters:
+        narrow.add_column(letter, overflow="fold")
+    facts = {
+        "state": [r.state for r in rows],
+        "applied": [_applied_cell(r) for r in rows],
+        "samples/s": [
+            with_ratio(_num(r.summary.get("steady_samples_per_s")), r.ratios.get("samples_per_s")) for r in rows
+        ],
+        "warm-up s": [
+            with_ratio(_num(r.summary.get("warmup_time_s"), ".1f"), r.ratios.get("warmup_time")) for r in rows
+        ],
+        "peak MB": [with_ratio(_num(r.summary.get("peak_mem_mb"), ".0f"), r.ratios.get("peak_mem")) for r in rows],
+        "final loss": [with_ratio(_num(r.summary.get("final_loss"), ".4f"), r.ratios.get("final_loss")) for r in rows],
+        "eval": [_eval_cell(r) for r in rows],
+    }
+    for name, cells in facts.items():
+        narrow.add_row(name, *cells)
+    console.print(narrow)
+
+
+def render_runs(rows: list[Row], title: str, console: Any = None) -> None:
+    """`ortlab runs`: a table when the terminal is wide enough, else two lines per run (nothing cut)."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    table = Table(title=title, box=box.SIMPLE_HEAD)
+    for col in ("run", "state", "step", "applied", "samples/s", "eval"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(
+            r.run_id,
+            r.state,
+            str(r.summary["steps"]),
+            ", ".join(r.applied) or "-",
+            _num(r.summary.get("steady_samples_per_s")),
+            _eval_cell(r),
+        )
+    if not rows:
+        console.print(f"{title}: none yet", soft_wrap=True)
+        return
+    if _fits(console, table):
+        console.print(table)
+        return
+    console.print(f"[bold]{title}[/]", soft_wrap=True)
+    for r in rows:
+        console.print(f"[bold]{r.run_id}[/]  {r.state}, step {r.summary['steps']}", soft_wrap=True)
+        console.print(
+            f"    applied: {', '.join(r.applied) or '-'};  "
+            f"{_num(r.summary.get('steady_samples_per_s'))} samples/s;  eval: {_eval_cell(r)}"
+        )

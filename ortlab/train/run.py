@@ -16,10 +16,13 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ortlab.runner.rundir import RunDir, process_create_time, write_json
 from ortlab.spec import RunSpec
+
+if TYPE_CHECKING:
+    from ortlab.train.terminal import Terminal
 
 
 def training_arguments(spec: RunSpec, run: RunDir, progress: bool):
@@ -76,13 +79,23 @@ def train_spec(
     progress: bool = True,
     on_metrics: Callable[[dict], None] | None = None,
     log: Callable[[str], None] = print,
+    terminal: Terminal | None = None,
 ) -> dict[str, Any]:
-    """Check, then train `spec` in this process (the foreground `ortlab train`). Returns the result."""
+    """Check, then train `spec` in this process (the foreground `ortlab train`). Returns the result.
+
+    With a `terminal` (`ortlab train`), ortlab's lines and a progress bar go to the screen and everything else
+    this process prints (third-party libraries) to the run's logs/run.log.
+    """
+    if terminal is not None:
+        log = terminal.say
+        log(f"checking the model ({spec.model.name}) and the data ({spec.data.source}) ...")
     checked = check(spec, log)
     run = RunDir.create(spec.output_dir, spec)
+    if terminal is not None:
+        terminal.log_to(run.log_path)
     pid = os.getpid()
     run.set_status("pending", pid=pid, create_time=process_create_time(pid))
-    return execute(run, checked=checked, progress=progress, on_metrics=on_metrics, log=log)
+    return execute(run, checked=checked, progress=progress, on_metrics=on_metrics, log=log, terminal=terminal)
 
 
 class _StopRequested:
@@ -127,6 +140,7 @@ def execute(
     progress: bool = True,
     on_metrics: Callable[[dict], None] | None = None,
     log: Callable[[str], None] = print,
+    terminal: Terminal | None = None,
 ) -> dict[str, Any]:
     """Train the run in `run` (resuming from its last checkpoint if asked); keep its status true throughout."""
     started = time.monotonic()
@@ -147,7 +161,7 @@ def execute(
                 step=run.last_step(),
             )
         model_path, prepared = checked or check(spec, log)
-        result = _train(spec, run, model_path, prepared, resume, stop, progress, on_metrics, log)
+        result = _train(spec, run, model_path, prepared, resume, stop, progress, on_metrics, log, terminal)
     except BaseException as e:
         if rank == 0:
             run.set_status(
@@ -173,7 +187,9 @@ def _is_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def _train(spec, run, model_path, prepared, resume, stop, progress, on_metrics, log) -> dict[str, Any]:
+def _train(spec, run, model_path, prepared, resume, stop, progress, on_metrics, log, terminal=None) -> dict[str, Any]:
+    log("loading the model (importing torch and transformers first takes a moment) ...")
+    loading = time.monotonic()
     from transformers import set_seed
 
     from ortlab.data import collator, tokenize
@@ -184,11 +200,16 @@ def _train(spec, run, model_path, prepared, resume, stop, progress, on_metrics, 
     set_seed(spec.seed)  # a new classification head is initialised at load: same seed, same run
     tokenizer = load_tokenizer(model_path, spec.model.revision)
     model = load_model(model_path, spec.task, prepared.label_names, spec.model.revision)
+    params = sum(p.numel() for p in model.parameters())
+    log(f"model loaded: {type(model).__name__}, {params / 1e6:.1f}M parameters ({time.monotonic() - loading:.1f} s)")
+    note = _new_head_note(model_path, spec, prepared.label_names)
+    if note:
+        log(note)
     train_ds, eval_ds = tokenize(prepared, tokenizer, spec.task, spec.hyper.max_length)
     classify = spec.task != "causal-lm"
     trainer = ORTTrainer(
         model=model,
-        args=training_arguments(spec, run, progress),
+        args=training_arguments(spec, run, progress and (terminal is None or terminal.verbose)),
         train_dataset=train_ds,
         eval_dataset=eval_ds,
         data_collator=collator(spec.task, tokenizer),
@@ -196,8 +217,8 @@ def _train(spec, run, model_path, prepared, resume, stop, progress, on_metrics, 
         compute_metrics=compute_metrics_for(spec.task, prepared.label_names),
         preprocess_logits_for_metrics=argmax_logits if classify else None,
         feature=TASK_FEATURES[spec.task],
-        on_metrics=on_metrics,
-        callbacks=[_stop_callback(stop)],
+        on_metrics=_both(terminal.on_record, on_metrics) if terminal is not None else on_metrics,
+        callbacks=[_stop_callback(stop), *([terminal.callback()] if terminal is not None else [])],
     )
     score = add_perplexity if spec.task == "causal-lm" else dict
     emit = trainer.metrics_sink if trainer.is_world_process_zero() else (lambda record: None)
@@ -205,6 +226,7 @@ def _train(spec, run, model_path, prepared, resume, stop, progress, on_metrics, 
     if resume and checkpoint is None:
         raise RuntimeError(f"cannot resume {run.id}: it has no complete checkpoint in {run.checkpoints}")
     if checkpoint is None:
+        log(f"evaluating on {len(eval_ds)} rows before training ...")
         before = score(trainer.evaluate(metric_key_prefix="eval"))
         emit({"event": "eval", "phase": "before", "step": 0, **before})
         log("before training: " + _headline(before))
@@ -219,10 +241,12 @@ def _train(spec, run, model_path, prepared, resume, stop, progress, on_metrics, 
         trainer.metrics_sink.close()
         log(f"stopped at step {trainer.state.global_step}; checkpoint {last}")
         return {"stopped": True, "step": trainer.state.global_step, "checkpoint": str(last)}
+    log(f"evaluating on {len(eval_ds)} rows after training ...")
     after = score(trainer.evaluate(metric_key_prefix="eval"))
     emit({"event": "eval", "phase": "after", "step": trainer.state.global_step, **after})
     trainer.metrics_sink.close()
     log("after training:  " + _headline(after))
+    log(f"saving the model to {run.model_dir}")
     trainer.save_model(str(run.model_dir))
     if trainer.is_world_process_zero():
         tokenizer.save_pretrained(str(run.model_dir))
@@ -237,6 +261,36 @@ def _train(spec, run, model_path, prepared, resume, stop, progress, on_metrics, 
         "summary": _summary(run, trainer),
         "accelerations": {k: v.to_dict() for k, v in trainer.accelerations.items()},
     }
+
+
+def _both(*sinks: Callable[[dict], None] | None) -> Callable[[dict], None]:
+    def call(record: dict) -> None:
+        for sink in sinks:
+            if sink is not None:
+                sink(record)
+
+    return call
+
+
+def _new_head_note(model_path: str, spec: RunSpec, label_names: list[str]) -> str | None:
+    """In ortlab's words, what transformers' LOAD REPORT says when a classifier head is created: a new head starts
+    from random weights (so the scores before training are about chance, by design)."""
+    if not label_names:
+        return None
+    from transformers import AutoConfig
+
+    from ortlab.tasks import TASK_FEATURES, get_feature
+
+    saved = AutoConfig.from_pretrained(model_path, revision=spec.model.revision)
+    suffix = get_feature(TASK_FEATURES[spec.task]).head_suffix
+    has_head = any(a.endswith(suffix) for a in (saved.architectures or []))
+    if has_head and len(getattr(saved, "id2label", {}) or {}) == len(label_names):
+        return None
+    shown = ", ".join(label_names[:6]) + (", ..." if len(label_names) > 6 else "")
+    return (
+        f"new {spec.task.replace('-', ' ')} head for {len(label_names)} labels ({shown}): it starts from random "
+        "weights and learns in this run, so the scores before training are about chance"
+    )
 
 
 def _previous_eval(run: RunDir) -> dict[str, Any] | None:
