@@ -20,11 +20,15 @@ app = typer.Typer(
 def doctor(
     json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
     python: Annotated[Path | None, typer.Option(help="probe another Python environment (its interpreter path)")] = None,
+    refresh: Annotated[bool, typer.Option("--refresh", help="probe again instead of answering from the cache")] = False,
 ) -> None:
-    """What this environment can run: each acceleration, available or not, with the reason and the remedy."""
+    """What this environment can run: each acceleration, available or not, with the reason and the remedy.
+
+    The answer is cached per environment (versions, extensions, CPU, GPUs); a changed environment is probed
+    again by itself, --refresh forces it."""
     from ortlab.probe import doctor as run_doctor
 
-    report = run_doctor(python=str(python) if python else None)
+    report = run_doctor(python=str(python) if python else None, refresh=refresh)
     if json_out:
         print(report.to_json())
     else:

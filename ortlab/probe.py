@@ -3,7 +3,15 @@
 The probes are real (imports, and a tiny training step where that is the only way to know), and each group
 runs in its own subprocess: a broken ORT build can crash the interpreter, and the notebook that asked must
 survive that. The groups run in parallel, so the whole report takes about as long as importing
-onnxruntime-training once (~10 s on a 2-core CPU).
+onnxruntime-training once (~10 s on an idle 2-core CPU, 40 s on a busy one).
+
+That is too slow to pay every time, and the answer only changes when the environment does. So the report is
+cached per environment fingerprint (`fingerprint()`: the interpreter, the versions of Python, torch, ORT,
+transformers, DeepSpeed and friends, ORTModule's built extensions, the CPU's flags, the GPUs, and ortlab's
+own probe code) in `cache_dir()/doctor/`; a warm `doctor()` reads a file and runs no probe.
+`doctor(refresh=True)` (`ortlab doctor --refresh`) probes again. A probe that timed out or crashed is not
+cached: that may be a busy machine, and the next call should try again. `cached_report()` answers from the
+cache only (never probes), for callers that must not wait (the workbench, `ortlab info`).
 
 `doctor(python=...)` probes another interpreter the same way, which is how ortlab checks a second runtime
 (say, a newer torch for torch.compile) before launching a run there.
@@ -11,6 +19,7 @@ onnxruntime-training once (~10 s on a 2-core CPU).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -47,6 +56,8 @@ class DoctorReport:
     accelerations: dict[str, Availability]
     elapsed_s: float = 0.0
     notes: list[str] = field(default_factory=list)
+    probed_at: float | None = None  # when the probes ran (epoch seconds)
+    cached: bool = False  # this report was read from the cache, not probed now
 
     def __getitem__(self, name: str) -> Availability:
         return self.accelerations[name]
@@ -66,7 +77,15 @@ class DoctorReport:
             "accelerations": {k: v.to_dict() for k, v in self.accelerations.items()},
             "elapsed_s": round(self.elapsed_s, 2),
             "notes": self.notes,
+            "probed_at": self.probed_at,
+            "cached": self.cached,
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DoctorReport:
+        fields_ = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        fields_["accelerations"] = {k: Availability.from_dict(v) for k, v in data["accelerations"].items()}
+        return cls(**fields_)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
@@ -78,9 +97,14 @@ class DoctorReport:
 
         console = console or Console()
         devices = ", ".join(d["name"] for d in self.devices) or "CPU only (no CUDA device)"
+        if self.cached and self.probed_at:
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(self.probed_at))
+            timing = f"cached from {when}; `ortlab doctor --refresh` probes again"
+        else:
+            timing = f"probed in {self.elapsed_s:.1f} s"
         console.print(
             f"[bold]ortlab doctor[/] Python {self.python} ({self.executable}), torch {self.torch or 'missing'} "
-            f"(CUDA build: {self.cuda or 'none'}); devices: {devices}  [dim]({self.elapsed_s:.1f} s)[/]"
+            f"(CUDA build: {self.cuda or 'none'}); devices: {devices}  [dim]({timing})[/]"
         )
         table = Table(show_lines=True)
         table.add_column("acceleration", style="bold")
@@ -156,7 +180,8 @@ def _start(python: str, group: str) -> subprocess.Popen:
 
 def _failed(names: tuple[str, ...], reason: str) -> dict[str, Any]:
     remedy = "run `ortlab doctor` again; if it persists, reinstall the package named in the reason"
-    return {"accelerations": {n: Availability(n, False, reason, remedy).to_dict() for n in names}}
+    # "transient": a timeout or a crash is never cached, the next doctor() probes again.
+    return {"accelerations": {n: Availability(n, False, reason, remedy).to_dict() for n in names}, "transient": True}
 
 
 def _collect(proc: subprocess.Popen, group: str, deadline: float) -> dict[str, Any]:
@@ -173,13 +198,36 @@ def _collect(proc: subprocess.Popen, group: str, deadline: float) -> dict[str, A
     return _failed(GROUPS[group], f"the {group} probe crashed (exit code {proc.returncode}): {tail}")
 
 
-def doctor(python: str | None = None) -> DoctorReport:
+def doctor(python: str | None = None, refresh: bool = False) -> DoctorReport:
     """Probe `python` (default: this interpreter) and report what it can run.
 
-    Returns a `DoctorReport`; `ortlab doctor --json` prints `report.to_json()`.
+    Answers from the cache when this environment was probed before (see the module docstring); `refresh=True`
+    probes again. Returns a `DoctorReport`; `ortlab doctor --json` prints `report.to_json()`.
     """
     start = time.monotonic()
     python = python or sys.executable
+    facts = fingerprint(python)
+    if not refresh:
+        report = _read_cache(facts)
+        if report is not None:
+            report.elapsed_s = time.monotonic() - start
+            return report
+    report, transient = _probe(python)
+    report.elapsed_s = time.monotonic() - start
+    if not transient:
+        _write_cache(facts, report)
+    return report
+
+
+def cached_report(python: str | None = None) -> DoctorReport | None:
+    """The cached report for this environment, or None if it was never probed (or changed since). Never probes:
+    for views that must open at once (the workbench, `ortlab info`) and can say "not probed yet" instead."""
+    return _read_cache(fingerprint(python or sys.executable))
+
+
+def _probe(python: str) -> tuple[DoctorReport, bool]:
+    """Run every probe group in parallel subprocesses. Returns the report and whether any probe failed in a way
+    that may not last (a timeout or a crash)."""
     procs = {g: _start(python, g) for g in GROUPS}
     deadline = time.monotonic() + PROBE_TIMEOUT_S
     results = {g: _collect(p, g, deadline) for g, p in procs.items()}
@@ -191,7 +239,7 @@ def doctor(python: str | None = None) -> DoctorReport:
     notes = []
     if not env:
         notes.append("torch could not be imported in this environment: see the fused_adam row for the error")
-    return DoctorReport(
+    report = DoctorReport(
         python=info["python"],
         executable=python,
         platform=info["platform"],
@@ -200,9 +248,135 @@ def doctor(python: str | None = None) -> DoctorReport:
         devices=env.get("devices", []),
         packages=info["packages"],
         accelerations={n: Availability.from_dict(found[n]) for n in ACCELERATIONS},
-        elapsed_s=time.monotonic() - start,
         notes=notes,
+        probed_at=time.time(),
     )
+    return report, any(r.get("transient") for r in results.values())
+
+
+# --- the cache -----------------------------------------------------------------------------------------------
+
+
+def cache_dir() -> Path:
+    """ortlab's cache: $ORTLAB_CACHE_DIR, else $XDG_CACHE_HOME/ortlab, else ~/.cache/ortlab."""
+    if os.environ.get("ORTLAB_CACHE_DIR"):
+        return Path(os.environ["ORTLAB_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "ortlab"
+
+
+def fingerprint(python: str | None = None) -> dict[str, Any]:
+    """Everything the doctor's answer depends on, read without importing torch (cheap: well under a second).
+
+    For another interpreter the facts are read there (one short subprocess), as its packages are its own.
+    """
+    python = python or sys.executable
+    if _same_interpreter(python):
+        facts = _local_facts()
+    else:
+        code = "import json, ortlab.probe as d; print(json.dumps(d._local_facts()))"
+        env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+        try:
+            out = subprocess.run([python, "-c", code], capture_output=True, text=True, env=env, timeout=30)
+            facts = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {"broken": out.stderr}
+        except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as e:
+            facts = {"broken": str(e)}
+    # The probes and checks are this ortlab's code (also when probing another interpreter): a change to them
+    # can change the answer.
+    facts["probe_code"] = _probe_code_hash()
+    facts["executable"] = python
+    return facts
+
+
+def _same_interpreter(python: str) -> bool:
+    # Compare without resolving symlinks: two virtual environments share one real interpreter binary.
+    return os.path.abspath(python) == os.path.abspath(sys.executable)
+
+
+def _local_facts() -> dict[str, Any]:
+    """This interpreter's side of the fingerprint."""
+    from ortlab.accel.ort import extensions_dir
+
+    ext_dir = extensions_dir()
+    extensions = (
+        sorted((p.name, p.stat().st_size, int(p.stat().st_mtime)) for p in ext_dir.glob("*.so"))
+        if ext_dir is not None and ext_dir.is_dir()
+        else []
+    )
+    return {
+        "python": platform.python_version(),
+        "prefix": sys.prefix,
+        "packages": {p: package_version(p) for p in PACKAGES},
+        "ort_extensions": extensions,
+        "cpu": _cpu_facts(),
+        "gpus": _gpu_facts(),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
+
+
+def _cpu_facts() -> dict[str, Any]:
+    """The CPU model and a hash of its flags (bf16 and AVX-512 support change what is fast)."""
+    model, flags = platform.processor(), ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key == "model name" and not model:
+                model = value.strip()
+            elif key in ("flags", "Features") and not flags:
+                flags = value.strip()
+    except OSError:
+        pass
+    return {"model": model, "machine": platform.machine(), "flags": hashlib.sha256(flags.encode()).hexdigest()[:16]}
+
+
+def _gpu_facts() -> list[str]:
+    """NVIDIA GPUs as the driver lists them (no CUDA initialisation, no torch import)."""
+    found = []
+    for info in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
+        try:
+            found.append(" ".join(info.read_text(errors="replace").split()))
+        except OSError:
+            continue
+    return found
+
+
+def _probe_code_hash() -> str:
+    here = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for path in [Path(__file__).resolve(), *sorted((here / "accel").glob("*.py"))]:
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _cache_path(facts: dict[str, Any]) -> Path:
+    key = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:20]
+    return cache_dir() / "doctor" / f"{key}.json"
+
+
+def _read_cache(facts: dict[str, Any]) -> DoctorReport | None:
+    try:
+        data = json.loads(_cache_path(facts).read_text())
+        if data.get("fingerprint") != json.loads(json.dumps(facts, default=str)):
+            return None
+        report = DoctorReport.from_dict(data["report"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # absent, unreadable or from another ortlab: probe instead
+    report.cached = True
+    return report
+
+
+def _write_cache(facts: dict[str, Any], report: DoctorReport) -> None:
+    """Best effort: a read-only home must not make the doctor fail."""
+    path = _cache_path(facts)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"fingerprint": facts, "report": report.to_dict()}, indent=2, default=str))
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 PACKAGES = (
@@ -226,7 +400,7 @@ def _local_info() -> dict[str, Any]:
 
 
 def _interpreter_info(python: str) -> dict[str, Any]:
-    if Path(python).resolve() == Path(sys.executable).resolve():
+    if _same_interpreter(python):
         return _local_info()
     code = "import json, ortlab.probe as d; print(json.dumps(d._local_info()))"
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))

@@ -1,0 +1,463 @@
+"""Hardening: hostile names and data, status races, processes that never start, unreadable files, published
+secrets. Fast tests: no model is trained here (the slow, multi-process ones are in test_runs.py and
+test_reliability.py)."""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import PYTHON
+
+import ortlab
+from ortlab.runner import Run, RunError
+from ortlab.runner.rundir import RunDir, RunStateError
+from ortlab.spec import RunSpec, SpecError
+
+HOSTILE = "<img src=x onerror=alert(1)>"
+
+
+def make_run(root: Path, name: str = "r", **spec) -> RunDir:
+    return RunDir.create(root, RunSpec.parse({"name": name, **spec}))
+
+
+# --- names and ids stay inside the runs folder -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["../../x", "/tmp/abs", "a/b", "..", ".", ".hidden", "-flag", "x" * 101, "a\nb", ""])
+def test_hostile_run_names_are_refused_by_the_spec(name, tmp_path):
+    with pytest.raises(SpecError, match="name"):
+        RunSpec.parse({"name": name, "output_dir": str(tmp_path / "runs")})
+    with pytest.raises(SpecError):
+        ortlab.launch({"name": name, "output_dir": str(tmp_path / "runs")})
+    assert list(tmp_path.iterdir()) == [], "nothing is written for a refused spec"
+
+
+def test_a_run_folder_is_created_inside_the_root_even_when_the_spec_is_bypassed(tmp_path):
+    spec = RunSpec()
+    object.__setattr__(spec, "name", "../escaped")  # as if a spec had skipped validation
+    with pytest.raises(ValueError, match="not allowed"):
+        RunDir.create(tmp_path / "runs", spec)
+    assert not (tmp_path / "escaped").exists()
+
+
+def test_default_names_are_short_telling_and_distinct(tmp_path):
+    a = RunDir.create(tmp_path, RunSpec())
+    b = RunDir.create(tmp_path, RunSpec())
+    assert a.id.startswith("cls-all-minilm-l6-v2-"), a.id
+    assert a.id != b.id
+    assert len(a.id) <= 40
+
+
+@pytest.mark.parametrize("run_id", ["..", "../outside", "/etc", "x/../../outside", "outside/..", "link"])
+def test_ids_that_escape_the_root_are_refused(tmp_path, run_id):
+    root = tmp_path / "runs"
+    make_run(root, "inside")
+    outside = make_run(tmp_path, "outside")  # a real run folder next to the root, not in it
+    (root / "link").symlink_to(outside.path)
+    with pytest.raises(RunError):
+        ortlab.attach(run_id, root=root)
+    assert ortlab.attach("inside", root=root).id == "inside"
+    assert [r.id for r in ortlab.runs(root)] == ["inside"], "runs() does not follow symlinks out of the root"
+
+
+def test_cli_refuses_escaping_ids_for_every_command(tmp_path):
+    root = tmp_path / "runs"
+    make_run(root, "inside")
+    make_run(tmp_path, "outside")
+    cli = str(Path(PYTHON).parent / "ortlab")
+    for command in (["follow"], ["stop"], ["resume"], ["export"], ["push", "--to-folder", str(tmp_path / "p")]):
+        proc = subprocess.run(
+            [cli, *command[:1], "../outside", *command[1:], "--root", str(root)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 2, (command, proc.stdout, proc.stderr)
+        assert "Traceback" not in proc.stderr
+        assert "not a run folder inside" in proc.stderr
+    assert not (tmp_path / "p").exists()
+
+
+# --- HTML from data and users is escaped --------------------------------------------------------------------------
+
+
+def test_workbench_escapes_hostile_columns_labels_names_and_errors(tmp_path):
+    pytest.importorskip("ipywidgets")
+    from ortlab.ui import Workbench
+
+    data = tmp_path / "hostile.csv"
+    rows = [f'"{HOSTILE} review {i}",{HOSTILE if i % 2 else "<b>bold</b>"}' for i in range(40)]
+    data.write_text(f'"{HOSTILE}",label\n' + "\n".join(rows) + "\n")
+    wb = Workbench(root=str(tmp_path / "runs"))
+    wb.data.value = str(data)
+    wb.inspect_data()
+    assert HOSTILE not in wb.data_preview.value
+    assert html.escape(HOSTILE) in wb.data_preview.value
+    assert "<b>bold</b>" not in wb.data_preview.value
+
+    wb.name.value = HOSTILE  # an invalid name: the problem list quotes it
+    assert wb.validate() is False
+    assert HOSTILE not in wb.problems.value
+    assert "&lt;img" in wb.problems.value
+
+    wb.data.value = str(tmp_path / f"{HOSTILE}.csv")  # a missing file: the error message quotes the path
+    wb.inspect_data()
+    assert HOSTILE not in wb.data_preview.value
+
+    wb.name.value = ""
+    bundle = wb._repr_mimebundle_()
+    assert HOSTILE not in bundle["text/html"]
+
+
+def test_chart_labels_and_run_tables_escape_run_ids(tmp_path):
+    pytest.importorskip("ipywidgets")
+    from ortlab.ui.charts import RunMonitor
+    from ortlab.ui.summary import rows, run_label, table_html
+
+    folder = tmp_path / HOSTILE.replace("/", "")  # a folder made by hand, not through ortlab
+    folder.mkdir()
+    (folder / "status.json").write_text(json.dumps({"state": "completed"}))
+    (folder / "spec.yaml").write_text(RunSpec().to_yaml())
+    run = Run(folder)
+    label = run_label(None, run.id, {"ort": {"requested": True, "applied": True}})
+    assert "<img" not in label and "&lt;img" in label
+    assert "<img" not in table_html(rows([run]))
+    monitor = RunMonitor()
+    monitor.add_run(run, follow=False)
+    monitor._set_status()
+    assert "<img" not in monitor.status.value
+    monitor.close()
+
+
+# --- status: one state machine, under a lock -----------------------------------------------------------------------
+
+
+def test_a_liveness_check_never_overwrites_a_completed_run(tmp_path, monkeypatch):
+    import ortlab.runner.rundir as rundir
+
+    run = make_run(tmp_path)
+    sleeper = subprocess.Popen(["sleep", "60"])
+    run.update_status(pid=sleeper.pid, create_time=rundir.process_create_time(sleeper.pid))
+    run.set_status("running")
+    sleeper.kill()
+    sleeper.wait()
+    # The reader has seen a dead pid; before it writes 'failed', the worker reports 'completed'.
+    real = rundir.RunDir._looks_dead
+    calls = []
+
+    def racing(status):
+        calls.append(1)
+        if len(calls) == 1:
+            run.set_status("completed", step=5)
+        return real(status)
+
+    monkeypatch.setattr(rundir.RunDir, "_looks_dead", staticmethod(racing))
+    assert run.status()["state"] == "completed"
+    assert run.read_status()["step"] == 5
+
+
+def test_pending_from_a_launcher_never_overwrites_running(tmp_path):
+    run = make_run(tmp_path)
+    run.set_status("running", worker_pid=os.getpid())
+    with pytest.raises(RunStateError):
+        run.set_status("pending", pid=123)
+    run.update_status(pid=os.getpid())  # what a launcher does once its process exists
+    assert run.read_status()["state"] == "running"
+
+
+def test_terminal_states_are_final(tmp_path):
+    run = make_run(tmp_path)
+    run.set_status("running")
+    run.set_status("completed")
+    for state in ("running", "failed", "stopped", "pending"):
+        with pytest.raises(RunStateError):
+            run.set_status(state)
+
+
+def _stopped_run_with_checkpoint(root: Path, **spec) -> RunDir:
+    run = make_run(root, "stopped", **spec)
+    run.set_status("stopped", step=3)
+    ckpt = run.checkpoints / "checkpoint-3"
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer_state.json").write_text("{}")
+    return run
+
+
+def test_two_concurrent_resumes_start_one_worker(tmp_path, monkeypatch):
+    import ortlab.runner as runner
+
+    run = _stopped_run_with_checkpoint(tmp_path)
+    started = []
+    gate = threading.Barrier(4)
+
+    def fake_start(run_dir, spec, resume=False):
+        started.append(run_dir.id)
+        return None
+
+    monkeypatch.setattr(runner, "_start", fake_start)
+    outcomes = []
+
+    def resume():
+        gate.wait()
+        try:
+            Run(run.path).resume()
+            outcomes.append("started")
+        except RunError as e:
+            outcomes.append(str(e))
+
+    threads = [threading.Thread(target=resume) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert started == ["stopped"], outcomes
+    assert outcomes.count("started") == 1
+    assert all("only a stopped or failed run can resume" in o for o in outcomes if o != "started")
+
+
+def test_resume_checks_the_interpreter_a_run_folder_names(tmp_path):
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\nexit 0\n")  # executable, but not a Python that can run ortlab
+    fake.chmod(0o755)
+    for python, message in ((tmp_path / "missing-python", "not an executable file"), (fake, "not a Python")):
+        run = _stopped_run_with_checkpoint(tmp_path / f"runs-{python.name}", target={"python": str(python)})
+        with pytest.raises(RunError, match=message):
+            Run(run.path).resume()
+        assert run.read_status()["state"] == "stopped", "nothing started, nothing changed"
+        assert "$ " not in run.log_path.read_text() if run.log_path.exists() else True
+
+
+def test_resume_checks_the_stored_mix_against_this_machine(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("fp16 runs here")
+    run = _stopped_run_with_checkpoint(tmp_path)
+    spec = RunSpec.parse({"name": "stopped"}).model_dump(mode="json")
+    spec["accel"]["precision"] = "fp16"  # as a GPU machine would have written it
+    import yaml
+
+    run.spec_path.write_text(yaml.safe_dump(spec))
+    assert run.spec().accel.precision == "fp16", "a stored spec loads whatever machine wrote it"
+    with pytest.raises(SpecError, match="fp16 needs a CUDA device"):
+        Run(run.path).resume()
+    assert run.read_status()["state"] == "stopped"
+
+
+def test_launch_refuses_a_missing_interpreter_before_a_folder_exists(tmp_path):
+    with pytest.raises(RunError, match=r"target\.python"):
+        ortlab.launch({"output_dir": str(tmp_path / "runs"), "target": {"python": "/nonexistent/python3"}})
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_process_that_cannot_start_ends_the_run_failed(tmp_path, monkeypatch):
+    import ortlab.runner as runner
+
+    run = make_run(tmp_path)
+
+    class Broken:
+        target = RunSpec().target.model_copy(update={"python": str(tmp_path / "gone")})
+
+    with pytest.raises(RunError, match="could not start"):
+        runner._start(run, Broken())
+    status = run.status()
+    assert status["state"] == "failed"
+    assert "could not be started" in status["error"]
+
+
+def test_a_run_claimed_but_never_started_ends_failed(tmp_path, monkeypatch):
+    import ortlab.runner.rundir as rundir
+
+    run = make_run(tmp_path)  # pending, no process recorded (a launcher that died before Popen)
+    assert run.status()["state"] == "pending"
+    monkeypatch.setattr(rundir, "START_GRACE_S", 0.0)
+    time.sleep(0.05)
+    status = run.status()
+    assert status["state"] == "failed"
+    assert "never started" in status["error"]
+
+
+@pytest.mark.parametrize("damage", ["garbage", "delete"])
+def test_follow_and_wait_end_on_an_unreadable_status(tmp_path, monkeypatch, damage):
+    import ortlab.runner as runner
+
+    monkeypatch.setattr(runner, "UNREADABLE_GRACE_S", 0.3)
+    run = make_run(tmp_path)
+    run.update_status(pid=os.getpid(), create_time=runner.process_create_time(os.getpid()))
+    if damage == "garbage":
+        run.status_path.write_text("{not json")
+    else:
+        run.status_path.unlink()
+    handle = Run(run.path)
+    with pytest.raises(RunError, match=r"status\.json"):
+        handle.wait(timeout=30, poll_s=0.05)
+    with pytest.raises(RunError, match=r"status\.json"):
+        list(handle.follow(poll_s=0.05, timeout=30))
+
+
+def test_stop_never_signals_a_process_that_is_not_the_run(tmp_path):
+    from ortlab.runner.rundir import process_create_time
+
+    run = make_run(tmp_path)
+    bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        run.update_status(pid=bystander.pid, create_time=process_create_time(bystander.pid))
+        run.set_status("running")
+        with pytest.raises(RunError, match="nothing was signalled"):
+            Run(run.path).stop(timeout=0.5)
+        assert bystander.poll() is None, "the bystander process must still be alive"
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_launched_runs_do_not_inherit_a_kernels_process_group(monkeypatch):
+    import ortlab.runner as runner
+
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}.items():
+        monkeypatch.setenv(key, value)
+    env = runner._child_env()
+    assert not {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"} & set(env)
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == runner._ortlab_path()
+
+
+# --- files: durable, whole, never torn into the next record ---------------------------------------------------------
+
+
+def test_an_append_after_a_torn_line_keeps_the_next_record(tmp_path):
+    from ortlab.runner.rundir import read_metrics
+    from ortlab.train.metrics import JsonLinesSink
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"event": "step", "step": 1}\n{"event": "step", "st')  # a writer killed mid-line
+    sink = JsonLinesSink(path)
+    sink({"event": "resume", "step": 1})
+    sink({"event": "step", "step": 2})
+    sink.close()
+    records, _ = read_metrics(path)
+    assert [(r["event"], r["step"]) for r in records] == [("step", 1), ("resume", 1), ("step", 2)]
+
+
+def test_the_embedded_dataset_is_written_whole_by_concurrent_first_runs(tmp_path, monkeypatch):
+    from ortlab.assets import embedded_dataset
+
+    monkeypatch.setenv("ORTLAB_CACHE", str(tmp_path / "cache"))
+    script = "from ortlab.assets import embedded_dataset; print(embedded_dataset('rotten-tomatoes')[0])"
+    procs = [subprocess.Popen([PYTHON, "-c", script], stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    outs = [p.communicate(timeout=120)[0].strip() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert len(set(outs)) == 1
+    path, _ = embedded_dataset("rotten-tomatoes")
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    assert lines[0] == "text,label" and len(lines) > 10000
+    assert [p.name for p in path.parent.iterdir() if p.name.endswith(".tmp")] == []
+
+
+# --- data and models: fail before anything loads, naming the fix -------------------------------------------------
+
+
+def _csv(path: Path, rows: list[tuple[str, object]]) -> Path:
+    path.write_text("text,label\n" + "\n".join(f'"{t}",{label}' for t, label in rows) + "\n")
+    return path
+
+
+def test_labels_only_in_the_eval_split_fail_before_a_model_loads(tmp_path, monkeypatch):
+    import datasets
+
+    from ortlab import data
+    from ortlab.data import DataError, load_and_check
+    from ortlab.spec import DataSpec
+
+    train = datasets.Dataset.from_dict({"text": [f"t {i}" for i in range(20)], "label": ["neg", "pos"] * 10})
+    evaluation = datasets.Dataset.from_dict({"text": ["odd", "fine"], "label": ["neutral", "pos"]})
+    monkeypatch.setattr(data, "load_raw", lambda spec: ({"train": train, "validation": evaluation}, []))
+    with pytest.raises(DataError, match="'neutral'"):
+        load_and_check(DataSpec(source="some/hub-id", eval_split="validation"), "sequence-classification", 0)
+
+    # Integer labels outside the training classes are caught the same way (not passed on unmapped).
+    train = datasets.Dataset.from_dict({"text": [f"t {i}" for i in range(30)], "label": [i % 3 for i in range(30)]})
+    evaluation = datasets.Dataset.from_dict({"text": ["x", "y"], "label": [7, 1]})
+    monkeypatch.setattr(data, "load_raw", lambda spec: ({"train": train, "validation": evaluation}, []))
+    with pytest.raises(DataError, match="'7'"):
+        load_and_check(DataSpec(source="some/hub-id", eval_split="validation"), "sequence-classification", 0)
+
+    # Token tags too.
+    train = datasets.Dataset.from_dict({"tokens": [["a", "b"]] * 4, "ner_tags": [["O", "B-PER"]] * 4})
+    evaluation = datasets.Dataset.from_dict({"tokens": [["c"]], "ner_tags": [["B-LOC"]]})
+    monkeypatch.setattr(data, "load_raw", lambda spec: ({"train": train, "validation": evaluation}, []))
+    with pytest.raises(DataError, match="'B-LOC'"):
+        load_and_check(DataSpec(source="some/hub-id", eval_split="validation"), "token-classification", 0)
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [("{broken", "is not valid JSON"), ('{"hidden_size": 4}', "no 'model_type'"), ('{"model_type": "nope"}', "'nope'")],
+)
+def test_a_corrupt_model_config_is_a_clear_error(tmp_path, config, message):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(config)
+    cli = str(Path(PYTHON).parent / "ortlab")
+    proc = subprocess.run(
+        [cli, "train", "--model", str(folder), "--output-dir", str(tmp_path / "runs")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert message in proc.stderr and "config.json" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_an_impossible_mix_lists_one_line_per_problem_and_nothing_else(tmp_path):
+    with pytest.raises(SpecError) as info:
+        RunSpec.parse({"accel": {"ort": True, "torch_compile": True, "precision": "fp16"}, "name": "x"})
+    lines = str(info.value).splitlines()
+    assert lines[0] == "invalid run spec:"
+    assert all(line.startswith("  - accel: ") for line in lines[1:]), lines
+    assert len(lines) >= 3
+    assert "{" not in str(info.value), "the spec itself is not printed"
+
+
+def test_follow_prints_a_nan_loss_instead_of_crashing(tmp_path):
+    run = make_run(tmp_path)
+    run.set_status("running")
+    with run.metrics_path.open("w") as f:
+        f.write(json.dumps({"event": "step", "step": 1, "loss": None, "samples_per_s": 3.0}) + "\n")
+        f.write(json.dumps({"event": "eval", "phase": "after", "step": 1, "eval_loss": None}) + "\n")
+    run.set_status("completed")
+    cli = str(Path(PYTHON).parent / "ortlab")
+    proc = subprocess.run([cli, "follow", run.id, "--root", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "loss -" in proc.stdout
+
+
+def test_sigterm_to_the_launcher_group_is_what_stop_sends(tmp_path):
+    # The run process is in its own session (so a notebook interrupt does not reach it); a stop signal must
+    # reach the worker's whole group. A real worker command line is recognised as the run's.
+    from ortlab.runner import _is_run_process
+    from ortlab.runner.rundir import process_create_time
+
+    run = make_run(tmp_path)
+    fake_worker = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "-m", "ortlab.runner.worker", str(run.path.resolve())],
+        start_new_session=True,
+    )
+    try:
+        status = {"pid": fake_worker.pid, "create_time": process_create_time(fake_worker.pid)}
+        assert _is_run_process(run, status)
+        assert not _is_run_process(run, {**status, "create_time": status["create_time"] - 10})
+        os.killpg(fake_worker.pid, signal.SIGTERM)
+        fake_worker.wait(timeout=10)
+    finally:
+        fake_worker.kill()
