@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -14,6 +15,95 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        import platform
+
+        from ortlab import __version__
+
+        typer.echo(f"ortlab {__version__} (Python {platform.python_version()}, {sys.executable})")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_show_version, is_eager=True, help="print the version and exit")
+    ] = False,
+) -> None:
+    """ortlab: fine-tune Hugging Face models fast, with ONNX Runtime training and friends."""
+
+
+@app.command()
+def info(
+    root: Annotated[
+        Path | None, typer.Option(help="folder holding the runs (default: $ORTLAB_RUNS or ./ortlab-runs)")
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="print it as JSON")] = False,
+) -> None:
+    """Where the runs are, which Python runs ortlab, the versions that matter, the doctor's last answer.
+
+    Nothing is probed here (the doctor's answer comes from its cache), so it answers at once."""
+    import json
+    import platform
+
+    from ortlab import __version__
+    from ortlab.probe import PACKAGES, cache_dir, cached_report
+    from ortlab.runner import default_root, runs
+
+    where = (root or default_root()).resolve()
+    report = cached_report()
+    data = {
+        "ortlab": __version__,
+        "python": platform.python_version(),
+        "executable": sys.executable,
+        "platform": f"{platform.system()} {platform.machine()}",
+        "runs_folder": str(where),
+        "runs": len(runs(where)),
+        "cache": str(cache_dir()),
+        "packages": _versions(PACKAGES),
+        "doctor": (
+            {k: {"available": a.available, "slow": a.slow} for k, a in report.accelerations.items()} if report else None
+        ),
+        "doctor_probed_at": report.probed_at if report else None,
+    }
+    if json_out:
+        print(json.dumps(data, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column(overflow="fold")
+    grid.add_row("ortlab", __version__)
+    grid.add_row("runtime", f"Python {data['python']} ({data['platform']}): {data['executable']}")
+    grid.add_row("runs", f"{where} ({data['runs']} runs)")
+    ort_training = data["packages"].get("onnxruntime-training")
+    grid.add_row("versions", ", ".join(f"{k} {v}" for k, v in data["packages"].items() if v) or "-")
+    # onnxruntime-training is the ORT package here; the inference-only onnxruntime is not expected beside it.
+    missing = [k for k, v in data["packages"].items() if not v and not (k == "onnxruntime" and ort_training)]
+    if missing:
+        grid.add_row("not installed", ", ".join(missing))
+    if report:
+        marks = ", ".join(
+            f"{k} {'slow' if a.available and a.slow else 'yes' if a.available else 'no'}"
+            for k, a in report.accelerations.items()
+        )
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(report.probed_at)) if report.probed_at else "?"
+        grid.add_row("doctor", f"{marks} (probed {when}; details: `ortlab doctor`)")
+    else:
+        grid.add_row("doctor", "not probed in this environment yet: run `ortlab doctor` (10-40 s, then cached)")
+    grid.add_row("cache", data["cache"])
+    Console(highlight=False).print(grid)
+
+
+def _versions(packages: tuple[str, ...]) -> dict[str, str | None]:
+    from ortlab.accel import package_version
+
+    return {p: package_version(p) for p in packages}
 
 
 @app.command()
@@ -57,7 +147,7 @@ def train(
     ] = None,
     model: Annotated[str | None, typer.Option(help="Hub model id or local folder")] = None,
     data: Annotated[str | None, typer.Option(help="Hub dataset id, local file/folder, or embedded:NAME")] = None,
-    task: Annotated[str | None, typer.Option(help="sequence-classification, token-classification or causal-lm")] = None,
+    task: Annotated[str | None, typer.Option(help="the task: sequence- or token-classification, or causal-lm")] = None,
     text_column: Annotated[str | None, typer.Option()] = None,
     label_column: Annotated[str | None, typer.Option()] = None,
     max_train_samples: Annotated[int | None, typer.Option()] = None,
@@ -358,7 +448,9 @@ def push(
     git: Annotated[str | None, typer.Option(help="push to a git remote (with git-lfs) instead of the Hub")] = None,
     private: Annotated[bool, typer.Option(help="create the Hub repo private")] = False,
     overwrite: Annotated[bool, typer.Option(help="push into an existing repo / non-empty folder")] = False,
-    include_checkpoints: Annotated[bool, typer.Option(help="also upload checkpoints (optimizer states)")] = False,
+    include_checkpoints: Annotated[
+        bool, typer.Option("--include-checkpoints", help="also upload checkpoints (optimizer states)")
+    ] = False,
     root: RootOption = None,
 ) -> None:
     """Publish a finished run: model, tokenizer, ONNX files (if exported) and a model card."""
