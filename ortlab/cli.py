@@ -211,12 +211,25 @@ def train(
         spec = RunSpec.parse(base)
         from ortlab.train.run import check, train_spec
 
-        if detach:
+        # Another interpreter or several processes cannot train in this process: they are launched, and in the
+        # foreground followed here, like a detached run.
+        elsewhere = spec.target.python is not None or spec.target.processes > 1
+        if detach or elsewhere:
             check(spec)  # the same fast checks as in the foreground, before anything starts
-            from ortlab.runner import launch
+            from ortlab.runner import default_root, launch
 
             run = launch(spec)
-            typer.echo(f"launched {run.id} ({run.path}); watch it with: ortlab follow {run.path}")
+            root = Path(spec.output_dir)
+            where = "" if root.resolve() == default_root().resolve() else f" --root {root}"
+            if detach:
+                typer.echo(f"launched {run.id} ({run.path}); watch it with: ortlab follow {run.id}{where}")
+                return
+            typer.echo(f"launched {run.id} ({run.path}); following it (Ctrl-C stops following, not the run)")
+            try:
+                follow(run.id, root=root)
+            except KeyboardInterrupt:
+                typer.echo(f"\nstill running: ortlab follow {run.id}{where}", err=True)
+                raise typer.Exit(130) from None
             return
         from ortlab.train.terminal import Terminal
 
@@ -255,10 +268,11 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from ortlab.accel.mix import MixError
     from ortlab.assets import AssetMissing
     from ortlab.data import DataError
+    from ortlab.runner import RunError
     from ortlab.spec import SpecError
     from ortlab.tasks import ModelError
 
-    return (SpecError, DataError, ModelError, MixError, AssetMissing)
+    return (SpecError, DataError, ModelError, MixError, AssetMissing, RunError)
 
 
 def _print_result(result: dict) -> None:
@@ -288,6 +302,15 @@ def _print_result(result: dict) -> None:
     console.print(f"accelerations applied: {', '.join(applied) or 'none'}")
     if not_applied:
         console.print(f"[red]requested but NOT applied: {', '.join(not_applied)}[/]")
+
+
+def _num(value: object, fmt: str) -> str:
+    """A metric for a terminal line: NaN/inf (written as null) or a missing field shows as '-', never a crash."""
+    import math
+
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return format(value, fmt)
+    return "-" if value is None else str(value)
 
 
 RootOption = Annotated[
@@ -331,8 +354,9 @@ def follow(
             print(json.dumps(r), flush=True)
         elif r.get("event") == "step":
             print(
-                f"step {r['step']:>6}  loss {r['loss']:.4f}  {r['samples_per_s']:.1f} samples/s  "
-                f"{r['step_time_s']:.2f} s/step  peak {r['peak_mem_mb']:.0f} MB",
+                f"step {r.get('step', '?'):>6}  loss {_num(r.get('loss'), '.4f')}  "
+                f"{_num(r.get('samples_per_s'), '.1f')} samples/s  {_num(r.get('step_time_s'), '.2f')} s/step  "
+                f"peak {_num(r.get('peak_mem_mb'), '.0f')} MB",
                 flush=True,
             )
         elif r.get("event") == "eval":

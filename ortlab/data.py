@@ -60,7 +60,10 @@ def resolve_source(spec: DataSpec) -> tuple[str, list[str] | None]:
     """('csv'|'json'|'parquet'|'text', files) for local and embedded data, or ('hub', None) for a Hub id."""
     source = spec.source
     if source.startswith(EMBEDDED_PREFIX):
-        path, fmt = embedded_dataset(source[len(EMBEDDED_PREFIX) :])
+        try:
+            path, fmt = embedded_dataset(source[len(EMBEDDED_PREFIX) :])
+        except ValueError as e:
+            raise DataError(f"data.source: {e}") from None
         return fmt, [str(path)]
     path = Path(os.path.expanduser(source))
     if path.exists():
@@ -248,7 +251,33 @@ def load_and_check(spec: DataSpec, task: str, seed: int) -> Prepared:
     if spec.max_eval_samples:
         evaluation = evaluation.select(range(min(spec.max_eval_samples, len(evaluation))))
     names = label_names(train, label, task) if label else []
+    if label:
+        _check_labels_known(evaluation, label, task, names, "eval split")
     return Prepared(train, evaluation, text, pair, label, names, files)
+
+
+def _check_labels_known(ds: Dataset, label: str, task: str, names: list[str], where: str) -> None:
+    """Every label in `ds` must be one of the classes the model is built with (from the training split).
+
+    A label seen only in evaluation would crash after the model has loaded (or, as an integer, be passed on
+    unmapped and compared against the wrong class): say so now, naming the labels.
+    """
+    feature = ds.features[label]
+    class_names = getattr(feature, "names", None) or getattr(getattr(feature, "feature", None), "names", None)
+    values = ds[label]
+    flat = [t for row in values for t in row] if task == "token-classification" else values
+    if class_names:  # ClassLabel: integer ids into the names
+        unknown = sorted({v for v in flat if v is not None and not (0 <= int(v) < len(names)) and v != -100})
+    else:
+        known = set(names)
+        unknown = sorted({str(v) for v in flat if v is not None and str(v) not in known})
+    if unknown:
+        shown = ", ".join(repr(u) for u in unknown[:10]) + (" ..." if len(unknown) > 10 else "")
+        raise DataError(
+            f"data.label_column: the {where} has labels the training split does not have: {shown} "
+            f"(training labels: {', '.join(names[:20])}{' ...' if len(names) > 20 else ''}). Add training rows "
+            "with these labels, drop those rows, or let ortlab hold out the eval rows (unset data.eval_split)"
+        )
 
 
 # --- tokenizing --------------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ predictions agree. An export whose parity check fails says so and is not marked 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import statistics
 import tempfile
@@ -217,9 +218,13 @@ def export_onnx(
             report.variants[name] = Variant(path.name, diff, agreement, _accuracy(logits, labels), latency, good)
 
         (tmp / "export.json").write_text(json.dumps(report.to_dict(), indent=2))
+        # The folder appears whole, with its report, or not at all; a previous export stays in place until the
+        # new one is complete (moved aside, then removed), so a failed re-export loses nothing.
+        old = out.with_name(f".onnx-old-{os.getpid()}")
         if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)  # the folder appears whole, with its report, or not at all
+            out.rename(old)
+        tmp.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

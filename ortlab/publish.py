@@ -14,10 +14,11 @@ results. Tokens, optimizer states and checkpoints are never included unless aske
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import tempfile
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,10 @@ from ortlab.scores import format_scores
 
 MODEL_PATTERNS = ("*.json", "*.safetensors", "*.txt", "*.model", "tokenizer*", "vocab*", "merges*")
 NEVER = ("optimizer.pt", "scheduler.pt", "rng_state*", "training_args.bin", "*.tmp", ".ortlab*")
+# Inside checkpoints (only with include_checkpoints) the optimizer state stays, for resuming elsewhere; the
+# pickled TrainingArguments never leave: they can hold a Hub token (`hub_token`) and local paths.
+NEVER_IN_CHECKPOINTS = ("training_args.bin", "*.tmp", ".ortlab*")
+TEXT_SUFFIXES = (".json", ".md", ".txt", ".yaml", ".yml")
 LFS_PATTERNS = ("*.safetensors", "*.onnx", "*.bin")
 
 
@@ -41,6 +46,52 @@ def _completed(run: Any):
     if status.get("state") != "completed" or not (run.model_dir / "config.json").exists():
         raise PublishError(f"run {run.id} is {status.get('state')}: only a completed run can be published")
     return run
+
+
+def _public(location: str) -> str:
+    """A model or data location as it may appear in public: a Hub id as it is, a local path as its last part
+    (where a file lives on the machine that trained it is nobody's business, and says who trained it)."""
+    if location.startswith("embedded:") or not (location.startswith(("/", "~", ".")) or Path(location).exists()):
+        return location
+    return f"local:{Path(location.rstrip('/')).name}"
+
+
+def _scrub_paths(value: Any) -> Any:
+    """JSON data with every absolute local path replaced by its last part (`_name_or_path` and the like)."""
+    if isinstance(value, dict):
+        return {k: _scrub_paths(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_scrub_paths(v) for v in value]
+    if isinstance(value, str) and _is_local_path(value):
+        return Path(value.rstrip("/")).name
+    return value
+
+
+def _is_local_path(value: str) -> bool:
+    if len(value) > 4096 or "\n" in value or not value.startswith(("/", "~/")) or value.count("/") < 2:
+        return False
+    return value.startswith("~/") or os.path.exists(value) or value.startswith(str(Path.home()))
+
+
+def _scrub_folder(stage: Path, local: list[str]) -> None:
+    """Remove local absolute paths from every text file staged for publishing (JSON by structure, the rest by
+    replacing the run's own folders). What cannot be parsed is left as it is."""
+    for f in stage.rglob("*"):
+        if not f.is_file() or f.suffix not in TEXT_SUFFIXES or f.match("vocab*") or f.match("merges*"):
+            continue
+        if f.name == "tokenizer.json":  # a vocabulary: its strings are tokens, never paths (and it is large)
+            continue
+        original = text = f.read_text(encoding="utf-8", errors="replace")
+        if f.suffix == ".json":
+            with suppress(json.JSONDecodeError):
+                data = json.loads(text)
+                scrubbed = _scrub_paths(data)
+                if scrubbed != data:
+                    text = json.dumps(scrubbed, indent=2, ensure_ascii=False) + "\n"
+        for path in sorted(local, key=len, reverse=True):
+            text = text.replace(path, Path(path).name)
+        if text != original:
+            f.write_text(text, encoding="utf-8")
 
 
 def model_card(run: Any) -> str:
@@ -59,9 +110,9 @@ def model_card(run: Any) -> str:
     }[spec.task]
     data = spec.data.source
     front = ["---", "library_name: transformers", f"pipeline_tag: {pipeline}", "tags:", "- ortlab", "- onnxruntime"]
-    if not Path(spec.model.name).exists():
+    if _public(spec.model.name) == spec.model.name:
         front.append(f"base_model: {spec.model.name}")
-    if not data.startswith("embedded:") and not Path(data).exists():
+    if not data.startswith("embedded:") and _public(data) == data:
         front += ["datasets:", f"- {data}"]
     front.append("---")
 
@@ -74,8 +125,8 @@ def model_card(run: Any) -> str:
         "",
         "## Training",
         "",
-        f"- base model: `{spec.model.name}`",
-        f"- data: `{data}` ({spec.data.max_train_samples or 'all'} training rows)",
+        f"- base model: `{_public(spec.model.name)}`",
+        f"- data: `{_public(data)}` ({spec.data.max_train_samples or 'all'} training rows)",
         f"- hyperparameters: learning rate {spec.hyper.learning_rate}, batch size {spec.hyper.batch_size}, "
         f"{spec.hyper.max_steps or spec.hyper.epochs} {'steps' if spec.hyper.max_steps else 'epochs'}, "
         f"max length {spec.hyper.max_length}, seed {spec.seed}",
@@ -119,8 +170,13 @@ def staged(run: Any, include_checkpoints: bool = False):
         if onnx.is_dir():
             shutil.copytree(onnx, stage / "onnx")
         if include_checkpoints and run.checkpoints.is_dir():
-            shutil.copytree(run.checkpoints, stage / "checkpoints")
+            shutil.copytree(
+                run.checkpoints, stage / "checkpoints", ignore=shutil.ignore_patterns(*NEVER_IN_CHECKPOINTS)
+            )
         (stage / "README.md").write_text(model_card(run))
+        spec = run.spec()
+        local = [str(run.path.resolve()), str(run.path), str(Path.home()), spec.model.name, spec.data.source]
+        _scrub_folder(stage, [p for p in local if p.startswith("/") and len(p) > 1])
         yield stage
 
 
@@ -208,5 +264,5 @@ def push_to_git(run: Any, remote: str, branch: str = "main", include_checkpoints
             f"ortlab: {Path(getattr(run, 'path', run)).name}",
             cwd=stage,
         )
-        git("push", "-q", remote, f"HEAD:{branch}", cwd=stage)
+        git("push", "-q", "--", remote, f"HEAD:{branch}", cwd=stage)  # `--`: a remote is never an option
         return git("rev-parse", "HEAD", cwd=stage)

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from ortlab.assets import EMBEDDED_MODEL_ID
 
@@ -103,7 +103,11 @@ class TargetSpec(_Strict):
 class RunSpec(_Strict):
     """Everything a run needs. Round-trips through JSON and YAML; `RunSpec.json_schema()` describes it."""
 
-    name: str | None = Field(None, description="A name for the run (default: task and time).")
+    name: str | None = Field(
+        None,
+        description="A name for the run, which is its folder's name: letters, digits, '.', '_' and '-' "
+        "(default: task, model and time).",
+    )
     task: Task = Field("sequence-classification", description="What the model learns.")
     model: ModelSpec = Field(default_factory=ModelSpec)
     data: DataSpec = Field(
@@ -116,9 +120,19 @@ class RunSpec(_Strict):
     output_dir: str = Field("ortlab-runs", description="Folder in which the run's own folder is created.")
     seed: int = Field(42, description="Seed for data splits, initialisation and data order.")
 
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, name: str | None) -> str | None:
+        from ortlab.runner.rundir import check_name
+
+        return None if name is None else check_name(name)
+
     @model_validator(mode="after")
-    def _accelerations_fit(self) -> RunSpec:
-        if self.target.python is None:  # another runtime is checked by its own doctor when the run starts
+    def _accelerations_fit(self, info: ValidationInfo) -> RunSpec:
+        # Another runtime is checked by its own doctor when the run starts (ortlab.runner.check_runtime); a spec
+        # read back from a run folder is a record of what ran, wherever it ran: no check against this machine.
+        here = not (info.context or {}).get("stored") and self.target.python is None
+        if here:
             from ortlab.accel import mix
 
             mix.validate(self.mix())
@@ -163,18 +177,29 @@ class RunSpec(_Strict):
         return cls.parse(data or {})
 
     @classmethod
-    def load(cls, path: str | Path) -> RunSpec:
+    def load(cls, path: str | Path, stored: bool = False) -> RunSpec:
+        """Read a YAML/JSON spec. `stored=True` (a run folder's spec.yaml) skips the check of the mix against
+        this machine: a fp16 run trained on a GPU must still be readable on a laptop for export and compare."""
         p = Path(path)
         if not p.is_file():
             raise SpecError([f"spec file {str(p)!r} does not exist"])
         text = p.read_text()
-        return cls.from_json(text) if p.suffix == ".json" else cls.from_yaml(text)
+        if p.suffix == ".json":
+            return cls.parse(json.loads(text), stored=stored)
+        import yaml
+
+        data = yaml.safe_load(text)
+        if data is not None and not isinstance(data, dict):
+            raise SpecError([f"the YAML must be a mapping of fields (got {type(data).__name__})"])
+        return cls.parse(data or {}, stored=stored)
 
     @classmethod
-    def parse(cls, data: dict[str, Any]) -> RunSpec:
+    def parse(cls, data: dict[str, Any], stored: bool = False) -> RunSpec:
         """Build from plain data; every problem is reported as `SpecError` naming its field."""
+        if not isinstance(data, dict):
+            raise SpecError([f"a run spec is a mapping of fields (got {type(data).__name__})"])
         try:
-            return cls.model_validate(data)
+            return cls.model_validate(data, context={"stored": stored})
         except ValidationError as e:
             raise SpecError.from_validation(e) from None
 
@@ -198,9 +223,16 @@ class SpecError(ValueError):
             msg = err["msg"]
             if err["type"] == "extra_forbidden":
                 msg = "unknown field (check the spelling; `ortlab spec --schema` lists the fields)"
-            elif "input" in err and err["type"] not in ("missing",):
-                msg += f" (got {err['input']!r})"
+            elif "input" in err and err["type"] not in ("missing",) and err["loc"]:
+                # A whole-spec rule (loc is empty) would print the whole spec as its input: its message says it.
+                got = repr(err["input"])
+                msg += f" (got {got[:80] + '...' if len(got) > 80 else got})"
             if msg.startswith("Value error, "):
                 msg = msg[len("Value error, ") :]
+            if err["type"] == "value_error" and isinstance(err.get("ctx", {}).get("error"), ValueError):
+                inner = err["ctx"]["error"]
+                if getattr(inner, "problems", None):  # MixError: one line per broken rule, nothing else
+                    problems.extend(f"accel: {p}" for p in inner.problems)
+                    continue
             problems.append(f"{field}: {msg}")
         return cls(problems)

@@ -8,6 +8,7 @@ feature is recorded with the run so that export and the model card know what the
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,32 @@ class ModelError(ValueError):
     """The model cannot be used; the message says what is wrong and how to fix it."""
 
 
+def _check_config(config_file: Any) -> None:
+    """A model folder's config.json must be a JSON object naming a model type transformers knows: a broken one
+    is reported here, with the file and the fix, not as a traceback from deep inside transformers."""
+    import json
+
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelError(
+            f"model.name: {config_file} is not valid JSON ({e}); restore it (save the model again, or copy the "
+            "folder again from where it came from)"
+        ) from None
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        raise ModelError(
+            f"model.name: {config_file} has no 'model_type' field, so transformers cannot tell which architecture "
+            "to build; restore the file from the original model"
+        )
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    if config["model_type"] not in CONFIG_MAPPING_NAMES:
+        raise ModelError(
+            f"model.name: {config_file} names model_type {config['model_type']!r}, which this transformers does "
+            "not know; fix the field, or upgrade transformers if the architecture is newer"
+        )
+
+
 def resolve_model(name: str) -> str:
     """A local folder for `name`: a folder the user named, ortlab's packaged copy of a Hub id, or the Hub id
     itself when it exists on a reachable Hub (checked fast; nothing is downloaded here)."""
@@ -68,6 +95,7 @@ def resolve_model(name: str) -> str:
     if path.is_dir():
         if not (path / "config.json").exists():
             raise ModelError(f"model.name: the folder {name!r} has no config.json: is it a Hugging Face model folder?")
+        _check_config(path / "config.json")
         return str(path)
     embedded = embedded_model_path(name)
     if embedded is not None:

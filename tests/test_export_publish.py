@@ -16,6 +16,7 @@ from conftest import PYTHON
 
 ORTLAB = str(Path(PYTHON).parent / "ortlab")
 pytestmark = pytest.mark.slow
+TOKEN = "hf_test_token_7d1c0ffee"
 
 
 @pytest.fixture(scope="module")
@@ -48,10 +49,11 @@ def finished(tiny_bert, tiny_gpt2, tmp_path_factory) -> dict[str, Path]:
             [ORTLAB, "train", str(path), "--quiet"],
             capture_output=True,
             text=True,
-            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+            env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_TOKEN": TOKEN},  # a user's token is in the environment
             timeout=600,
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
+        assert TOKEN not in proc.stdout + proc.stderr
         runs[task] = root / task
     return runs
 
@@ -153,9 +155,37 @@ def test_push_to_folder_and_git_remote(finished, tmp_path):
         assert (clone / name).read_bytes() == (out / name).read_bytes()
 
 
-# --- the Hub: the real huggingface_hub client against FakeHub (tests/helpers/fake_hub.py) -----------------------
+def test_git_remote_is_never_taken_as_an_option(finished, tmp_path):
+    from ortlab.publish import PublishError, push_to_git
 
-TOKEN = "hf_test_token"
+    marker = tmp_path / "executed"
+    with pytest.raises(PublishError):
+        push_to_git(finished["sequence-classification"], f"--upload-pack=touch {marker}")
+    assert not marker.exists()
+
+
+def test_a_failed_re_export_keeps_the_previous_one(finished, monkeypatch):
+    import torch
+
+    from ortlab.export import export_onnx
+
+    run = finished["sequence-classification"]
+    if not (run / "onnx").exists():
+        export_onnx(run, samples=16)
+    before = (run / "onnx" / "model.onnx").read_bytes()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("export failed half-way")
+
+    monkeypatch.setattr(torch.onnx, "export", broken)
+    with pytest.raises(RuntimeError, match="half-way"):
+        export_onnx(run, samples=16)
+    assert (run / "onnx" / "model.onnx").read_bytes() == before
+    assert json.loads((run / "onnx" / "export.json").read_text())["variants"]["fp32"]["good"]
+    assert not [p for p in run.iterdir() if p.name.startswith(".onnx")], "no temporary folder left behind"
+
+
+# --- the Hub: the real huggingface_hub client against FakeHub (tests/helpers/fake_hub.py) -----------------------
 
 
 def hub_env(hub, tmp_path: Path, token: str | None = TOKEN) -> dict[str, str]:
@@ -218,6 +248,40 @@ def test_push_to_hub_then_download_and_load(finished, tmp_path):
         assert "already exists" in again.stderr
         assert "--overwrite" in again.stderr
         assert push(run, env, "--repo", "me/tiny-classifier", "--overwrite").returncode == 0
+
+
+def test_no_token_and_no_local_path_leaves_the_machine(finished, tmp_path, tmp_path_factory):
+    """The token was in the training environment and is in the pushing one; a checkpoint carries a pickled
+    TrainingArguments that holds it (as a user's hub_token would): none of it, and no local path, is uploaded,
+    printed or written into the run folder."""
+    import torch
+    from fake_hub import FakeHub
+    from transformers import TrainingArguments
+
+    run = tmp_path / "with-checkpoint"
+    shutil.copytree(finished["sequence-classification"], run)
+    checkpoint = run / "checkpoints" / "checkpoint-6"
+    shutil.copytree(run / "model", checkpoint)
+    (checkpoint / "trainer_state.json").write_text("{}")
+    torch.save(TrainingArguments(output_dir=str(run), hub_token=TOKEN, report_to=[]), checkpoint / "training_args.bin")
+    assert TOKEN.encode() in (checkpoint / "training_args.bin").read_bytes()
+
+    with FakeHub(token=TOKEN) as hub:
+        proc = push(run, hub_env(hub, tmp_path), "--repo", "me/leak-check", "--include-checkpoints")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        held = hub.files("me/leak-check")
+    assert any(name.startswith("checkpoints/") for name in held), "checkpoints were asked for"
+    assert not [n for n in held if n.endswith("training_args.bin")]
+    # Every test folder (the run, the tiny model it was trained from) lives under pytest's base folder.
+    local = [str(tmp_path_factory.getbasetemp()), str(Path.home()) + "/"]
+    for name, data in held.items():
+        assert TOKEN.encode() not in data, name
+        for path in local:
+            assert path.encode() not in data, (name, path)
+    assert TOKEN not in proc.stdout + proc.stderr
+    for f in run.rglob("*"):
+        if f.is_file() and f != checkpoint / "training_args.bin":
+            assert TOKEN.encode() not in f.read_bytes(), f
 
 
 def test_push_errors_offline_without_token_and_with_a_bad_token(finished, tmp_path):

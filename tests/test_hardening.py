@@ -461,3 +461,19 @@ def test_sigterm_to_the_launcher_group_is_what_stop_sends(tmp_path):
         fake_worker.wait(timeout=10)
     finally:
         fake_worker.kill()
+
+
+def test_the_in_process_zero_group_listens_on_loopback_only(tmp_path):
+    # A notebook that trains with ZeRO gets a one-process group: it must open no port on other interfaces.
+    script = f"""
+import json, psutil, torch, torch.distributed as dist
+from ortlab.train.args import ORTTrainingArguments
+ORTTrainingArguments(output_dir={str(tmp_path)!r}, zero_stage=1, use_ort=False, report_to=[])
+t = torch.ones(1)
+dist.all_reduce(t)
+print(json.dumps(sorted({{c.laddr.ip for c in psutil.Process().net_connections("inet") if c.status == "LISTEN"}})))
+"""
+    proc = subprocess.run([PYTHON, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    listening = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(listening) <= {"127.0.0.1", "::1"}, listening

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -47,8 +48,30 @@ def steps_of(run) -> list[int]:
     return [r["step"] for r in run.metrics() if r["event"] == "step"]
 
 
+def launch_gated(spec_data: dict, at_step: int):
+    """Launch a run that holds once `at_step` steps are done (`Run.pause`, set before its process starts): the
+    tests below act on a running run at a known step, however fast or slow this machine is."""
+    from ortlab.runner import Run, _start
+    from ortlab.runner.rundir import RunDir
+    from ortlab.spec import RunSpec
+
+    spec = RunSpec.parse(spec_data)
+    run = Run(RunDir.create(spec.output_dir, spec).path)
+    run.pause(at_step=at_step)
+    run._process = _start(run.dir, spec)
+    return run
+
+
+def wait_paused(run, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not run.status().get("paused"):
+        assert run.state in ("pending", "running"), (run.status(), run.dir.log_path.read_text()[-3000:])
+        assert time.monotonic() < deadline, "the run never reached its gate"
+        time.sleep(0.2)
+
+
 def test_first_metric_arrives_while_running(make_spec):
-    run = ortlab.launch(make_spec("live", max_steps=400))
+    run = launch_gated(make_spec("live", max_steps=400), at_step=1)
     record = first_step(run)
     assert record["step"] == 1
     assert run.state == "running", "the first metric must arrive while the run is still going"
@@ -56,10 +79,8 @@ def test_first_metric_arrives_while_running(make_spec):
 
 
 def test_stop_then_resume_continues_from_the_checkpoint(make_spec):
-    run = ortlab.launch(make_spec("stop-resume", max_steps=60))
-    for record in run.follow():
-        if record["event"] == "step" and record["step"] >= 5:
-            break
+    run = launch_gated(make_spec("stop-resume", max_steps=60), at_step=5)
+    wait_paused(run)
     status = run.stop()
     assert status["state"] == "stopped", status
     stopped_at = status["step"]
@@ -76,14 +97,14 @@ def test_stop_then_resume_continues_from_the_checkpoint(make_spec):
     assert steps == list(range(1, 61)), "resume continues at the next step: no step twice, none missing"
     resumed = [r for r in run.metrics() if r["event"] == "resume"]
     assert [r["step"] for r in resumed] == [stopped_at]
+    evals = [(r["phase"], r["step"]) for r in run.metrics() if r["event"] == "eval"]
+    assert evals == [("before", 0), ("after", 60)], "each evaluation is written once, with its phase"
     assert run.result()["summary"]["steps"] == 60
 
 
 def test_kill_9_ends_failed_and_keeps_every_metric_line(make_spec):
-    run = ortlab.launch(make_spec("killed", max_steps=400))
-    for record in run.follow():
-        if record["event"] == "step" and record["step"] >= 3:
-            break
+    run = launch_gated(make_spec("killed", max_steps=400), at_step=3)
+    wait_paused(run)
     pid = run.status()["pid"]
     os.kill(pid, signal.SIGKILL)
     status = run.wait(timeout=60)
@@ -96,23 +117,35 @@ def test_kill_9_ends_failed_and_keeps_every_metric_line(make_spec):
 
 
 def test_reattach_from_a_new_process_replays_history_then_follows_live(make_spec, tmp_path):
-    run = ortlab.launch(make_spec("attach", max_steps=40))
-    first_step(run)
+    # The run is held (control/pause) while the second process attaches, so it is running then however fast or
+    # slow this machine is; released once the watcher has said it is attached.
+    run = launch_gated(make_spec("attach", max_steps=40), at_step=5)
+    wait_paused(run)
+    assert steps_of(run) == [1, 2, 3, 4, 5], "held exactly after step 5"
     script = textwrap.dedent(
         f"""
-        import json, ortlab
+        import json, sys, ortlab
         run = ortlab.attach({run.id!r}, root={str(run.path.parent)!r})
         state_at_attach = run.state
+        print("ATTACHED", flush=True)
         steps = [r["step"] for r in run.follow() if r["event"] == "step"]
         print(json.dumps({{"state_at_attach": state_at_attach, "steps": steps, "final": run.state}}))
         """
     )
-    proc = subprocess.run([PYTHON, "-c", script], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    proc = subprocess.Popen([PYTHON, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ATTACHED", proc.stderr.read() if proc.poll() is not None else ""
+        assert run.status().get("paused") is True or run.state == "running"
+        run.unpause()
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    seen = json.loads(out.strip().splitlines()[-1])
     assert seen["state_at_attach"] == "running"
     assert seen["steps"] == list(range(1, 41)), "history from step 1, then live to the last step"
     assert seen["final"] == "completed"
+    assert not run.status().get("paused"), "a finished run is not paused"
 
 
 def test_two_concurrent_runs_with_different_mixes_then_compare(make_spec, tmp_path):

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from ortlab.assets import EMBEDDED_MODEL_ID
-from ortlab.spec import RunSpec, SpecError
+from ortlab.spec import AccelSpec, RunSpec, SpecError
 
 
 def test_default_is_the_embedded_job():
@@ -68,10 +68,16 @@ def test_errors_name_the_field_and_the_fix(data, field, text):
     assert text in message
 
 
-def test_auto_accelerations_follow_the_doctor():
-    from ortlab.accel import fused_adam, ort
+@pytest.mark.parametrize("ort_here", [True, False])
+@pytest.mark.parametrize("fused_here", [True, False])
+def test_auto_accelerations_follow_the_doctor(monkeypatch, ort_here, fused_here):
+    # The doctor's answer is forced both ways: 'auto' must follow it, and an explicit choice must not.
+    from ortlab.accel import Availability, fused_adam, ort
 
-    resolved = RunSpec().accel.resolved()
-    assert resolved.ort == ort.check().available
-    assert resolved.fused_adam == fused_adam.check().available
-    assert RunSpec.parse({"accel": {"ort": False}}).accel.resolved().ort is False
+    monkeypatch.setattr(ort, "check", lambda probe=False: Availability("ort", ort_here, "forced", "-"))
+    monkeypatch.setattr(fused_adam, "check", lambda probe=False: Availability("fused_adam", fused_here, "forced", "-"))
+    auto = AccelSpec().resolved()
+    assert (auto.ort, auto.fused_adam) == (ort_here, fused_here)
+    explicit = AccelSpec(ort=False, fused_adam=False).resolved()
+    assert (explicit.ort, explicit.fused_adam) == (False, False)
+    assert AccelSpec(torch_compile=True).resolved().ort is False, "'auto' ORT yields to an explicit torch.compile"

@@ -96,12 +96,20 @@ def stage_of(config: dict | str | None) -> int:
 
 def ensure_process_group_env() -> bool:
     """DeepSpeed always starts torch.distributed. Launched without a launcher (a notebook, `python x.py`),
-    there is no MASTER_ADDR/RANK/...: set a one-process group on a free local port. Returns True if set."""
+    there is no MASTER_ADDR/RANK/...: start a one-process group here. Returns True if it did.
+
+    The group gets an in-memory store (`HashStore`), so nothing listens on the network for it (a TCPStore listens
+    on every interface), and gloo is pinned to the loopback interface. The environment variables are set too,
+    because DeepSpeed and Accelerate read them; ortlab's launcher does not pass them on to runs it starts.
+    """
     import os
 
     if "RANK" in os.environ or "WORLD_SIZE" in os.environ:
         return False
     import socket
+
+    import torch
+    import torch.distributed as dist
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -109,4 +117,11 @@ def ensure_process_group_env() -> bool:
     os.environ.update(
         {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
     )
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", LOOPBACK_INTERFACE)
+    if not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     return True
+
+
+LOOPBACK_INTERFACE = "lo"  # Linux's name for it; gloo binds its sockets to this interface's address

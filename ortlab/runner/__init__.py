@@ -23,9 +23,35 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ortlab.runner.rundir import TERMINAL, RunDir, process_create_time, read_metrics
+from ortlab.runner.rundir import (
+    TERMINAL,
+    RunDir,
+    RunStateError,
+    process_alive,
+    process_create_time,
+    read_metrics,
+    resolve,
+)
 
 DEFAULT_ROOT = "ortlab-runs"
+# How long a status may stay unreadable (missing, or not JSON) before follow/wait give up with the reason.
+UNREADABLE_GRACE_S = 10.0
+# The environment of a torch.distributed process group. A launched run must not inherit these from a kernel
+# that trained in-process (ZeRO sets up a one-process group there): it would join the kernel's group.
+DISTRIBUTED_ENV = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+)
 
 
 def default_root() -> Path:
@@ -81,10 +107,12 @@ class Run:
         Use as an iterator (`for r in run.follow()`), or pass `callback` and exhaust it (`list(...)`).
         """
         offset, deadline = 0, None if timeout is None else time.monotonic() + timeout
+        unreadable = _Unreadable(self)
         while True:
             # The run writes its last metrics before its final status: once the status says it ended, one more
             # read has every line.
-            ended = self.state in TERMINAL
+            state = unreadable.check(self.state)
+            ended = state in TERMINAL
             records, offset = read_metrics(self.dir.metrics_path, offset)
             for record in records:
                 if callback is not None:
@@ -98,8 +126,10 @@ class Run:
     def wait(self, timeout: float | None = None, poll_s: float = 0.5) -> dict[str, Any]:
         """Block until the run ends (or `timeout` s); returns its status."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        unreadable = _Unreadable(self)
         while True:
             status = self.status()
+            unreadable.check(status["state"])
             if status["state"] in TERMINAL:
                 if self._process is not None:
                     self._process.wait()
@@ -120,22 +150,63 @@ class Run:
         try:
             return self.wait(timeout=timeout)
         except TimeoutError:
-            pid = status.get("pid")
-            if pid:
-                _signal_group(pid, signal.SIGTERM)
-                time.sleep(5)
-                _signal_group(pid, signal.SIGKILL)
+            status = self.status()
+            if status["state"] in TERMINAL:
+                return status
+            if not _is_run_process(self.dir, status):
+                raise RunError(
+                    f"run {self.id} did not stop within {timeout:.0f} s, and the process its status.json names "
+                    f"(pid {status.get('pid')}) is not this run's worker: nothing was signalled. Look at the run's "
+                    "logs/run.log and end its process yourself"
+                ) from None
+            _signal_group(status["pid"], signal.SIGTERM)
+            time.sleep(5)
+            if _is_run_process(self.dir, status):
+                _signal_group(status["pid"], signal.SIGKILL)
             return self.wait(timeout=30)
 
+    def pause(self, at_step: int | None = None) -> None:
+        """Hold the run after its current step (or once `at_step` steps are done) until `unpause()`.
+
+        The run keeps its memory and stays `running`; its status says `paused` while it waits. `at_step` makes a
+        deterministic gate: the run holds exactly there, however fast the machine is.
+        """
+        self.dir.pause_path.parent.mkdir(exist_ok=True)
+        self.dir.pause_path.write_text("" if at_step is None else str(int(at_step)))
+
+    def unpause(self) -> None:
+        self.dir.pause_path.unlink(missing_ok=True)
+
     def resume(self) -> Run:
-        """Continue a stopped (or failed) run from its last checkpoint, in a new run process."""
-        status = self.status()
-        if status["state"] not in ("stopped", "failed"):
-            raise RunError(f"run {self.id} is {status['state']}: only a stopped or failed run can resume")
+        """Continue a stopped (or failed) run from its last checkpoint, in a new run process.
+
+        Exclusive: the run is claimed (`pending`) under its status lock, so a second `resume` of the same run,
+        from this or any other process, is refused instead of starting a second worker on one folder.
+        """
+        spec = self.spec()
         if self.dir.last_checkpoint() is None:
+            state = self.status()["state"]
+            if state not in ("stopped", "failed"):
+                raise RunError(f"run {self.id} is {state}: only a stopped or failed run can resume")
             raise RunError(f"run {self.id} has no checkpoint to resume from (it stopped before its first save)")
+        if spec.target.python:
+            check_runtime(spec)  # a run folder names an interpreter: check it before starting anything
+        else:
+            from ortlab.spec import RunSpec
+
+            RunSpec.parse(spec.model_dump(mode="json"))  # the stored mix, checked against this machine
+        self.status()  # a dead 'running' run becomes 'failed' (and so resumable) here
+        try:
+            self.dir.set_status("pending", expect={"stopped", "failed"}, pid=None, create_time=None, resumed=True)
+        except RunStateError:
+            state = self.dir.read_status().get("state")
+            raise RunError(
+                f"run {self.id} is {state}: only a stopped or failed run can resume "
+                "(a second resume of the same run is refused)"
+            ) from None
         self.dir.clear_stop()
-        self._process = _start(self.dir, self.spec(), resume=True)
+        self.unpause()
+        self._process = _start(self.dir, spec, resume=True)
         return self
 
     def export_onnx(self, **kwargs: Any):
@@ -156,6 +227,45 @@ class Run:
         return compare([self.dir, *[o.dir for o in others]])
 
 
+class _Unreadable:
+    """Ends a follow/wait whose status has been unreadable (missing, or not JSON) for UNREADABLE_GRACE_S."""
+
+    def __init__(self, run: Run):
+        self.run = run
+        self.since: float | None = None
+
+    def check(self, state: str) -> str:
+        if state not in ("missing", "unknown"):
+            self.since = None
+            return state
+        self.since = self.since or time.monotonic()
+        if time.monotonic() - self.since > UNREADABLE_GRACE_S:
+            what = "is missing" if state == "missing" else "is not valid JSON"
+            raise RunError(
+                f"run {self.run.id}: {self.run.dir.status_path} {what} (for {UNREADABLE_GRACE_S:.0f} s); the run "
+                "folder was removed or damaged: look at its logs/run.log"
+            )
+        return state
+
+
+def _is_run_process(run: RunDir, status: dict[str, Any]) -> bool:
+    """Is the recorded pid still this run's process (same create time, a worker of this very folder)?
+
+    A pid from status.json alone is not enough before sending a signal: the process may have ended and the
+    pid been reused by anything, or the file may have been edited.
+    """
+    import psutil
+
+    pid, created = status.get("pid"), status.get("create_time")
+    if not pid or created is None or not process_alive(pid, created):
+        return False
+    try:
+        cmdline = psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return False
+    return "ortlab.runner.worker" in cmdline and str(run.path.resolve()) in cmdline
+
+
 def _signal_group(pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
@@ -171,7 +281,70 @@ def _ortlab_path() -> str:
     return str(Path(__file__).resolve().parent.parent.parent)
 
 
+def check_runtime(spec: Any) -> dict[str, Any]:
+    """Check the interpreter a spec names (`target.python`) before anything starts in it, and its mix there.
+
+    A run folder's spec.yaml names a program that `resume` will execute, so it is checked like user input: the
+    file must exist and be executable, be a Python that can import ortlab's dependencies, and its own doctor
+    must say that every acceleration the spec asks for runs there. Raises RunError naming what is wrong.
+    """
+    from ortlab.probe import doctor
+
+    python = str(spec.target.python)
+    path = Path(python)
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise RunError(f"target.python: {python!r} is not an executable file; give the path of a Python interpreter")
+    probe = "import sys, torch, transformers, ortlab; print(sys.version_info[0])"
+    try:
+        out = subprocess.run(
+            [python, "-c", probe],
+            capture_output=True,
+            text=True,
+            env=_child_env(),
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise RunError(f"target.python: {python!r} could not be started: {e}") from None
+    if out.returncode != 0 or out.stdout.strip().splitlines()[-1:] != ["3"]:
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        raise RunError(
+            f"target.python: {python!r} is not a Python that can run ortlab ({last}); install ortlab's "
+            "dependencies there (`pip install ortlab`) or pick another interpreter"
+        )
+    report = doctor(python)
+    a = spec.accel
+    wanted = {
+        "ort": a.ort is True,
+        "fused_adam": a.fused_adam is True,
+        "zero1": a.zero_stage > 0,
+        "fp16": a.precision == "fp16",
+        "bf16": a.precision == "bf16",
+        "torch_compile": a.torch_compile,
+    }
+    problems = [
+        f"accel: {name} is not available in {python}: {report[name].reason}. Fix: {report[name].remedy}"
+        for name, on in wanted.items()
+        if on and not report.available(name)
+    ]
+    if problems:
+        raise RunError("this mix cannot run in the target runtime:\n" + "\n".join(f"  - {p}" for p in problems))
+    return report.to_dict()
+
+
+def _child_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_ENV}
+    # The run process imports this ortlab, whichever interpreter runs it (another runtime included).
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_ortlab_path(), env.get("PYTHONPATH")]))
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # Runs start on this machine: their gloo traffic stays on the loopback interface (torchrun's rendezvous store
+    # is on 127.0.0.1 too, see _start).
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    return env
+
+
 def _start(run: RunDir, spec: Any, resume: bool = False) -> subprocess.Popen:
+    """Start the worker of a claimed (`pending`) run folder; a start that fails ends the run `failed`."""
     python = spec.target.python or sys.executable
     worker = ["-m", "ortlab.runner.worker", str(run.path.resolve()), *(["--resume"] if resume else [])]
     if spec.target.processes > 1:
@@ -180,39 +353,41 @@ def _start(run: RunDir, spec: Any, resume: bool = False) -> subprocess.Popen:
             "-m",
             "torch.distributed.run",
             f"--nproc_per_node={spec.target.processes}",
+            "--master_addr=127.0.0.1",  # one machine: rendezvous on loopback only
             f"--master_port={_free_port()}",
             *worker,
         ]
     else:
         cmd = [python, *worker]
-    env = dict(os.environ)
-    # The run process imports this ortlab, whichever interpreter runs it (another runtime included).
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_ortlab_path(), env.get("PYTHONPATH")]))
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
     run.log_path.parent.mkdir(exist_ok=True)
     with run.log_path.open("ab") as log:
         log.write(f"\n$ {' '.join(cmd)}\n".encode())
         log.flush()
-        # Its own session: a stop or kill reaches the whole group (torchrun and its workers), and a notebook
-        # interrupt (SIGINT to the kernel's group) does not reach the run.
-        proc = subprocess.Popen(
-            cmd,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            cwd=os.getcwd(),
-            start_new_session=True,
-        )
-    run.set_status("pending", pid=proc.pid, create_time=process_create_time(proc.pid), launcher=cmd[:3])
+        try:
+            # Its own session: a stop or kill reaches the whole group (torchrun and its workers), and a notebook
+            # interrupt (SIGINT to the kernel's group) does not reach the run.
+            proc = subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=_child_env(),
+                cwd=os.getcwd(),
+                start_new_session=True,
+            )
+        except OSError as e:
+            run.set_status("failed", error=f"the run process could not be started: {e} (command: {cmd[0]})", step=0)
+            raise RunError(f"run {run.id} could not start: {e}") from None
+    run.update_status(pid=proc.pid, create_time=process_create_time(proc.pid), launcher=cmd[:3])
     return proc
 
 
 def launch(spec: Any = None, root: str | os.PathLike | None = None, **overrides: Any) -> Run:
     """Start `spec` (a RunSpec, a dict, or a YAML/JSON path; default: the embedded default) in its own process.
 
-    The spec is validated here (instantly); the model and data checks run in the run process and a problem
-    there ends the run `failed` with the message. Returns at once.
+    The spec is validated here (instantly; a spec for another interpreter is checked by that interpreter's
+    doctor); the model and data checks run in the run process and a problem there ends the run `failed` with
+    the message. Returns at once.
     """
     from ortlab.spec import RunSpec
 
@@ -224,6 +399,8 @@ def launch(spec: Any = None, root: str | os.PathLike | None = None, **overrides:
         spec = RunSpec.parse(spec)
     if overrides:
         spec = RunSpec.parse({**spec.model_dump(mode="json"), **overrides})
+    if spec.target.python:
+        check_runtime(spec)
     run_dir = RunDir.create(root or spec.output_dir, spec)
     run = Run(run_dir.path)
     run._process = _start(run_dir, spec)
@@ -231,20 +408,34 @@ def launch(spec: Any = None, root: str | os.PathLike | None = None, **overrides:
 
 
 def runs(root: str | os.PathLike | None = None) -> list[Run]:
-    """All runs under `root` (default ./ortlab-runs), oldest first."""
+    """All runs under `root` (default ./ortlab-runs), oldest first. Symbolic links are not followed."""
     base = Path(root) if root else default_root()
     if not base.is_dir():
         return []
-    found = [Run(p) for p in base.iterdir() if (p / "status.json").exists()]
+    found = [Run(p) for p in base.iterdir() if not p.is_symlink() and p.is_dir() and (p / "status.json").is_file()]
     return sorted(found, key=lambda r: (r.path.stat().st_ctime, r.id))
 
 
 def attach(run_id: str | os.PathLike, root: str | os.PathLike | None = None) -> Run:
-    """A handle on an existing run, by id (folder name under `root`) or by path, e.g. after a kernel restart."""
-    candidate = Path(run_id)
-    if not (candidate / "status.json").exists():
-        candidate = (Path(root) if root else default_root()) / str(run_id)
-    if not (candidate / "status.json").exists():
-        known = ", ".join(r.id for r in runs(root)) or "none"
-        raise RunError(f"no run {str(run_id)!r} (runs under {root or default_root()}: {known})")
+    """A handle on an existing run, by id (its folder name under `root`), e.g. after a kernel restart.
+
+    An id is a name (`..`, absolute paths and symbolic links out of the runs folder are refused), so an id from
+    a URL, a CLI argument or a file cannot open anything else. A path to a run folder (`runs/my-run`, what tab
+    completion gives) is accepted too: inside `root` when a root is given, else its parent is the runs folder.
+    """
+    if isinstance(run_id, (str, os.PathLike)) and ("/" in str(run_id) or os.sep in str(run_id)):
+        path = Path(str(run_id).rstrip("/" + os.sep))
+        if path.is_symlink():
+            raise RunError(f"{str(run_id)!r} is a symbolic link; ortlab only opens real run folders")
+        if root is not None and path.resolve().parent != Path(root).resolve():
+            raise RunError(f"{str(run_id)!r} is not a run folder inside the runs folder {str(root)!r}")
+        root, run_id = root if root is not None else path.parent, path.name
+    base = Path(root) if root else default_root()
+    try:
+        candidate = resolve(base, str(run_id))
+    except ValueError as e:
+        raise RunError(str(e)) from None
+    if not (candidate / "status.json").is_file():
+        known = ", ".join(r.id for r in runs(base)) or "none"
+        raise RunError(f"no run {str(run_id)!r} (runs under {base}: {known})")
     return Run(candidate)

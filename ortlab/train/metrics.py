@@ -48,6 +48,9 @@ class JsonLinesSink:
             if self._file is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 self._file = self.path.open("a", encoding="utf-8")
+                if not _ends_with_newline(self.path):
+                    # A writer killed mid-line (then a resume): end the torn line, or it would swallow this record.
+                    self._file.write("\n")
             self._file.write(json.dumps(record, default=str) + "\n")
             self._file.flush()
         if self.also is not None:
@@ -57,6 +60,14 @@ class JsonLinesSink:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with path.open("rb") as f:
+        if f.seek(0, os.SEEK_END) == 0:
+            return True
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
 
 
 def peak_memory_mb(device_type: str) -> tuple[float, str]:
@@ -130,8 +141,17 @@ class StepMetricsCallback(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
             return
-        is_eval = any(k.startswith("eval_") for k in logs)
-        self.sink({"event": "eval" if is_eval else "log", "step": state.global_step, **logs})
+        if any(k.startswith("eval_") for k in logs):
+            # The one place evaluations are written: `trainer.eval_phase` ("before"/"after", set by whoever
+            # evaluates around training) or "during" for evaluations inside the training loop.
+            phase = getattr(self.trainer, "eval_phase", None) or "during"
+            if "eval_loss" in logs and getattr(self.trainer, "feature", None) == "causal-lm":
+                from ortlab.scores import add_perplexity
+
+                logs = add_perplexity(dict(logs))
+            self.sink({"event": "eval", "phase": phase, "step": state.global_step, **logs})
+        else:
+            self.sink({"event": "log", "step": state.global_step, **logs})
 
     def on_train_end(self, args, state, control, **kwargs):
         self.trainer._after_first_steps(state.global_step, final=True)

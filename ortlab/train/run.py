@@ -109,6 +109,9 @@ class _StopRequested:
         self.flag = self.flag or self.run.stop_requested()
         return self.flag
 
+    def paused(self, step: int) -> bool:
+        return self.run.pause_requested(step) and not self()
+
 
 def _stop_callback(stop: _StopRequested):
     from transformers import TrainerCallback
@@ -116,19 +119,38 @@ def _stop_callback(stop: _StopRequested):
     class StopOnRequest(TrainerCallback):
         """A graceful stop: finish the current step, save a checkpoint, leave the training loop."""
 
-        def on_step_end(self, args, state, control, **kwargs):
-            requested = stop()
-            if args.world_size > 1:
-                # Every rank must leave at the same step (or the next collective op hangs): agree on the flag.
-                import torch
-                import torch.distributed as dist
+        def on_step_begin(self, args, state, control, **kwargs):
+            # A pause (control/pause) holds *between* steps: the last step's record is written, and this callback
+            # runs before the metrics callback starts the next step's clock, so the wait is not counted as work.
+            _, paused = self._agree(args, stop(), stop.paused(state.global_step))
+            if not paused:
+                return
+            if state.is_world_process_zero:
+                stop.run.update_status(paused=True, step=state.global_step)
+            while paused:
+                time.sleep(0.2)
+                _, paused = self._agree(args, stop(), stop.paused(state.global_step))
+            if state.is_world_process_zero:
+                stop.run.update_status(paused=False)
 
-                flag = torch.tensor([1.0 if requested else 0.0], device=args.device)
-                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-                requested = stop.flag = bool(flag.item())
+        def on_step_end(self, args, state, control, **kwargs):
+            requested, _ = self._agree(args, stop(), False)
             if requested:
                 control.should_save = True
                 control.should_training_stop = True
+
+        @staticmethod
+        def _agree(args, requested: bool, paused: bool) -> tuple[bool, bool]:
+            if args.world_size <= 1:
+                return requested, paused
+            # Every rank must leave (or wait) at the same step, or the next collective op hangs: agree on both.
+            import torch
+            import torch.distributed as dist
+
+            flags = torch.tensor([float(requested), float(paused)], device=args.device)
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+            stop.flag = stop.flag or bool(flags[0].item())
+            return bool(flags[0].item()), bool(flags[1].item())
 
     return StopOnRequest()
 
@@ -226,14 +248,15 @@ def _train(spec, run, model_path, prepared, resume, stop, progress, on_metrics, 
     if resume and checkpoint is None:
         raise RuntimeError(f"cannot resume {run.id}: it has no complete checkpoint in {run.checkpoints}")
     if checkpoint is None:
+        trainer.eval_phase = "before"  # the metrics callback writes the eval record, tagged with its phase
         log(f"evaluating on {len(eval_ds)} rows before training ...")
         before = score(trainer.evaluate(metric_key_prefix="eval"))
-        emit({"event": "eval", "phase": "before", "step": 0, **before})
         log("before training: " + _headline(before))
     else:
         before = _previous_eval(run) or {}
         emit({"event": "resume", "step": int(checkpoint.name.split("-")[-1]), "checkpoint": str(checkpoint)})
         log(f"resuming from {checkpoint}")
+    trainer.eval_phase = None
     trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     if stop.flag:
         last = run.last_checkpoint()
@@ -241,9 +264,9 @@ def _train(spec, run, model_path, prepared, resume, stop, progress, on_metrics, 
         trainer.metrics_sink.close()
         log(f"stopped at step {trainer.state.global_step}; checkpoint {last}")
         return {"stopped": True, "step": trainer.state.global_step, "checkpoint": str(last)}
+    trainer.eval_phase = "after"
     log(f"evaluating on {len(eval_ds)} rows after training ...")
     after = score(trainer.evaluate(metric_key_prefix="eval"))
-    emit({"event": "eval", "phase": "after", "step": trainer.state.global_step, **after})
     trainer.metrics_sink.close()
     log("after training:  " + _headline(after))
     log(f"saving the model to {run.model_dir}")

@@ -10,6 +10,7 @@ Where widgets cannot render (papermill, nbconvert, a terminal), the monitor show
 
 from __future__ import annotations
 
+import html
 import threading
 import time
 from typing import Any
@@ -172,7 +173,7 @@ class RunMonitor(widgets.VBox):
                 state = run.state
             except Exception:  # a run folder removed under us: show it, do not break the monitor
                 state = "missing"
-            parts.append(f"<b>{run.id}</b>: {state}")
+            parts.append(f"<b>{html.escape(run.id)}</b>: {html.escape(str(state))}")
         self.status.value = " &nbsp; ".join(parts)
 
     def close(self) -> None:

@@ -18,7 +18,8 @@ def run_label(run: Any, run_id: str, accelerations: dict[str, Any] | None = None
         names = applied or [f"{k}?" for k, v in accelerations.items() if v.get("requested")]
     else:
         names = []
-    return f"{run_id} [{'+'.join(names) or 'no acceleration'}]"
+    # Plotly draws legend text as (a subset of) HTML: escape, as every name that comes from a user or a file.
+    return html.escape(f"{run_id} [{'+'.join(names) or 'no acceleration'}]")
 
 
 def rows(runs: list[Any], baseline: str | None = None) -> list[dict[str, str]]:
@@ -52,7 +53,7 @@ def table_html(data: list[dict[str, str]]) -> str:
         return "<i>no runs yet</i>"
     head = "".join(f"<th style='text-align:left;padding:2px 8px'>{html.escape(k)}</th>" for k in data[0])
     body = "".join(
-        "<tr>" + "".join(f"<td style='padding:2px 8px'>{html.escape(v)}</td>" for v in row.values()) + "</tr>"
+        "<tr>" + "".join(f"<td style='padding:2px 8px'>{html.escape(str(v))}</td>" for v in row.values()) + "</tr>"
         for row in data
     )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"

@@ -229,7 +229,7 @@ class Workbench(widgets.VBox):
             self.spec()
         except SpecError as e:
             self.launch_button.disabled = True
-            items = "".join(f"<li>{p}</li>" for p in e.problems)
+            items = "".join(f"<li>{html.escape(p)}</li>" for p in e.problems)
             self.problems.value = f"<span style='color:#b00'>cannot launch:</span><ul>{items}</ul>"
             return False
         self.launch_button.disabled = False
@@ -247,8 +247,8 @@ class Workbench(widgets.VBox):
         for h in hits[:10]:
             size = f", {h.size_mb:.0f} MB" if h.size_mb else ""
             params = f", {h.parameters / 1e6:.1f}M parameters" if h.parameters else ""
-            lines.append(f"{h.id} <small>({h.where}{size}{params})</small>")
-        self.model_info.value = "<br>".join(lines) + (f"<br><small>{note}</small>" if note else "")
+            lines.append(f"{html.escape(h.id)} <small>({html.escape(h.where)}{size}{params})</small>")
+        self.model_info.value = "<br>".join(lines) + (f"<br><small>{html.escape(note)}</small>" if note else "")
 
     def inspect_data(self) -> None:
         from ortlab.data import DataError
@@ -257,17 +257,18 @@ class Workbench(widgets.VBox):
         try:
             info = inspect_dataset(self.data.value.strip())
         except DataError as e:
-            self.data_preview.value = f"<span style='color:#b00'>{e}</span>"
+            self.data_preview.value = f"<span style='color:#b00'>{html.escape(str(e))}</span>"
             return
         p = info.proposal
         self.task.value = p["task"] or self.task.value
         self.text_column.value = p["text_column"] or ""
         self.label_column.value = p["label_column"] or ""
         preview = [{k: str(v)[:80] for k, v in row.items()} for row in info.rows]
-        labels = f", labels: {', '.join(info.label_names[:12])}" if info.label_names else ""
+        labels = f", labels: {', '.join(map(str, info.label_names[:12]))}" if info.label_names else ""
+        # Split, column and label names come from the data: escaped, like every value in the preview table.
         self.data_preview.value = (
-            f"<small>splits {info.splits}; columns {info.columns}{labels}; proposed task "
-            f"<b>{p['task']}</b></small>" + table_html(preview)
+            f"<small>{html.escape(f'splits {info.splits}; columns {info.columns}{labels}; proposed task ')}"
+            f"<b>{html.escape(str(p['task']))}</b></small>" + table_html(preview)
         )
 
     # --- runs ----------------------------------------------------------------------------------------------
@@ -320,12 +321,12 @@ class Workbench(widgets.VBox):
     # --- where widgets cannot render -------------------------------------------------------------------------
 
     def _summary(self) -> tuple[str, str]:
-        html, text = static_summary(list(self._runs.values()), title="ortlab workbench")
+        summary_html, text = static_summary(list(self._runs.values()), title="ortlab workbench")
         try:
             spec_text = self.spec().to_yaml()
         except Exception as e:  # an invalid spec is still worth showing, with why
             spec_text = f"invalid spec: {e}"
-        return html + f"<pre>{spec_text}</pre>", text + "\n" + spec_text
+        return summary_html + f"<pre>{html.escape(spec_text)}</pre>", text + "\n" + spec_text
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
         bundle = super()._repr_mimebundle_(**kwargs) or {}
