@@ -18,6 +18,9 @@ _LAZY = {
     "Availability": "ortlab.accel",
     "ORTTrainer": "ortlab.train.trainer",
     "ORTTrainingArguments": "ortlab.train.args",
+    "ORTOptimizerNames": "ortlab.train.compat",
+    "ORTSeq2SeqTrainer": "ortlab.train.seq2seq",
+    "ORTSeq2SeqTrainingArguments": "ortlab.train.seq2seq",
     "AccelerationNotApplied": "ortlab.train.trainer",
     "MixError": "ortlab.accel.mix",
     "RunSpec": "ortlab.spec",
@@ -33,6 +36,9 @@ __all__ = [
     "Availability",
     "DoctorReport",
     "MixError",
+    "ORTOptimizerNames",
+    "ORTSeq2SeqTrainer",
+    "ORTSeq2SeqTrainingArguments",
     "ORTTrainer",
     "ORTTrainingArguments",
     "Run",
@@ -52,6 +58,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from ortlab.runner import Run, attach, launch, runs
     from ortlab.spec import RunSpec
     from ortlab.train.args import ORTTrainingArguments
+    from ortlab.train.compat import ORTOptimizerNames
+    from ortlab.train.seq2seq import ORTSeq2SeqTrainer, ORTSeq2SeqTrainingArguments
     from ortlab.train.trainer import AccelerationNotApplied, ORTTrainer
     from ortlab.ui import Workbench
 

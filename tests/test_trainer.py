@@ -88,7 +88,7 @@ def test_metrics_stream_and_saved_model(runs):
     from transformers import BertForSequenceClassification
 
     result, out = runs("ort")
-    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (out / ".ortlab" / "metrics.jsonl").read_text().splitlines()]
     events = [r["event"] for r in lines]
     assert events[0] == "train_begin"
     assert events[-1] == "train_end"
@@ -180,7 +180,9 @@ def test_seed_snippet_as_pasted(tmp_path):
     )
     proc = subprocess.run([PYTHON, str(script)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    applied = json.loads((tmp_path / "out" / "ortlab_accelerations.json").read_text())["accelerations"]
+    # the record of what applied is the metrics stream's last line (and goes with each saved model)
+    metrics = (tmp_path / "out" / ".ortlab" / "metrics.jsonl").read_text().splitlines()
+    applied = json.loads(metrics[-1])["accelerations"]
     assert applied["ort"]["applied"] is True, applied["ort"]
     assert "fallback_reason" not in applied["ort"]["details"]
     assert applied["fused_adam"]["applied"] is True
@@ -196,7 +198,7 @@ def test_unexportable_model_is_reported_as_fallen_back(tmp_path):
     assert ort["applied"] is False
     assert "export" in ort["details"]["fallback_reason"].lower()
     assert "ort was requested but is NOT applied" in proc.stderr
-    events = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    events = [json.loads(line) for line in (tmp_path / ".ortlab" / "metrics.jsonl").read_text().splitlines()]
     flagged = [e for e in events if e["event"] == "acceleration"]
     assert [e["name"] for e in flagged] == ["ort"]
     assert events[-1]["accelerations"]["ort"]["applied"] is False

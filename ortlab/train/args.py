@@ -1,8 +1,11 @@
 """`ORTTrainingArguments`: `transformers.TrainingArguments` plus the acceleration mix.
 
-Drop-in for Optimum's class of the same name: `optim="adamw_ort_fused"` is accepted, and by default the model
-trains inside ORTModule. Every rule about which accelerations combine is checked here, when the arguments are
-built, i.e. before a model is trained (and, from a RunSpec, before it is even loaded).
+Drop-in for Optimum's class of the same name: `optim="adamw_ort_fused"` (or `ORTOptimizerNames.ADAMW_ORT_FUSED`),
+Optimum's own fields (`save_onnx`, `onnx_prefix`, `onnx_log_level`, `use_module_with_loss`) and the fields
+transformers 5 removed that Optimum-era scripts still pass (`logging_dir`, `evaluation_strategy`, ...: see
+`ortlab.train.compat`) are accepted, and by default the model trains inside ORTModule. Every rule about which
+accelerations combine is checked here, when the arguments are built, i.e. before a model is trained (and, from a
+RunSpec, before it is even loaded).
 """
 
 from __future__ import annotations
@@ -17,12 +20,17 @@ from transformers import TrainingArguments
 from ortlab.accel import mix as mix_rules
 from ortlab.accel import zero
 from ortlab.accel.ort import ORTOptions
+from ortlab.train.compat import ORTOptimizerNames, accepts_optimum_era_arguments
+
+__all__ = ["ORT_FUSED", "ORTOptimizerNames", "ORTTrainingArguments"]
 
 logger = logging.getLogger("ortlab")
 
-ORT_FUSED = "adamw_ort_fused"
+ORT_FUSED = ORTOptimizerNames.ADAMW_ORT_FUSED.value
+METRICS_FILE = os.path.join(".ortlab", "metrics.jsonl")
 
 
+@accepts_optimum_era_arguments
 @dataclass
 class ORTTrainingArguments(TrainingArguments):
     use_ort: bool = field(
@@ -41,6 +49,16 @@ class ORTTrainingArguments(TrainingArguments):
     )
     ort_save_onnx_path: str | None = field(
         default=None, metadata={"help": "Folder to save ORTModule's exported training graphs in (for inspection)."}
+    )
+    save_onnx: bool = field(
+        default=False,
+        metadata={
+            "help": "Optimum's switch for keeping ORTModule's exported graphs: saves them in "
+            "$ORTMODULE_SAVE_ONNX_PATH, else in output_dir (sets ort_save_onnx_path)."
+        },
+    )
+    onnx_prefix: str | None = field(
+        default=None, metadata={"help": "File name prefix of the saved ORTModule graphs (Optimum's name)."}
     )
     ort_memory_opt_level: int = field(
         default=0,
@@ -63,8 +81,8 @@ class ORTTrainingArguments(TrainingArguments):
     metrics_path: str | None = field(
         default=None,
         metadata={
-            "help": "Append-only JSON-lines file for per-step metrics; default <output_dir>/metrics.jsonl, "
-            "'' to disable."
+            "help": "Append-only JSON-lines file for per-step metrics; default <output_dir>/.ortlab/metrics.jsonl "
+            "(a hidden folder: output_dir lists only what transformers writes), '' to disable."
         },
     )
     metrics_warmup_steps: int = field(
@@ -73,7 +91,9 @@ class ORTTrainingArguments(TrainingArguments):
     )
 
     def __post_init__(self) -> None:
-        if self.optim == ORT_FUSED:
+        if self.save_onnx and not self.ort_save_onnx_path:
+            self.ort_save_onnx_path = os.environ.get("ORTMODULE_SAVE_ONNX_PATH") or self.output_dir
+        if str(getattr(self.optim, "value", self.optim)) == ORT_FUSED:
             # transformers validates `optim` against its own names; the fused choice is ortlab's (see fused_adam).
             self.fused_adam = True
             self.optim = "adamw_torch_fused"
@@ -92,7 +112,7 @@ class ORTTrainingArguments(TrainingArguments):
         super().__post_init__()
         self._count_cpu_deepspeed_processes()
         if self.metrics_path is None:
-            self.metrics_path = os.path.join(self.output_dir, "metrics.jsonl")
+            self.metrics_path = os.path.join(self.output_dir, METRICS_FILE)
 
     def _configure_processes(self) -> None:
         if self.zero_stage and not self.deepspeed:
@@ -128,6 +148,7 @@ class ORTTrainingArguments(TrainingArguments):
             save_onnx_path=self.ort_save_onnx_path,
             memory_opt_level=self.ort_memory_opt_level,
             fallback=self.ort_fallback,
+            onnx_prefix=self.onnx_prefix or "ortlab",
         )
 
     @property

@@ -3,17 +3,23 @@
 It overrides Trainer's seams only, never its training loop (Optimum's ORTTrainer copied ~470 lines of that
 loop, broke with each transformers release, and was removed):
 
-- `train`               wraps the model in ORTModule for the duration of training. Trainer then hands the
-                        ORTModule to Accelerate/DeepSpeed like any model, so ORT composes with ZeRO and DDP.
+- `call_model_init`     checks and prepares every model Trainer builds from `model_init` (it trains that one).
+- `_prepare_for_training` wraps the model Trainer is about to train in ORTModule, at the moment Trainer hands it
+                        to Accelerate/DeepSpeed, so ORT composes with ZeRO and DDP; `self.model` stays the user's
+                        model everywhere else (evaluation, saving, every look at its class or signature).
+- `create_accelerator_and_postprocess` makes `accelerator.unwrap_model` see through ORTModule, so wherever
+                        Trainer asks what model it trains (label smoothing's causal-LM shift, PEFT) it sees the
+                        user's model, never the wrapper: ORT must not change what is trained.
 - `create_optimizer`    picks the fused AdamW for `optim="adamw_ort_fused"` and records what was created.
-- `training_step`       counts samples/tokens/loss for the per-step metrics, and turns ORT failures into an
-                        error that says what to change.
+- `training_step`       before ORT's first step, checks that the model's forward can be captured as a graph
+                        (no Python side effects, no Python/NumPy randomness); counts samples/tokens/loss for the
+                        per-step metrics; turns ORT failures into an error that says what to change.
 - `_save`               saves the plain transformers model (never the ORTModule wrapper), plus the record of
-                        what really applied, so `from_pretrained` loads the result.
+                        what really applied, so `from_pretrained` loads the result and the record goes with it.
 
-What really applied is verified after the first step and at the end (`trainer.accelerations`), written to
-`<output_dir>/ortlab_accelerations.json` and to the metrics stream, and every acceleration that was asked for but
-did not apply is reported with a warning and an error log line.
+What really applied is verified after the first step and at the end (`trainer.accelerations`), written next to
+each saved model (`ortlab_accelerations.json`) and to the metrics stream, and every acceleration that was asked
+for but did not apply is reported with a warning and an error log line.
 """
 
 from __future__ import annotations
@@ -28,13 +34,14 @@ from transformers import Trainer, TrainingArguments
 
 from ortlab.accel import Applied, fused_adam, ort
 from ortlab.runner.rundir import write_json
-from ortlab.tasks import check_model_matches
-from ortlab.train.args import ORTTrainingArguments
+from ortlab.train import compat
+from ortlab.train.args import ORT_FUSED, ORTTrainingArguments
 from ortlab.train.metrics import JsonLinesSink, StepMetricsCallback
 
 logger = logging.getLogger("ortlab")
 
 ACCELERATIONS_FILE = "ortlab_accelerations.json"
+EVALUATE_ON = "PyTorch (ORTModule trains; evaluate, predict and generate run the same weights in PyTorch)"
 
 
 class AccelerationNotApplied(UserWarning):
@@ -46,7 +53,8 @@ class ORTTrainer(Trainer):
     feature="sequence-classification")`.
 
     `feature` names the model's task head (see `ortlab.tasks`); it is checked against the model and recorded.
-    `on_metrics`, if given, receives every metrics record (a dict) as it is written.
+    `on_metrics`, if given, receives every metrics record (a dict) as it is written. Optimum's keywords that
+    transformers 5 renamed (`tokenizer=`) are accepted with a warning (see `ortlab.train.compat`).
     """
 
     def __init__(
@@ -58,16 +66,20 @@ class ORTTrainer(Trainer):
         on_metrics: Any = None,
         **kwargs: Any,
     ):
-        args = _as_ort_args(args)
-        if feature is not None and model is not None:
-            check_model_matches(model, feature)
+        args = _as_ort_args(args, self._args_class)
+        kwargs = compat.translate_trainer_kwargs(kwargs)
         self.feature = feature
+        self._model_changes: dict[str, str] = {}
         # Trainer.__init__ sets config.use_cache = args.use_cache (False) for good, and ORT needs it off too; the
         # saved model gets the user's value back (a causal LM must keep generating with its KV cache).
-        self._user_use_cache = getattr(getattr(model, "config", None), "use_cache", None)
-        changes = ort.prepare_model(model) if (args.use_ort and model is not None) else {}
+        self._user_use_cache: bool | None = None
+        self._ort_module: Any = None
+        self._forward_checked = False
+        self._inference_note_given = False
+        if model is not None:
+            self._adopt(model, args)
         super().__init__(model, args, *positional, **kwargs)
-        if self.model_accepts_loss_kwargs and model is not None and not _loss_uses_num_items(model):
+        if self.model_accepts_loss_kwargs and not _loss_uses_num_items(self.model):
             # transformers decides from `**kwargs` in forward() that the model divides its loss by the number of
             # label tokens in the whole (multi-process) batch, and then multiplies the loss by the number of
             # processes. Classification heads take a plain mean instead, so with N processes their loss and
@@ -76,37 +88,101 @@ class ORTTrainer(Trainer):
         self.accelerations: dict[str, Applied] = {
             name: Applied(name, requested) for name, requested in args.mix.requested().items()
         }
-        if changes:
-            self.accelerations["ort"].details["model_changes"] = changes
-        self._ort_module: Any = None
+        if args.use_ort:
+            # Say what evaluate/predict run on: ORTModule is a training engine; evaluation and prediction (and
+            # generation) run in PyTorch on the same weights, as Optimum's did by default.
+            self.accelerations["ort"].details["evaluate_predict"] = EVALUATE_ON
+        if self._model_changes:
+            self.accelerations["ort"].details["model_changes"] = dict(self._model_changes)
         self._reported: set[str] = set()
         self._step_counters: dict[str, float] = {"samples": 0, "tokens": 0, "loss": 0.0}
         self.metrics_sink = JsonLinesSink(args.metrics_path or None, also=on_metrics)
         self.step_metrics = StepMetricsCallback(self, self.metrics_sink)
         self.add_callback(self.step_metrics)
 
+    _args_class: type = ORTTrainingArguments
+
+    @staticmethod
+    def get_ort_optimizer_cls_and_kwargs(args: TrainingArguments) -> tuple[type, dict[str, Any]]:
+        """Optimum's API: ONNX Runtime's optimizer class and its keyword arguments for `optim="adamw_ort_fused"`.
+
+        Returns ORT's `FusedAdam` (CUDA-only) with lr, betas and eps from `args`, as Optimum's did, and the
+        AdamW mode ortlab uses (decoupled weight decay, as torch.optim.AdamW). The trainer itself decides what
+        runs: where FusedAdam cannot (on a CPU), it builds torch's fused AdamW and records that in
+        `trainer.accelerations["fused_adam"]`.
+        """
+        wanted = getattr(args, "fused_adam", False) or str(getattr(args.optim, "value", args.optim)) == ORT_FUSED
+        if not wanted:
+            raise ValueError(
+                f"get_ort_optimizer_cls_and_kwargs knows one optimizer, optim={ORT_FUSED!r}; got optim={args.optim!r}"
+            )
+        try:
+            from onnxruntime.training.optim import AdamWMode, FusedAdam
+        except ImportError as e:
+            raise ImportError(f"ONNX Runtime's FusedAdam needs onnxruntime-training: {ort.INSTALL_HINT}") from e
+        kwargs = {
+            "lr": args.learning_rate,
+            "betas": (args.adam_beta1, args.adam_beta2),
+            "eps": args.adam_epsilon,
+            "adam_w_mode": AdamWMode.ADAMW_TORCH,
+        }
+        return FusedAdam, kwargs
+
     # --- seams ---------------------------------------------------------------------------------------------
 
+    def _adopt(self, model: Any, args: TrainingArguments) -> None:
+        """Check and prepare a model this trainer will train (the one given, or one built by model_init)."""
+        if self.feature is not None:
+            compat.check_feature(model, self.feature)
+        self._user_use_cache = getattr(getattr(model, "config", None), "use_cache", None)
+        if getattr(args, "use_ort", False):
+            changes = ort.prepare_model(model)
+            self._model_changes.update(changes)
+            if changes and hasattr(self, "accelerations"):
+                self.accelerations["ort"].details.setdefault("model_changes", {}).update(changes)
+
+    def call_model_init(self, trial: Any = None) -> Any:
+        # Trainer builds a fresh model from model_init in __init__ and again at the start of every train(), and
+        # trains, keeps and saves that one: check and prepare each.
+        model = super().call_model_init(trial)
+        self._adopt(model, self.args)
+        return model
+
+    def create_accelerator_and_postprocess(self) -> None:
+        super().create_accelerator_and_postprocess()
+        # Trainer asks `accelerator.unwrap_model(model)` what model it trains: the label smoother shifts labels
+        # only when that model's class is a causal LM, PEFT models are told apart the same way. Under ORT the
+        # answer would be the ORTModule wrapper, and a causal LM with label smoothing would silently train on
+        # unshifted labels. Unwrapping ORTModule here makes every such question see the user's model.
+        unwrap = self.accelerator.unwrap_model
+
+        def unwrap_model(model: Any, *args: Any, **kwargs: Any) -> Any:
+            return _unwrap_ort(unwrap(model, *args, **kwargs))
+
+        self.accelerator.unwrap_model = unwrap_model
+
     def train(self, *args: Any, **kwargs: Any):
-        plain = self.model
-        if self.args.use_ort:
-            self._prepare_for_ort(plain)  # again: model_init may have built a new model
-            if self._ort_module is None or self._ort_module.module is not plain:
-                self._ort_module = ort.wrap(plain, self.args.ort_options)
-            # Both references: Trainer prepares `self.model` with Accelerate/DeepSpeed only when the model it is
-            # about to train *is* self.model. Saving goes through `_save`, which unwraps again.
-            self.model = self.model_wrapped = self._ort_module
         try:
             return super().train(*args, **kwargs)
         finally:
-            self.model = plain
-            self._write_accelerations(self.args.output_dir)
             self.metrics_sink.close()
 
-    def _prepare_for_ort(self, model: Any) -> None:
-        changes = ort.prepare_model(model)
-        if changes:
-            self.accelerations["ort"].details.setdefault("model_changes", {}).update(changes)
+    def _prepare_for_training(self, max_steps: int, train_dataloader: Any, resume_from_checkpoint: Any):
+        if not self.args.use_ort:
+            return super()._prepare_for_training(max_steps, train_dataloader, resume_from_checkpoint)
+        plain = self.model  # the model Trainer trains: the one given, or the one model_init just built
+        if self._ort_module is None or self._ort_module.module is not plain:
+            self._ort_module = ort.wrap(plain, self.args.ort_options)
+            self._forward_checked = False
+        # Trainer hands `self.model` to Accelerate/DeepSpeed only when the model it is about to train *is*
+        # self.model: for the length of this call, it is the ORTModule. Afterwards `self.model` is the user's model
+        # again (as Trainer documents it), and `self.model_wrapped` (ORTModule, or DeepSpeed/DDP around it) trains.
+        self.model = self.model_wrapped = self._ort_module
+        try:
+            return super()._prepare_for_training(max_steps, train_dataloader, resume_from_checkpoint)
+        finally:
+            self.model = plain
+            self.callback_handler.model = plain
 
     def create_optimizer(self, model: Any = None):
         if self.optimizer is None and self.args.fused_adam and self.optimizer_cls_and_kwargs is None:
@@ -130,6 +206,9 @@ class ORTTrainer(Trainer):
 
     def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None):
         self._count_inputs(inputs)
+        if self._ort_module is not None and not self._forward_checked:
+            self._forward_checked = True
+            self._check_forward_is_capturable(inputs, num_items_in_batch)
         try:
             loss = super().training_step(model, inputs, num_items_in_batch)
         except Exception as e:
@@ -139,7 +218,35 @@ class ORTTrainer(Trainer):
         self._step_counters["loss"] += float(loss)
         return loss
 
-    def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+    def _check_forward_is_capturable(self, inputs: dict[str, Any], num_items_in_batch: Any) -> None:
+        """ORTModule runs the model's Python `forward` only while exporting it; what Python does there (change
+        a buffer or attribute, draw from `random` or NumPy) is frozen into the graph. Run one eager forward on
+        the first batch first, undo everything it did, and fall back (or fail) if it did any of that."""
+        plain = self._ort_module.module
+        call = dict(inputs)
+        if self.model_accepts_loss_kwargs and num_items_in_batch is not None:
+            call["num_items_in_batch"] = num_items_in_batch
+        with self.compute_loss_context_manager():
+            problems = ort.python_effects_of_forward(plain, call)
+        if not problems:
+            return
+        reason = (
+            "the model's forward "
+            + "; ".join(problems)
+            + (": ONNX Runtime would run the values of its first call at every step (a graph cannot hold Python)")
+        )
+        record = self.accelerations["ort"]
+        record.details["forward_problems"] = problems
+        if self.args.ort_fallback == "error":
+            raise ort.ORTFallbackError(
+                f"ORTModule cannot train this model as PyTorch does: {reason}. ort_fallback='error' is set; set "
+                "ort_fallback='warn' to train in PyTorch instead (reported as not applied), or use_ort=False, or "
+                "move the Python side effect / randomness out of forward (torch.rand draws are fine)."
+            )
+        ort.force_fallback(self._ort_module, reason)
+
+    def evaluate(self, *args: Any, inference_with_ort: bool = False, **kwargs: Any) -> dict[str, float]:
+        self._note_inference_with_ort(inference_with_ort)
         if self.is_deepspeed_enabled and self.deepspeed is None and self.args.zero_stage < 3:
             # Before training, transformers evaluates a DeepSpeed model by starting a DeepSpeed inference engine,
             # which only exists for ZeRO-3. Stages 1 and 2 leave the parameters whole: evaluate the plain model.
@@ -149,6 +256,21 @@ class ORTTrainer(Trainer):
             finally:
                 self.is_deepspeed_enabled = True
         return super().evaluate(*args, **kwargs)
+
+    def predict(self, *args: Any, inference_with_ort: bool = False, **kwargs: Any):
+        self._note_inference_with_ort(inference_with_ort)
+        return super().predict(*args, **kwargs)
+
+    def _note_inference_with_ort(self, asked: bool) -> None:
+        if asked and not self._inference_note_given:
+            self._inference_note_given = True
+            warnings.warn(
+                "ortlab: inference_with_ort=True (Optimum) is accepted, but ortlab evaluates and predicts in "
+                "PyTorch on the trained weights; for ONNX Runtime inference export the model (ortlab.export, "
+                "`ortlab export RUN`), which checks its parity with PyTorch",
+                compat.OptimumCompatWarning,
+                stacklevel=3,
+            )
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         current = self.model
@@ -163,6 +285,8 @@ class ORTTrainer(Trainer):
             if config is not None and training_use_cache is not None:
                 config.use_cache = training_use_cache
             self.model = current
+        # The record of what applied goes with every saved model (checkpoints and save_model), not loose in
+        # output_dir, where scripts that list checkpoints expect only what Trainer writes.
         self._write_accelerations(output_dir or self.args.output_dir)
 
     # --- what really applied -------------------------------------------------------------------------------
@@ -210,9 +334,20 @@ class ORTTrainer(Trainer):
         )
         if reason:
             record.details["fallback_reason"] = reason
+        operator = ort.unsupported_operator(reason or "")
+        if operator:
+            record.details["unsupported_operator"] = operator
         if not record.applied:
-            why = reason or "ONNX Runtime never built a training session for the model"
-            self._report_not_applied(record, f"ORTModule fell back to PyTorch: {why}")
+            if reason:
+                lines = [line.strip() for line in reason.splitlines() if line.strip()]
+                # The first line says what failed, the last one why; the whole error is in details.fallback_reason.
+                summary = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+                if operator:
+                    summary = f"the ONNX export does not support the operator {operator} ({summary})"
+                why = f"ORTModule fell back to PyTorch: {summary}"
+            else:
+                why = "ONNX Runtime never ran a training step (did training run any step?)"
+            self._report_not_applied(record, why)
 
     def _verify_zero(self) -> None:
         record = self.accelerations["zero1"]
@@ -282,25 +417,28 @@ def _unwrap_engine(model: Any) -> Any:
     return model.module if type(model).__name__ in ("DeepSpeedEngine", "DistributedDataParallel") else model
 
 
-def _as_ort_args(args: TrainingArguments | None) -> ORTTrainingArguments:
+def _as_ort_args(args: TrainingArguments | None, cls: type = ORTTrainingArguments) -> ORTTrainingArguments:
     if args is None:
-        return ORTTrainingArguments(output_dir="ortlab_output")
-    if isinstance(args, ORTTrainingArguments):
+        return cls(output_dir="ortlab_output")
+    if isinstance(args, cls):
         return args
-    # A plain TrainingArguments: keep every value the user set, add ortlab's defaults (ORT on).
-    values = {f.name: getattr(args, f.name) for f in fields(TrainingArguments) if f.init}
-    return ORTTrainingArguments(**values)
+    # Another TrainingArguments (plain, or Seq2Seq's): keep every value the user set, add ortlab's defaults (ORT on).
+    names = {f.name for f in fields(cls) if f.init}
+    values = {f.name: getattr(args, f.name) for f in fields(type(args)) if f.init and f.name in names}
+    return cls(**values)
 
 
 def _ort_failure_message(e: BaseException, policy: str) -> str:
-    first = str(e).strip().splitlines()[0][:500] if str(e).strip() else type(e).__name__
+    # The whole error: ORT's first line is often only "There was an error while exporting the PyTorch model to
+    # ONNX:", and the operator that failed comes after it.
+    what = ort.describe_error(e)
     if policy == "error":
         return (
-            f"ORTModule could not train this model ({type(e).__name__}: {first}) and ort_fallback='error' is set. "
-            "Set ort_fallback='warn' to continue in PyTorch (reported as not applied), or use_ort=False."
+            "ORTModule could not train this model and ort_fallback='error' is set. "
+            "Set ort_fallback='warn' to continue in PyTorch (reported as not applied), or use_ort=False.\n" + what
         )
     return (
-        f"ORTModule failed on this model with an error it cannot fall back from ({type(e).__name__}: {first}). "
+        "ORTModule failed on this model with an error it cannot fall back from. "
         "Train without ORT (use_ort=False), or report the model to ortlab with the saved graphs "
-        "(ort_save_onnx_path=...)."
+        "(ort_save_onnx_path=...).\n" + what
     )
