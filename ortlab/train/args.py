@@ -20,7 +20,7 @@ from transformers import TrainingArguments
 from ortlab.accel import mix as mix_rules
 from ortlab.accel import zero
 from ortlab.accel.ort import ORTOptions
-from ortlab.train.compat import ORTOptimizerNames, accepts_optimum_era_arguments
+from ortlab.train.compat import OptimumEraFields, ORTOptimizerNames, accepts_optimum_era_arguments
 
 __all__ = ["ORT_FUSED", "ORTOptimizerNames", "ORTTrainingArguments"]
 
@@ -32,7 +32,13 @@ METRICS_FILE = os.path.join(".ortlab", "metrics.jsonl")
 
 @accepts_optimum_era_arguments
 @dataclass
-class ORTTrainingArguments(TrainingArguments):
+class ORTTrainingArguments(OptimumEraFields, TrainingArguments):
+    # A plain string, as Optimum declared it, so that `--optim adamw_ort_fused` passes HfArgumentParser (which
+    # limits an enum-typed field to transformers' own names); transformers checks every other name as usual.
+    optim: str = field(
+        default=TrainingArguments.optim,
+        metadata={"help": f"The optimizer: {ORT_FUSED!r} (ORT's fused AdamW, Optimum's name) or a transformers name."},
+    )
     use_ort: bool = field(
         default=True,
         metadata={"help": "Train the model inside ONNX Runtime's ORTModule (the point of ORTTrainer)."},

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -131,37 +132,95 @@ def check_feature(model: Any, feature: str) -> str:
     return name
 
 
+def _removed(help_text: str = "", default: Any = None) -> Any:
+    return field(
+        default=default,
+        metadata={
+            "help": "Removed in transformers 5; accepted for Optimum-era scripts (see "
+            "docs/migrating-from-optimum.md). " + help_text
+        },
+    )
+
+
+@dataclass
+class OptimumEraFields:
+    """The removed fields as dataclass fields (default None: not given), so that `HfArgumentParser`, which Optimum's
+    example scripts use, accepts `--logging_dir`, `--evaluation_strategy`, `--overwrite_output_dir`, ... on the
+    command line. `accepts_optimum_era_arguments` translates them before transformers sees them."""
+
+    evaluation_strategy: str | None = _removed("Use eval_strategy.")
+    no_cuda: bool = _removed("Use use_cpu.", False)
+    per_gpu_train_batch_size: int | None = _removed("Use per_device_train_batch_size.")
+    per_gpu_eval_batch_size: int | None = _removed("Use per_device_eval_batch_size.")
+    push_to_hub_token: str | None = _removed("Use hub_token.")
+    torchdynamo: str | None = _removed("Use torch_compile_backend.")
+    onnx_log_level: str | None = _removed("Optimum's name of ort_log_level.")
+    warmup_ratio: float | None = _removed("Use warmup_steps (a float below 1 is a ratio).")
+    adafactor: bool = _removed("Use optim='adafactor'.", False)
+    group_by_length: bool = _removed("Use train_sampling_strategy='group_by_length'.", False)
+    include_inputs_for_metrics: bool = _removed("Use include_for_metrics=['inputs'].", False)
+    include_tokens_per_second: bool = _removed("Use include_num_input_tokens_seen.", False)
+    split_batches: bool = _removed("Use accelerator_config.", False)
+    dispatch_batches: bool | None = _removed("Use accelerator_config.")
+    fsdp_min_num_params: int | None = _removed("Use fsdp_config.")
+    fsdp_transformer_layer_cls_to_wrap: str | None = _removed("Use fsdp_config.")
+    push_to_hub_model_id: str | None = _removed("Use hub_model_id.")
+    logging_dir: str | None = _removed("TensorBoard's folder: TENSORBOARD_LOGGING_DIR.")
+    overwrite_output_dir: bool = _removed("No effect.", False)
+    save_safetensors: bool | None = _removed("No effect.")
+    fp16_backend: str | None = _removed("No effect.")
+    half_precision_backend: str | None = _removed("No effect.")
+    fp16_opt_level: str | None = _removed("No effect.")
+    use_mps_device: bool = _removed("No effect.", False)
+    use_ipex: bool = _removed("No effect.", False)
+    jit_mode_eval: bool = _removed("No effect.", False)
+    tpu_num_cores: int | None = _removed("No effect.")
+    tpu_metrics_debug: bool = _removed("No effect.", False)
+    mp_parameters: str | None = _removed("No effect.")
+    ray_scope: str | None = _removed("No effect.")
+    past_index: int | None = _removed("No effect.")
+    use_legacy_prediction_loop: bool = _removed("No effect.", False)
+    push_to_hub_organization: str | None = _removed("No effect.")
+    use_module_with_loss: bool = _removed("Optimum's; no effect (the loss is in the ORT graph already).", False)
+
+
 def _warn(message: str) -> None:
     warnings.warn(f"ortlab: {message}", OptimumCompatWarning, stacklevel=4)
 
 
-def _merge(into: dict[str, Any], key: str, value: Any) -> None:
+def _merge(into: dict[str, Any], key: str, value: Any, defaults: dict[str, Any]) -> None:
     if isinstance(value, dict) and isinstance(into.get(key), dict):
         into[key] = {**into[key], **value}
-    elif key in into and into[key] != value:
+    elif key in into and into[key] != value and into[key] != defaults.get(key, object()):
         raise TypeError(f"{key}={into[key]!r} was given, and also an older argument that means {key}={value!r}")
     else:
-        into[key] = value
+        into[key] = value  # (a value equal to the field's default is what HfArgumentParser passes when not given)
 
 
-def translate_training_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def translate_training_kwargs(
+    kwargs: dict[str, Any], defaults: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Rewrite Optimum-era / transformers-4 `TrainingArguments` keywords for transformers 5.
 
     Returns (keywords for transformers 5, the old keywords that have no effect, kept to be set as attributes).
     Each translated or ignored keyword warns once, naming the new spelling or saying why it has no effect.
+    `defaults` (field -> default) lets an old spelling win over a new one that only holds its default.
     """
+    defaults = defaults or {}
     out = {k: v for k, v in kwargs.items() if k not in RENAMED and k not in TRANSLATED and k not in NO_EFFECT}
     ignored: dict[str, Any] = {}
     for old, value in kwargs.items():
+        if value is None or (value is False and isinstance(getattr(OptimumEraFields, old, None), bool)):
+            continue  # not given (HfArgumentParser passes every field, with its default: None, or False for flags)
         if old in RENAMED:
             new = RENAMED[old]
             _warn(f"`{old}` is spelled `{new}` now; using {new}={value!r}")
-            _merge(out, new, value)
+            _merge(out, new, value, defaults)
         elif old in TRANSLATED:
             spelling, translate = TRANSLATED[old]
             _warn(f"`{old}` was removed in transformers 5; using {spelling}")
             for key, new_value in translate(value).items():
-                _merge(out, key, new_value)
+                _merge(out, key, new_value, defaults)
         elif old == "logging_dir":
             ignored[old] = value
             if value is not None:
@@ -205,10 +264,13 @@ def accepts_optimum_era_arguments(cls: type) -> type:
 
     Applied after `@dataclass` (which writes `__init__`), so every dataclass subclass needs it again.
     """
+    import dataclasses
+
     generated = cls.__init__
+    defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs, ignored = translate_training_kwargs(kwargs)
+        kwargs, ignored = translate_training_kwargs(kwargs, defaults)
         generated(self, *args, **kwargs)
         for name, value in ignored.items():
             # Scripts read some of them back (args.logging_dir): they stay readable, with the value given.
