@@ -1,8 +1,10 @@
 """The workbench in a real browser: JupyterLab (a real jupyter_server and kernel) driven by Debian's chromium.
 
-The test opens a notebook that creates the workbench, launches a tiny run of the embedded model and dataset
-with the Launch button, and watches the loss chart gain points while the run goes. A screenshot is kept in
-test-artifacts/ (uploaded by CI with the executed notebooks).
+The test opens a notebook that creates the workbench, launches a run of the embedded model and dataset with
+the Launch button, watches the loss chart gain points while the run goes (the run folder and the page both say
+"running" then), and stops it with the Stop button. The run has far more steps than the test waits for, so it
+cannot end before the checks see it running, however fast the machine. A screenshot is kept in test-artifacts/
+(uploaded by CI with the executed notebooks); docs/workbench.png, the README's picture, is a copy of it.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ wb = ortlab.Workbench(
     spec={
         "name": "browser-run",
         "data": {"source": "embedded:rotten-tomatoes", "max_train_samples": 800, "max_eval_samples": 32},
-        "hyper": {"max_steps": 60, "batch_size": 8, "max_length": 48, "logging_steps": 5},
+        "hyper": {"max_steps": 100000, "batch_size": 8, "max_length": 48, "logging_steps": 5},
     },
     root="runs",
 )
@@ -54,12 +56,19 @@ def jupyter_lab(tmp_path):
     nb.cells = [nbformat.v4.new_code_cell(NOTEBOOK_SOURCE)]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, tmp_path / "workbench.ipynb")
+    # JupyterLab's own settings for this server: no "get notified about official Jupyter news?" toast over the
+    # page, no update check (the machine is offline anyway).
+    settings = tmp_path / "lab-settings"
+    notification = settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+    notification.parent.mkdir(parents=True)
+    notification.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
     port = _free_port()
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
         "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter-config"),
         "JUPYTER_RUNTIME_DIR": str(tmp_path / "jupyter-runtime"),
+        "JUPYTERLAB_SETTINGS_DIR": str(settings),
     }
     log = (tmp_path / "jupyter.log").open("w")
     server = subprocess.Popen(
@@ -104,13 +113,42 @@ def jupyter_lab(tmp_path):
 
 
 def _points(page) -> int:
-    """Markers drawn in the first subplot's first trace (the train loss) of the plotly chart."""
+    """Points of the train-loss trace of the plotly chart, read from the graph's own data (the eval trace, with
+    its one point per evaluation, does not count: it does not grow while the run trains)."""
     return page.evaluate(
         """() => {
-            const traces = document.querySelectorAll('.js-plotly-plot .scatterlayer .trace');
-            return traces.length ? traces[0].querySelectorAll('path.point').length : 0;
+            for (const gd of document.querySelectorAll('.js-plotly-plot')) {
+                for (const trace of gd.data || []) {
+                    if ((trace.name || '').endsWith('(train)') && trace.x) return trace.x.length;
+                }
+            }
+            return 0;
         }"""
     )
+
+
+def _states_shown(page) -> list[str]:
+    """The `state` cells of the workbench's runs table, as the page shows them."""
+    return page.evaluate(
+        """() => {
+            const table = document.querySelector('.ortlab-workbench table');
+            if (!table) return [];
+            const heads = [...table.querySelectorAll('th')].map(th => th.textContent.trim());
+            const col = heads.indexOf('state');
+            return col < 0 ? [] : [...table.querySelectorAll('tbody tr, tr')]
+                .map(tr => tr.querySelectorAll('td')[col]).filter(Boolean).map(td => td.textContent.trim());
+        }"""
+    )
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def test_workbench_launches_a_run_and_the_loss_chart_grows(jupyter_lab):
@@ -150,27 +188,35 @@ def test_workbench_launches_a_run_and_the_loss_chart_grows(jupyter_lab):
             launch.wait_for(timeout=10_000)
             page.wait_for_function("() => !document.querySelector('button.ortlab-launch').disabled", timeout=60_000)
             launch.click()
-            deadline = time.monotonic() + 300
-            first = 0
-            while time.monotonic() < deadline and first == 0:
-                first = _points(page)
-                time.sleep(0.5)
-            assert first > 0, "the loss chart never showed a point"
-            running_seen = (folder / "runs" / "browser-run" / "status.json").exists()
-            later = first
-            while time.monotonic() < deadline and later <= first:
-                later = _points(page)
-                time.sleep(0.5)
+            status_path = folder / "runs" / "browser-run" / "status.json"
+            first = _wait_for(lambda: _points(page), 300, "the first point of the loss chart")
+            # The run has 100000 steps: it is running now, and the page and the run folder both say so.
+            assert json.loads(status_path.read_text())["state"] == "running"
+            _wait_for(lambda: "running" in _states_shown(page), 60, "the runs table to show 'running'")
+            # Growing while it runs; a dozen points make the picture in the README (docs/workbench.png) readable.
+            later = _wait_for(lambda: _points(page) >= first + 10 and _points(page), 300, "the loss chart to grow")
+            assert later > first
+            assert json.loads(status_path.read_text())["state"] == "running", "the chart grew while it ran"
+            assert page.get_by_text("official Jupyter news").count() == 0, "the news toast covers the page"
             page.screenshot(path=str(ARTIFACTS / "workbench.png"), full_page=True)
-            assert later > first, f"the chart did not grow while the run went ({first} -> {later} points)"
-            assert running_seen
+            # Stop from the page: the run finishes its step, saves a checkpoint and ends `stopped`.
+            page.locator("button.ortlab-stop").click()
+            _wait_for(lambda: json.loads(status_path.read_text())["state"] == "stopped", 300, "the run to stop")
+            _wait_for(lambda: "stopped" in _states_shown(page), 60, "the runs table to show 'stopped'")
         except Exception:
             page.screenshot(path=str(ARTIFACTS / "workbench-failure.png"), full_page=True)
             raise
         finally:
             browser.close()
-    status = json.loads((folder / "runs" / "browser-run" / "status.json").read_text())
-    if status["state"] in ("pending", "running"):
-        from ortlab.runner import attach
+            _stop_if_running(folder / "runs" / "browser-run")
 
-        attach(folder / "runs" / "browser-run").stop(timeout=120)
+
+def _stop_if_running(run_dir) -> None:
+    """Whatever happened above, leave no run behind: this one has 100000 steps."""
+    if not (run_dir / "status.json").exists():
+        return
+    from ortlab.runner import attach
+
+    run = attach(run_dir)
+    if run.state in ("pending", "running"):
+        run.stop(timeout=120)
