@@ -157,3 +157,19 @@ def test_predict_with_generate_runs_pytorch_generate_on_the_trained_weights(tmp_
     # and eval with generation returns the loss too
     metrics = trainer.evaluate(max_length=4, num_beams=1)
     assert "eval_loss" in metrics
+
+
+def test_plain_seq2seq_arguments_become_ort_ones(tmp_path, tokenizer):
+    from transformers import Seq2SeqTrainingArguments
+
+    from ortlab import ORTSeq2SeqTrainer, ORTSeq2SeqTrainingArguments
+
+    args = Seq2SeqTrainingArguments(
+        str(tmp_path), predict_with_generate=True, generation_num_beams=3, learning_rate=5e-4, report_to=[]
+    )
+    trainer = ORTSeq2SeqTrainer(model=tiny_t5(tokenizer), args=args, feature="seq2seq-lm")
+    assert isinstance(trainer.args, ORTSeq2SeqTrainingArguments)
+    assert trainer.args.predict_with_generate and trainer.args.generation_num_beams == 3
+    assert trainer.args.learning_rate == 5e-4 and trainer.args.use_ort is True
+    assert trainer.accelerations["ort"].details["model_changes"]["use_cache"].startswith("False")
+    assert trainer.model.decoder.config.use_cache is False, "the decoder's own config copy must not build a cache"
