@@ -274,6 +274,20 @@ def test_python_effects_in_forward_fall_back_to_pytorch_and_say_why(tmp_path, dr
 
 
 @pytest.mark.slow
+def test_without_the_check_ort_freezes_python_randomness(tmp_path):
+    # What the check prevents: switched off, ORT trains with the first call's draw frozen into the graph, and the
+    # losses are no longer PyTorch's (same seeds, learning rate 0, so only the draws differ).
+    random.seed(0)
+    losses, trainer = fit(
+        lambda: PythonRandom("random"), ClassData(), True, tmp_path, learning_rate=0.0, ort_check_forward=False
+    )
+    assert trainer.accelerations["ort"].applied
+    random.seed(0)
+    eager, _ = fit(lambda: PythonRandom("random"), ClassData(), False, tmp_path, learning_rate=0.0)
+    assert eager != pytest.approx(losses, abs=1e-4), (eager, losses)
+
+
+@pytest.mark.slow
 def test_python_effects_in_forward_fail_when_fallback_is_an_error(tmp_path):
     from ortlab.accel.ort import ORTFallbackError
 

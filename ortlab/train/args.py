@@ -56,6 +56,14 @@ class ORTTrainingArguments(OptimumEraFields, TrainingArguments):
     ort_save_onnx_path: str | None = field(
         default=None, metadata={"help": "Folder to save ORTModule's exported training graphs in (for inspection)."}
     )
+    ort_check_forward: bool = field(
+        default=True,
+        metadata={
+            "help": "Before ORT's first step, run one eager forward on the first batch (undone afterwards) and fall "
+            "back to PyTorch if forward draws from Python's random/NumPy or changes buffers or attributes, which an "
+            "exported graph would freeze. Turn off only for an effect you know is harmless."
+        },
+    )
     save_onnx: bool = field(
         default=False,
         metadata={

@@ -208,7 +208,8 @@ class ORTTrainer(Trainer):
         self._count_inputs(inputs)
         if self._ort_module is not None and not self._forward_checked:
             self._forward_checked = True
-            self._check_forward_is_capturable(inputs, num_items_in_batch)
+            if self.args.ort_check_forward:
+                self._check_forward_is_capturable(inputs, num_items_in_batch)
         try:
             loss = super().training_step(model, inputs, num_items_in_batch)
         except Exception as e:
@@ -226,8 +227,14 @@ class ORTTrainer(Trainer):
         call = dict(inputs)
         if self.model_accepts_loss_kwargs and num_items_in_batch is not None:
             call["num_items_in_batch"] = num_items_in_batch
-        with self.compute_loss_context_manager():
-            problems = ort.python_effects_of_forward(plain, call)
+        record = self.accelerations["ort"]
+        try:
+            with self.compute_loss_context_manager():
+                problems = ort.python_effects_of_forward(plain, call)
+        except Exception as e:  # a subclass may feed the model differently: the check must not stop training
+            record.details["forward_check"] = f"skipped: the eager forward failed ({ort.describe_error(e)[:300]})"
+            return
+        record.details["forward_check"] = "passed" if not problems else "failed"
         if not problems:
             return
         reason = (
@@ -235,13 +242,13 @@ class ORTTrainer(Trainer):
             + "; ".join(problems)
             + (": ONNX Runtime would run the values of its first call at every step (a graph cannot hold Python)")
         )
-        record = self.accelerations["ort"]
         record.details["forward_problems"] = problems
         if self.args.ort_fallback == "error":
             raise ort.ORTFallbackError(
                 f"ORTModule cannot train this model as PyTorch does: {reason}. ort_fallback='error' is set; set "
                 "ort_fallback='warn' to train in PyTorch instead (reported as not applied), or use_ort=False, or "
-                "move the Python side effect / randomness out of forward (torch.rand draws are fine)."
+                "move the Python side effect / randomness out of forward (torch.rand draws are fine); if the effect is "
+                "harmless, ort_check_forward=False."
             )
         ort.force_fallback(self._ort_module, reason)
 
@@ -328,6 +335,7 @@ class ORTTrainer(Trainer):
                     "memory_opt_level": self.args.ort_memory_opt_level,
                     "fallback": self.args.ort_fallback,
                     "save_onnx_path": self.args.ort_save_onnx_path,
+                    "check_forward": self.args.ort_check_forward,
                 },
                 "device": self.args.device.type,
             }
