@@ -56,6 +56,10 @@ class Terminal:
 
         _flush_std()
         width = shutil.get_terminal_size().columns  # before fd 1 becomes a file
+        try:
+            sys.stdout.fileno()
+        except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation: stdout is not a real file
+            self.verbose = True  # nothing to capture from (e.g. a test runner's in-memory stdout)
         if self.verbose:
             self.console = Console(highlight=False, width=width)
             return self
@@ -99,6 +103,7 @@ class Terminal:
         self._saved_fds = None
         if self._capture is not None:
             self._capture.close()
+            self._capture = None  # from here on, `say` writes to the terminal only
         if self._capture_path is not None:
             # The run folder never came to be (bad input, or a crash before it): nothing to keep for a user error;
             # for anything else the captured output may explain it.
