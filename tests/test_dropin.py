@@ -490,3 +490,16 @@ def test_optimum_example_command_lines_parse(tmp_path):
     (args,) = HfArgumentParser(ORTSeq2SeqTrainingArguments).parse_args_into_dataclasses(seq2seq)
     assert args.predict_with_generate and args.generation_max_length == 8 and args.generation_num_beams == 2
     assert args.use_ort is True
+
+
+def test_arguments_after_model_init_must_be_keywords(tmp_path):
+    # Optimum's 8th positional argument was compute_metrics; transformers 5's is compute_loss_func.
+    from ortlab import ORTTrainer
+
+    def metrics(p):
+        return {}
+
+    with pytest.raises(TypeError, match="pass compute_metrics and the rest by keyword"):
+        ORTTrainer(tiny_bert_classifier(), _args(tmp_path), None, None, None, None, None, metrics)
+    trainer = ORTTrainer(tiny_bert_classifier(), _args(tmp_path), None, ClassData(8), None, None, None)
+    assert trainer.compute_loss_func is None

@@ -66,6 +66,15 @@ class ORTTrainer(Trainer):
         on_metrics: Any = None,
         **kwargs: Any,
     ):
+        if len(positional) > 5:
+            # Up to model_init, Optimum's order is transformers 5's (tokenizer sits where processing_class does);
+            # after it, transformers 5 put compute_loss_func where Optimum had compute_metrics: a metrics function
+            # passed by position would silently become the loss.
+            raise TypeError(
+                "ORTTrainer takes at most 7 positional arguments (model, args, data_collator, train_dataset, "
+                "eval_dataset, tokenizer/processing_class, model_init): pass compute_metrics and the rest by keyword, "
+                "since Optimum's order and transformers 5's differ from there on"
+            )
         args = _as_ort_args(args, self._args_class)
         kwargs = compat.translate_trainer_kwargs(kwargs)
         self.feature = feature
