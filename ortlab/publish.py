@@ -225,8 +225,16 @@ def push_to_hub(
 def push_to_folder(run: Any, folder: str | Path, overwrite: bool = False, include_checkpoints: bool = False) -> Path:
     """Copy what would be published into `folder`."""
     target = Path(folder)
-    if target.exists() and any(target.iterdir()) and not overwrite:
-        raise PublishError(f"{target} is not empty: pass overwrite=True to replace its contents")
+    if target.exists() and any(target.iterdir()):
+        if not overwrite:
+            raise PublishError(f"{target} is not empty: pass overwrite=True to replace its contents")
+        card = target / "README.md"
+        if not (card.is_file() and "Fine-tuned with [ortlab]" in card.read_text(errors="replace")):
+            # overwrite deletes the folder: only ever one that an earlier push_to_folder wrote
+            raise PublishError(
+                f"{target} is not empty and was not written by ortlab (no ortlab model card in it): "
+                "overwrite only replaces an earlier ortlab publish; choose an empty or new folder"
+            )
     with staged(run, include_checkpoints) as stage:
         if target.exists():
             shutil.rmtree(target)

@@ -120,11 +120,11 @@ def test_an_export_that_does_not_match_is_not_marked_good(finished, tmp_path, mo
 def test_only_completed_runs_export_or_publish(finished, tmp_path):
     from ortlab.export import ExportError, export_onnx
     from ortlab.publish import PublishError, push_to_folder
-    from ortlab.runner.rundir import RunDir
+    from ortlab.runner.rundir import RunDir, write_json
 
     run = tmp_path / "unfinished"
     shutil.copytree(finished["sequence-classification"], run)
-    RunDir(run).set_status("stopped", step=3)
+    write_json(RunDir(run).status_path, {"state": "stopped", "step": 3})  # a copy of a run that was stopped
     with pytest.raises(ExportError, match="only a completed run"):
         export_onnx(run)
     with pytest.raises(PublishError, match="only a completed run"):
@@ -153,6 +153,19 @@ def test_push_to_folder_and_git_remote(finished, tmp_path):
     assert "onnx/model.onnx" in lfs.stdout
     for name in ("model.safetensors", "onnx/model.onnx", "README.md"):
         assert (clone / name).read_bytes() == (out / name).read_bytes()
+
+
+def test_overwrite_only_replaces_an_earlier_publish(finished, tmp_path):
+    from ortlab.publish import PublishError, push_to_folder
+
+    precious = tmp_path / "home-like"
+    precious.mkdir()
+    (precious / "thesis.tex").write_text("years of work")
+    with pytest.raises(PublishError, match="not written by ortlab"):
+        push_to_folder(finished["sequence-classification"], precious, overwrite=True)
+    assert (precious / "thesis.tex").read_text() == "years of work"
+    out = push_to_folder(finished["sequence-classification"], tmp_path / "release")
+    assert push_to_folder(finished["sequence-classification"], out, overwrite=True) == out
 
 
 def test_git_remote_is_never_taken_as_an_option(finished, tmp_path):

@@ -477,3 +477,34 @@ print(json.dumps(sorted({{c.laddr.ip for c in psutil.Process().net_connections("
     assert proc.returncode == 0, proc.stderr[-2000:]
     listening = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(listening) <= {"127.0.0.1", "::1"}, listening
+
+
+def test_damaged_run_folders_do_not_break_any_view(tmp_path):
+    # Hand-edited or damaged files: every view lists the run and says what it can, nothing crashes or hangs.
+    root = tmp_path / "runs"
+    bad = {
+        "garbage-spec": ("{not yaml: [", '{"state": "completed"}', ""),
+        "garbage-status": (None, "not json", ""),
+        "list-status": (None, "[1, 2]", ""),
+        "forged-pid": (None, '{"state": "running", "pid": "1; rm -rf /"}', ""),
+        "odd-metrics": (None, '{"state": "completed"}', '[1, 2]\n"text"\n{"event": "step", "step": "x"}\n'),
+    }
+    for name, (spec, status, metrics) in bad.items():
+        folder = root / name
+        (folder / "logs").mkdir(parents=True)
+        (folder / "spec.yaml").write_text(spec if spec is not None else RunSpec(name=name).to_yaml())
+        (folder / "status.json").write_text(status)
+        (folder / "metrics.jsonl").write_text(metrics)
+    cli = str(Path(PYTHON).parent / "ortlab")
+    listing = subprocess.run([cli, "runs", "--root", str(root)], capture_output=True, text=True, timeout=120)
+    assert listing.returncode == 0, listing.stderr
+    for name in bad:
+        assert name in listing.stdout
+    compared = subprocess.run([cli, "compare", *bad, "--root", str(root)], capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in compared.stderr, compared.stderr
+    followed = subprocess.run(
+        [cli, "follow", "forged-pid", "--root", str(root)], capture_output=True, text=True, timeout=120
+    )
+    assert "Traceback" not in followed.stderr
+    assert "failed" in followed.stdout, "a running status with no real process is not followed forever"
+    assert Run(root / "odd-metrics").dir.last_step() == 0

@@ -475,7 +475,8 @@ def test_four_runs_with_watchers_and_writers_on_one_folder(spec_for, tmp_path):
     try:
         wait_paused(gated)
         stop_status = gated.stop(timeout=120)
-        assert stop_status["state"] == "stopped" and stop_status["step"] == 4
+        # Held before step 5: a stop lets that step finish (as any stop finishes its step), then saves and exits.
+        assert stop_status["state"] == "stopped" and stop_status["step"] == 5, stop_status
         barrier = tmp_path / "go"
         script = textwrap.dedent(
             f"""
@@ -498,7 +499,7 @@ def test_four_runs_with_watchers_and_writers_on_one_folder(spec_for, tmp_path):
         for run in [gated, *others]:
             status = run.wait(timeout=600)
             assert status["state"] == "completed", (run.id, status, run.dir.log_path.read_text()[-2000:])
-            assert steps_of(run) == list(range(1, 13)), run.id
+            assert steps_of(run) == list(range(1, 13)), (run.id, steps_of(run))
             assert [r["phase"] for r in run.metrics() if r["event"] == "eval"] == ["before", "after"]
         listing = subprocess.run([cli, "runs", "--root", str(root)], capture_output=True, text=True, timeout=120)
         assert listing.returncode == 0

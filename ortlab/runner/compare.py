@@ -15,7 +15,7 @@ def summarize(records: list[dict[str, Any]], warmup_steps: int = 2) -> dict[str,
     for r in records:
         if r.get("event") == "train_begin" or not segments:
             segments.append([])
-        if r.get("event") == "step":
+        if r.get("event") == "step" and _is_step(r):
             segments[-1].append(r)
     warm = [s for seg in segments for s in seg[:warmup_steps]]
     steady = [s for seg in segments for s in seg[warmup_steps:]]
@@ -25,7 +25,7 @@ def summarize(records: list[dict[str, Any]], warmup_steps: int = 2) -> dict[str,
         "warmup_steps": len(warm),
         "warmup_time_s": sum(s["step_time_s"] for s in warm),
         "final_loss": steps[-1]["loss"] if steps else None,
-        "peak_mem_mb": max((s["peak_mem_mb"] for s in steps), default=None),
+        "peak_mem_mb": max((s["peak_mem_mb"] for s in steps if _number(s.get("peak_mem_mb"))), default=None),
         "mem_kind": steps[-1].get("mem_kind") if steps else None,
     }
     t = sum(s["step_time_s"] for s in steady)
@@ -34,6 +34,18 @@ def summarize(records: list[dict[str, Any]], warmup_steps: int = 2) -> dict[str,
         out["steady_tokens_per_s"] = sum(s["tokens"] for s in steady) / t
         out["steady_step_time_s"] = t / len(steady)
     return out
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_step(record: dict[str, Any]) -> bool:
+    """A step record a summary can use: ortlab writes these numbers on every step; a line without them (a damaged
+    or hand-edited file) is left out rather than crashing every view of the run."""
+    return isinstance(record.get("step"), int) and all(
+        _number(record.get(k)) for k in ("step_time_s", "samples", "tokens")
+    )
 
 
 @dataclass
@@ -52,7 +64,7 @@ def row_for(run: Any) -> Row:
     records = run.metrics()
     accelerations: dict[str, Any] = {}
     for r in records:
-        if r.get("event") in ("train_begin", "train_end") and r.get("accelerations"):
+        if r.get("event") in ("train_begin", "train_end") and isinstance(r.get("accelerations"), dict):
             accelerations = r["accelerations"]
     result = run.result() or {}
     evals = [r for r in records if r.get("event") == "eval"]
@@ -60,8 +72,8 @@ def row_for(run: Any) -> Row:
     return Row(
         run_id=run.id,
         state=run.state,
-        requested=[k for k, v in accelerations.items() if v.get("requested")],
-        applied=[k for k, v in accelerations.items() if v.get("applied")],
+        requested=[k for k, v in accelerations.items() if isinstance(v, dict) and v.get("requested")],
+        applied=[k for k, v in accelerations.items() if isinstance(v, dict) and v.get("applied")],
         summary=summarize(records),
         eval={k: last_eval[k] for k in EVAL_KEYS if isinstance(last_eval.get(k), (int, float))},
     )

@@ -147,9 +147,11 @@ def read_metrics(path: Path, offset: int = 0) -> tuple[list[dict[str, Any]], int
             break
         consumed += len(raw)
         try:
-            records.append(json.loads(raw))
-        except json.JSONDecodeError:
+            record = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
             continue  # a torn line in the middle (a killed writer, then a resume): skip it, keep the rest
+        if isinstance(record, dict):  # every ortlab record is an object; anything else was not written by a run
+            records.append(record)
     return records, offset + consumed
 
 
@@ -213,11 +215,16 @@ class RunDir:
 
     def read_status(self) -> dict[str, Any]:
         try:
-            return json.loads(self.status_path.read_text())
+            status = json.loads(self.status_path.read_text())
         except FileNotFoundError:
             return {"state": "missing"}
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (json.JSONDecodeError, UnicodeDecodeError, OSError):
             return {"state": "unknown"}
+        if not isinstance(status, dict) or status.get("state") not in STATES:
+            return {"state": "unknown"}
+        if not isinstance(status.get("pid"), (int, type(None))) or isinstance(status.get("pid"), bool):
+            status["pid"] = None  # a hand-edited pid is no pid: never signalled, never trusted
+        return status
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
@@ -275,7 +282,9 @@ class RunDir:
     def _looks_dead(status: dict[str, Any]) -> bool:
         if status.get("pid"):
             return not process_alive(status["pid"], status.get("create_time"))
-        return status.get("state") == "pending" and time.time() - status.get("updated", time.time()) > START_GRACE_S
+        # No process recorded (yet): a launcher records it right after starting one, so only for a short while.
+        updated = status.get("updated")
+        return not isinstance(updated, (int, float)) or time.time() - updated > START_GRACE_S
 
     def _death_report(self, status: dict[str, Any]) -> dict[str, Any]:
         last = self.last_step()
@@ -301,7 +310,7 @@ class RunDir:
         return read_metrics(self.metrics_path)[0]
 
     def last_step(self) -> int:
-        steps = [r.get("step", 0) for r in self.metrics() if r.get("event") == "step"]
+        steps = [r["step"] for r in self.metrics() if r.get("event") == "step" and isinstance(r.get("step"), int)]
         return max(steps, default=0)
 
     def result(self) -> dict[str, Any] | None:
