@@ -132,7 +132,21 @@ def _time_ms(fn: Any, repeats: int = 10) -> float:
 def export_onnx(
     run: Any, samples: int = 64, optimize: bool = False, quantize: bool = False, batch_sizes: tuple[int, ...] = (1, 16)
 ) -> ExportReport:
-    """Export `run` (a Run, RunDir or run folder) to ONNX, check parity and latency; write <run>/onnx/."""
+    """Export `run` (a Run, RunDir or run folder) to ONNX, check parity and latency; write <run>/onnx/.
+
+    What torch, onnxruntime and DeepSpeed print meanwhile (tracer warnings, CUDA notes) goes to the run's
+    logs/run.log, not to the notebook or the terminal: the report says what matters."""
+    from ortlab.runner.rundir import RunDir
+    from ortlab.train.terminal import captured_output
+
+    folder = RunDir(getattr(run, "path", run))
+    if not folder.path.is_dir():
+        return _export_onnx(run, samples, optimize, quantize, batch_sizes)  # not a run: it says so
+    with captured_output(folder.log_path):
+        return _export_onnx(run, samples, optimize, quantize, batch_sizes)
+
+
+def _export_onnx(run: Any, samples: int, optimize: bool, quantize: bool, batch_sizes: tuple[int, ...]) -> ExportReport:
     import numpy as np
     import onnxruntime as ort
     import torch

@@ -106,3 +106,27 @@ def test_a_wide_terminal_gets_one_table_row_per_run(trained):
     assert proc.returncode == 0, proc.stderr
     rows = [line for line in proc.stdout.splitlines() if line.split()[:1] in ([ids[0]], [ids[1]])]
     assert len(rows) == 2 and all("completed" in row and "accuracy" in row for row in rows), proc.stdout
+
+
+def test_captured_output_takes_every_kind_of_output_to_the_log(tmp_path, capfd):
+    import logging
+    import sys
+
+    from ortlab.train.terminal import captured_output
+
+    log = tmp_path / "logs" / "run.log"
+    with captured_output(log):
+        print("from print")
+        os.write(1, b"from the C level\n")
+        sys.stderr.write("a library warning\n")  # what warnings.showwarning does (pytest records real ones)
+        subprocess.run([sys.executable, "-c", "import sys; sys.stderr.write('from a child process\\n')"], check=True)
+        late = logging.getLogger("ortlab-test-late-library")
+        late.addHandler(logging.StreamHandler())  # a library configuring its logger inside the block
+        late.warning("logged inside")
+    screen = capfd.readouterr()
+    assert screen.out == "" and screen.err == "", screen
+    text = log.read_text()
+    for said in ("from print", "from the C level", "a library warning", "from a child process", "logged inside"):
+        assert said in text, text
+    late.warning("logged after the block")  # goes to the screen again, not to a closed file
+    assert "logged after the block" in capfd.readouterr().err

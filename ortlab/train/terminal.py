@@ -19,6 +19,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -223,6 +224,47 @@ class Terminal:
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
+
+
+@contextlib.contextmanager
+def captured_output(path: str | os.PathLike) -> Iterator[None]:
+    """Everything printed inside the block, by Python (print, warnings, logging) or by C/C++ code, goes to the end
+    of `path` (a run's log) instead of the terminal or the notebook.
+
+    For library work done in the user's own process, such as the ONNX export in a notebook's kernel (torch's
+    TracerWarnings, onnxruntime's CUDA notes, DeepSpeed's accelerator line). A logging handler that a library
+    created inside the block (bound to the log file) is handed back the real stderr afterwards.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _flush_std()
+    saved = (os.dup(1), os.dup(2))
+    streams = (sys.stdout, sys.stderr)
+    log = open(path, "a", buffering=1, encoding="utf-8", errors="replace")  # noqa: SIM115 (closed below)
+    try:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        sys.stdout = sys.stderr = log
+        yield
+    finally:
+        _flush_std()
+        sys.stdout, sys.stderr = streams
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
+        _rebind_handlers(log, streams[1])
+        log.close()
+
+
+def _rebind_handlers(old: Any, new: Any) -> None:
+    import logging
+
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    for logger in loggers:
+        for handler in getattr(logger, "handlers", []):
+            if isinstance(handler, logging.StreamHandler) and handler.stream is old:
+                handler.setStream(new)
 
 
 def _flush_std() -> None:
