@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import PYTHON, ROOT
+from gates import launch_gated, wait_paused
 
 import ortlab
 from ortlab.runner import Run, _start
@@ -272,22 +273,6 @@ def spec_for(tiny_bert, tmp_path):
     return make
 
 
-def start_gated(spec: RunSpec, at_step: int) -> Run:
-    """A run that will hold once `at_step` steps are done (the gate is set before its process starts)."""
-    run = Run(RunDir.create(spec.output_dir, spec).path)
-    run.pause(at_step=at_step)
-    run._process = _start(run.dir, spec)
-    return run
-
-
-def wait_paused(run: Run, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while not run.status().get("paused"):
-        assert run.state in ("pending", "running"), run.status()
-        assert time.monotonic() < deadline, f"the run never reached its gate: {run.status()}"
-        time.sleep(0.2)
-
-
 def metrics_lines_parse(run: Run) -> int:
     """Every complete line of metrics.jsonl is JSON (a line torn by the fault may be the last one only)."""
     raw = run.dir.metrics_path.read_bytes()
@@ -316,7 +301,7 @@ def finish_after_resume(run: Run, expect_from: int, max_steps: int) -> None:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_kill_9_at_a_random_step_then_resume(spec_for, seed):
     k = random.Random(seed).randint(5, 13)
-    run = start_gated(spec_for(f"kill-{seed}"), at_step=k)
+    run = launch_gated(spec_for(f"kill-{seed}"), at_step=k)
     wait_paused(run)
     os.killpg(run.status()["pid"], signal.SIGKILL)
     status = run.wait(timeout=60)
@@ -444,7 +429,7 @@ def test_a_full_disk_during_a_save(spec_for, tmp_path):
 def test_four_runs_with_watchers_and_writers_on_one_folder(spec_for, tmp_path):
     root = tmp_path / "shared-runs"
     specs = [spec_for(f"c{i}", root=root, max_steps=12, save_steps=None) for i in range(4)]
-    gated = start_gated(specs[0], at_step=4)  # c0 is stopped at a known step, then resumed by 3 processes at once
+    gated = launch_gated(specs[0], at_step=4)  # c0 is stopped at a known step, then resumed by 3 processes at once
     others = [ortlab.launch(s.model_dump(mode="json")) for s in specs[1:]]
     seen: dict[str, list[str]] = {}
     bad: list[str] = []

@@ -10,11 +10,11 @@ import os
 import signal
 import subprocess
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 from conftest import PYTHON
+from gates import launch_gated, wait_paused
 
 import ortlab
 from ortlab.runner import RunError
@@ -46,28 +46,6 @@ def first_step(run, timeout: float = 120) -> dict:
 
 def steps_of(run) -> list[int]:
     return [r["step"] for r in run.metrics() if r["event"] == "step"]
-
-
-def launch_gated(spec_data: dict, at_step: int):
-    """Launch a run that holds once `at_step` steps are done (`Run.pause`, set before its process starts): the
-    tests below act on a running run at a known step, however fast or slow this machine is."""
-    from ortlab.runner import Run, _start
-    from ortlab.runner.rundir import RunDir
-    from ortlab.spec import RunSpec
-
-    spec = RunSpec.parse(spec_data)
-    run = Run(RunDir.create(spec.output_dir, spec).path)
-    run.pause(at_step=at_step)
-    run._process = _start(run.dir, spec)
-    return run
-
-
-def wait_paused(run, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while not run.status().get("paused"):
-        assert run.state in ("pending", "running"), (run.status(), run.dir.log_path.read_text()[-3000:])
-        assert time.monotonic() < deadline, "the run never reached its gate"
-        time.sleep(0.2)
 
 
 def test_first_metric_arrives_while_running(make_spec):
