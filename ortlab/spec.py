@@ -223,7 +223,8 @@ class SpecError(ValueError):
             msg = err["msg"]
             if err["type"] == "extra_forbidden":
                 msg = "unknown field (check the spelling; `ortlab spec --schema` lists the fields)"
-            elif "input" in err and err["type"] not in ("missing",) and err["loc"]:
+            elif "input" in err and err["type"] not in ("missing", "value_error") and err["loc"]:
+                # (ortlab's own rules, value_error, quote what they refuse themselves)
                 # A whole-spec rule (loc is empty) would print the whole spec as its input: its message says it.
                 got = repr(err["input"])
                 msg += f" (got {got[:80] + '...' if len(got) > 80 else got})"

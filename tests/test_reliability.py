@@ -71,7 +71,7 @@ def render(report: dict[str, list[dict]]) -> str:
             "| input | refused with |",
             "|---|---|",
         ]
-        lines += [f"| {r['case']} | {r['message'].replace('|', '/')[:110]} |" for r in inputs]
+        lines += [f"| {r['case']} | {_cell(r['message'])} |" for r in inputs]
         lines.append("")
     for section in ("faults", "concurrency"):
         rows = report[section]
@@ -80,6 +80,11 @@ def render(report: dict[str, list[dict]]) -> str:
             lines += [f"| {r['case']} | {r['outcome']} |" for r in rows]
             lines.append("")
     return "\n".join(lines)
+
+
+def _cell(text: str, width: int = 140) -> str:
+    text = text.replace("|", "/").replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return text if len(text) <= width else text[: width - 1].rsplit(" ", 1)[0] + " …"
 
 
 # --- hostile inputs --------------------------------------------------------------------------------------------
