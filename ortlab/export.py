@@ -137,12 +137,12 @@ def export_onnx(
     What torch, onnxruntime and DeepSpeed print meanwhile (tracer warnings, CUDA notes) goes to the run's
     logs/run.log, not to the notebook or the terminal: the report says what matters."""
     from ortlab.runner.rundir import RunDir
-    from ortlab.train.terminal import captured_output
+    from ortlab.train.terminal import captured_output, no_progress_bars
 
     folder = RunDir(getattr(run, "path", run))
     if not folder.path.is_dir():
         return _export_onnx(run, samples, optimize, quantize, batch_sizes)  # not a run: it says so
-    with captured_output(folder.log_path):
+    with captured_output(folder.log_path), no_progress_bars():
         return _export_onnx(run, samples, optimize, quantize, batch_sizes)
 
 

@@ -1,10 +1,14 @@
 """Every tutorial notebook runs top to bottom through papermill in smoke mode; a failing cell fails the test.
 
-The executed notebooks are kept in test-artifacts/notebooks/ (with their outputs) for inspection.
+The executed notebooks are kept in test-artifacts/notebooks/ (with their outputs), rendered to HTML by nbconvert
+and screenshotted in chromium (NAME.html, NAME.png), so a person can read them as a user would; the test reads
+them too: no error, no wall of library warnings.
 """
 
 from __future__ import annotations
 
+import re
+import shutil
 from pathlib import Path
 
 import nbformat
@@ -15,6 +19,48 @@ from ortlab.notebooks import NotebookFailed, parameter_names, run_notebook
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 ARTIFACTS = ROOT / "test-artifacts" / "notebooks"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+def render(executed: Path) -> tuple[Path, Path]:
+    """The executed notebook as a reader sees it: HTML (nbconvert) and a full-page chromium screenshot of it."""
+    from nbconvert import HTMLExporter
+    from playwright.sync_api import sync_playwright
+    from traitlets.config import Config
+
+    # The widgets' own JavaScript comes from a CDN, which a static page offline cannot load (they render empty):
+    # show the static view ortlab puts beside each widget (its text/html fallback) instead, as a reader without
+    # a kernel would want.
+    priority = [m for m in HTMLExporter().default_config.NbConvertBase.display_data_priority if "widget" not in m]
+    exporter = HTMLExporter(config=Config({"NbConvertBase": {"display_data_priority": priority}}))
+    body, _ = exporter.from_filename(str(executed))
+    html_path = executed.with_suffix(".html")
+    html_path.write_text(body, encoding="utf-8")
+    png = executed.with_suffix(".png")
+    with sync_playwright() as p:
+        args = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=args)
+        try:
+            page = browser.new_page(viewport={"width": 1100, "height": 900})
+            page.goto(html_path.resolve().as_uri(), wait_until="load", timeout=60_000)
+            page.screenshot(path=str(png), full_page=True)
+        finally:
+            browser.close()
+    return html_path, png
+
+
+def warnings_shown(nb) -> list[str]:
+    """Lines of library noise in the notebook's output (what a reader would have to scroll past): warnings
+    (`UserWarning: ...`, `[WARNING] ...`, `root [WARNING] - ...`) on stdout or stderr, and progress bars."""
+    lines = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream":
+                lines += [line for line in out.get("text", "").splitlines() if re.search(r"warning\b", line, re.I)]
+            # Library progress bars (tqdm widgets: "Loading weights:  0%|  | 0/105") left in the output.
+            text = out.get("data", {}).get("text/plain", "")
+            lines += [line for line in text.splitlines() if re.search(r"\d+%\|", line)]
+    return lines
 
 
 def test_there_are_tutorials():
@@ -46,6 +92,9 @@ def test_notebook_runs_in_smoke_mode(path, tmp_path, monkeypatch):
     executed = nbformat.read(out, as_version=4)
     errors = [o for c in executed.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert errors == []
+    html_path, png = render(out)
+    assert png.stat().st_size > 10_000 and "ortlab" in html_path.read_text(encoding="utf-8")
+    assert warnings_shown(executed) == [], "library warnings reached the notebook's output"
 
 
 def test_a_failing_cell_fails_the_run(tmp_path):

@@ -257,6 +257,24 @@ def captured_output(path: str | os.PathLike) -> Iterator[None]:
         log.close()
 
 
+@contextlib.contextmanager
+def no_progress_bars() -> Iterator[None]:
+    """transformers' and datasets' progress bars off inside the block (back as they were after). In a notebook
+    they are widgets, not printed text, so no output capture removes them; a one-off export needs none."""
+    from datasets.utils import logging as datasets_logging
+    from transformers.utils import logging as transformers_logging
+
+    switches = [(m, m.is_progress_bar_enabled()) for m in (transformers_logging, datasets_logging)]
+    for module, _ in switches:
+        module.disable_progress_bar()
+    try:
+        yield
+    finally:
+        for module, was_on in switches:
+            if was_on:
+                module.enable_progress_bar()
+
+
 def _rebind_handlers(old: Any, new: Any) -> None:
     import logging
 
