@@ -199,6 +199,14 @@ def test_workbench_launches_a_run_and_the_loss_chart_grows(jupyter_lab):
             assert json.loads(status_path.read_text())["state"] == "running", "the chart grew while it ran"
             assert page.get_by_text("official Jupyter news").count() == 0, "the news toast covers the page"
             page.screenshot(path=str(ARTIFACTS / "workbench.png"), full_page=True)
+            # The same page in JupyterLab's dark theme (for eyes: hard-coded colours show up here).
+            page.click("text=Settings >> nth=0")
+            page.hover("text=Theme")
+            page.get_by_text("JupyterLab Dark", exact=True).click()
+            page.wait_for_function("() => document.body.dataset.jpThemeLight === 'false'", timeout=30_000)
+            # A theme change shows JupyterLab's splash until the new theme is in: wait for the page underneath.
+            page.wait_for_function("() => !document.querySelector('#jupyterlab-splash')", timeout=30_000)
+            page.screenshot(path=str(ARTIFACTS / "workbench-dark.png"), full_page=True)
             # Stop from the page: the run finishes its step, saves a checkpoint and ends `stopped`.
             page.locator("button.ortlab-stop").click()
             _wait_for(lambda: json.loads(status_path.read_text())["state"] == "stopped", 300, "the run to stop")
