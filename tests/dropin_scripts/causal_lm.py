@@ -6,7 +6,7 @@ from itertools import chain
 
 from datasets import load_dataset
 from optimum.onnxruntime import ORTTrainer, ORTTrainingArguments
-from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser, default_data_collator
+from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser, default_data_collator, set_seed
 
 
 @dataclass
@@ -24,6 +24,9 @@ class DataTrainingArguments:
 def main():
     parser = HfArgumentParser((ModelArguments, DataTrainingArguments, ORTTrainingArguments))
     model_args, data_args, training_args = parser.parse_args_into_dataclasses()
+
+    # Set seed before initializing model.
+    set_seed(training_args.seed)
 
     raw = load_dataset("text", data_files={"train": data_args.train_file})
     tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path)

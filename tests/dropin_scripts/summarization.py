@@ -4,7 +4,7 @@ from dataclasses import dataclass, field
 
 from datasets import load_dataset
 from optimum.onnxruntime import ORTSeq2SeqTrainer, ORTSeq2SeqTrainingArguments
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, DataCollatorForSeq2Seq, HfArgumentParser
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, DataCollatorForSeq2Seq, HfArgumentParser, set_seed
 
 
 @dataclass
@@ -26,6 +26,9 @@ class DataTrainingArguments:
 def main():
     parser = HfArgumentParser((ModelArguments, DataTrainingArguments, ORTSeq2SeqTrainingArguments))
     model_args, data_args, training_args = parser.parse_args_into_dataclasses()
+
+    # Set seed before initializing model.
+    set_seed(training_args.seed)
 
     raw = load_dataset("json", data_files={"train": data_args.train_file})
     tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path)

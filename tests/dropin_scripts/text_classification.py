@@ -5,7 +5,13 @@ from dataclasses import dataclass, field
 import numpy as np
 from datasets import load_dataset
 from optimum.onnxruntime import ORTTrainer, ORTTrainingArguments
-from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, HfArgumentParser
+from transformers import (
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    DataCollatorWithPadding,
+    HfArgumentParser,
+    set_seed,
+)
 
 
 @dataclass
@@ -24,6 +30,9 @@ class DataTrainingArguments:
 def main():
     parser = HfArgumentParser((ModelArguments, DataTrainingArguments, ORTTrainingArguments))
     model_args, data_args, training_args = parser.parse_args_into_dataclasses()
+
+    # Set seed before initializing model.
+    set_seed(training_args.seed)
 
     files = {"train": data_args.train_file}
     if data_args.validation_file:
