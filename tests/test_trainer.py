@@ -92,6 +92,10 @@ def test_metrics_stream_and_saved_model(runs):
     events = [r["event"] for r in lines]
     assert events[0] == "train_begin"
     assert events[-1] == "train_end"
+    verified = [r for r in lines if r["event"] == "verified"]
+    assert [r["step"] for r in verified] == [1], "what applied is recorded once, right after the first step"
+    assert verified[0]["accelerations"]["ort"]["applied"] is True
+    assert events.index("verified") == events.index("step") - 1, "written as step 1 ends, before its record"
     steps = [r for r in lines if r["event"] == "step"]
     assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
     for r in steps:

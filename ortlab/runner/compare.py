@@ -64,7 +64,7 @@ def row_for(run: Any) -> Row:
     records = run.metrics()
     accelerations: dict[str, Any] = {}
     for r in records:
-        if r.get("event") in ("train_begin", "train_end") and isinstance(r.get("accelerations"), dict):
+        if r.get("event") in ("train_begin", "verified", "train_end") and isinstance(r.get("accelerations"), dict):
             accelerations = r["accelerations"]
     result = run.result() or {}
     evals = [r for r in records if r.get("event") == "eval"]

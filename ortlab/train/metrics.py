@@ -8,6 +8,7 @@ a killed process leaves only whole lines behind (the last one at worst cut short
      "samples_per_s": 78.1, "tokens_per_s": 9996.0, "peak_mem_mb": 812.3, "epoch": 0.22, "time": ...}
     {"event": "eval", "step": 50, "eval_loss": 0.42, "eval_accuracy": 0.81, ...}
     {"event": "log", ...}            the Trainer's own log line (smoothed loss, grad_norm, ...)
+    {"event": "verified", "step": 1, "accelerations": {...what applied, checked after the first step...}}
     {"event": "acceleration", "name": "ort", "requested": true, "applied": false, "details": {...}}
     {"event": "train_end", "summary": {...}, "accelerations": {...}}
 """

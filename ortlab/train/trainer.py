@@ -329,6 +329,10 @@ class ORTTrainer(Trainer):
         self._verify_zero()
         self._verify_precision()
         self._verify_torch_compile()
+        if not final and self.is_world_process_zero():
+            # What applied, known from the first step on: a running run's views show it (not only train_end's).
+            accelerations = {k: v.to_dict() for k, v in self.accelerations.items()}
+            self.metrics_sink({"event": "verified", "step": global_step, "accelerations": accelerations})
 
     def _verify_ort(self) -> None:
         record = self.accelerations["ort"]

@@ -92,7 +92,7 @@ class RunMonitor(widgets.VBox):
     def consume(self, run_id: str, record: dict[str, Any]) -> None:
         """Take one metrics record (from a stream or a recording); buffered until the next flush."""
         event = record.get("event")
-        if event in ("train_begin", "train_end", "acceleration"):
+        if event in ("train_begin", "verified", "train_end", "acceleration"):
             self._relabel(run_id, record)
             return
         step = record.get("step")

@@ -20,10 +20,19 @@ from ortlab.ui.summary import rows, static_summary, table_html
 
 ACCELS = ("ort", "fused_adam", "zero1", "bf16", "fp16", "torch_compile")
 WIDE = widgets.Layout(width="420px")
+# Labels such as "learning rate" are wider than ipywidgets' default label column: size it to fit them whole.
+LABEL = {"description_width": "100px"}
 
 
-def _availability() -> dict[str, Any]:
-    """The doctor's static checks (fast: no probe): what this runtime can run, and why not."""
+def _availability() -> tuple[dict[str, Any], bool]:
+    """What this runtime can run, and whether that was probed: the doctor's cached report when this environment
+    was probed before (`ortlab doctor`; instant), else the static checks (instant too, marked "not probed").
+    The workbench never waits for probes."""
+    from ortlab.probe import cached_report
+
+    report = cached_report()
+    if report is not None:
+        return dict(report.accelerations), True
     from ortlab.accel import fused_adam, ort, precision, torch_compile, zero
 
     return {
@@ -33,7 +42,13 @@ def _availability() -> dict[str, Any]:
         "bf16": precision.check_bf16(),
         "fp16": precision.check_fp16(),
         "torch_compile": torch_compile.check(),
-    }
+    }, False
+
+
+def _note_html(a: Any) -> str:
+    mark = "ok" if a.available and not a.slow else "slow" if a.available else "unavailable"
+    tip, reason = html.escape(a.remedy, quote=True), html.escape(a.reason)
+    return f"<span title='{tip}'><small>{mark}: {reason}</small></span>"
 
 
 class Workbench(widgets.VBox):
@@ -46,7 +61,8 @@ class Workbench(widgets.VBox):
         self.root = root
         start = spec if isinstance(spec, RunSpec) else RunSpec.parse(spec or {})
         self._base = start.model_dump(mode="json")
-        self.available = _availability()
+        self.available, self.probed = _availability()
+        self.notes: dict[str, widgets.HTML] = {}
         self._runs: dict[str, Any] = {}
 
         # model and data
@@ -100,20 +116,22 @@ class Workbench(widgets.VBox):
                 layout=widgets.Layout(width="130px"),
             )
             self.toggles[name] = box
-            mark = "ok" if a.available and not a.slow else "slow" if a.available else "unavailable"
-            tip, reason = html.escape(a.remedy, quote=True), html.escape(a.reason)
-            note = widgets.HTML(f"<span title='{tip}'><small>{mark}: {reason}</small></span>")
-            accel_rows.append(widgets.HBox([box, note]))
+            self.notes[name] = widgets.HTML(_note_html(a))
+            accel_rows.append(widgets.HBox([box, self.notes[name]]))
 
         # hyperparameters and target
         h = start.hyper
-        self.learning_rate = widgets.FloatText(value=h.learning_rate, description="learning rate")
-        self.epochs = widgets.FloatText(value=h.epochs, description="epochs")
-        self.max_steps = widgets.IntText(value=h.max_steps or 0, description="max steps", tooltip="0 = epochs")
-        self.batch_size = widgets.IntText(value=h.batch_size, description="batch size")
-        self.max_length = widgets.IntText(value=h.max_length, description="max length")
-        self.max_train_samples = widgets.IntText(value=start.data.max_train_samples or 0, description="train rows")
-        self.processes = widgets.IntText(value=start.target.processes, description="processes")
+        self.learning_rate = widgets.FloatText(value=h.learning_rate, description="learning rate", style=LABEL)
+        self.epochs = widgets.FloatText(value=h.epochs, description="epochs", style=LABEL)
+        self.max_steps = widgets.IntText(
+            value=h.max_steps or 0, description="max steps", tooltip="0 = epochs", style=LABEL
+        )
+        self.batch_size = widgets.IntText(value=h.batch_size, description="batch size", style=LABEL)
+        self.max_length = widgets.IntText(value=h.max_length, description="max length", style=LABEL)
+        self.max_train_samples = widgets.IntText(
+            value=start.data.max_train_samples or 0, description="train rows", style=LABEL
+        )
+        self.processes = widgets.IntText(value=start.target.processes, description="processes", style=LABEL)
         self.python = widgets.Text(value=start.target.python or "", description="runtime", placeholder="this Python")
         self.name = widgets.Text(value=start.name or "", description="run name", placeholder="automatic")
 
