@@ -159,8 +159,8 @@ class RunSpec(_Strict):
         return self.model_dump_json(indent=2, **kw)
 
     @classmethod
-    def from_json(cls, text: str) -> RunSpec:
-        return cls.parse(json.loads(text))
+    def from_json(cls, text: str, stored: bool = False) -> RunSpec:
+        return cls.parse(json.loads(text), stored=stored)
 
     def to_yaml(self) -> str:
         import yaml
@@ -168,13 +168,13 @@ class RunSpec(_Strict):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
     @classmethod
-    def from_yaml(cls, text: str) -> RunSpec:
+    def from_yaml(cls, text: str, stored: bool = False) -> RunSpec:
         import yaml
 
         data = yaml.safe_load(text)
         if data is not None and not isinstance(data, dict):
             raise SpecError([f"the YAML must be a mapping of fields (got {type(data).__name__})"])
-        return cls.parse(data or {})
+        return cls.parse(data or {}, stored=stored)
 
     @classmethod
     def load(cls, path: str | Path, stored: bool = False) -> RunSpec:
@@ -183,15 +183,8 @@ class RunSpec(_Strict):
         p = Path(path)
         if not p.is_file():
             raise SpecError([f"spec file {str(p)!r} does not exist"])
-        text = p.read_text()
-        if p.suffix == ".json":
-            return cls.parse(json.loads(text), stored=stored)
-        import yaml
-
-        data = yaml.safe_load(text)
-        if data is not None and not isinstance(data, dict):
-            raise SpecError([f"the YAML must be a mapping of fields (got {type(data).__name__})"])
-        return cls.parse(data or {}, stored=stored)
+        read = cls.from_json if p.suffix == ".json" else cls.from_yaml
+        return read(p.read_text(), stored=stored)
 
     @classmethod
     def parse(cls, data: dict[str, Any], stored: bool = False) -> RunSpec:

@@ -67,29 +67,11 @@ def assets(tmp_path_factory, tiny_bert, tiny_gpt2):
 
 
 def _tiny_bart(tokenizer_folder: Path, folder: Path) -> Path:
-    from transformers import AutoTokenizer, BartConfig, BartForConditionalGeneration
+    from tiny_models import tiny_bart
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder)
-    config = BartConfig(
-        vocab_size=len(tokenizer),
-        d_model=32,
-        encoder_layers=1,
-        decoder_layers=1,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        max_position_embeddings=128,
-        dropout=0.0,
-        attention_dropout=0.0,
-        activation_dropout=0.0,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.cls_token_id,
-        eos_token_id=tokenizer.sep_token_id,
-        decoder_start_token_id=tokenizer.sep_token_id,
-        forced_eos_token_id=None,
-    )
-    BartForConditionalGeneration(config).save_pretrained(folder)
+    tiny_bart(tokenizer, layers=1, positions=128).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 

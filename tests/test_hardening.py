@@ -442,9 +442,8 @@ def test_follow_prints_a_nan_loss_instead_of_crashing(tmp_path):
     assert "loss -" in proc.stdout
 
 
-def test_sigterm_to_the_launcher_group_is_what_stop_sends(tmp_path):
-    # The run process is in its own session (so a notebook interrupt does not reach it); a stop signal must
-    # reach the worker's whole group. A real worker command line is recognised as the run's.
+def test_a_worker_is_recognised_by_its_command_line_and_create_time(tmp_path):
+    # Before stop signals a process group, the recorded pid must be this folder's worker, started when recorded.
     from ortlab.runner import _is_run_process
     from ortlab.runner.rundir import process_create_time
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import tiny_bart
 
 PARITY = 2e-3
 
@@ -42,32 +43,6 @@ def tiny_t5(tokenizer):
         decoder_start_token_id=tokenizer.pad_token_id,
     )
     return T5ForConditionalGeneration(config)
-
-
-def tiny_bart(tokenizer):
-    from transformers import BartConfig, BartForConditionalGeneration
-
-    torch.manual_seed(0)
-    config = BartConfig(
-        vocab_size=len(tokenizer),
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        max_position_embeddings=64,
-        dropout=0.0,
-        attention_dropout=0.0,
-        activation_dropout=0.0,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.cls_token_id,
-        eos_token_id=tokenizer.sep_token_id,
-        decoder_start_token_id=tokenizer.sep_token_id,
-        forced_eos_token_id=None,
-    )
-    return BartForConditionalGeneration(config)
 
 
 @pytest.fixture(scope="module")

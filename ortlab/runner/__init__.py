@@ -313,15 +313,17 @@ def check_runtime(spec: Any) -> dict[str, Any]:
             "dependencies there (`pip install ortlab`) or pick another interpreter"
         )
     report = doctor(python)
+    from ortlab.accel.mix import Mix
+
+    # What the spec asks for explicitly ('auto' resolves in the target runtime itself, when the run starts).
     a = spec.accel
-    wanted = {
-        "ort": a.ort is True,
-        "fused_adam": a.fused_adam is True,
-        "zero1": a.zero_stage > 0,
-        "fp16": a.precision == "fp16",
-        "bf16": a.precision == "bf16",
-        "torch_compile": a.torch_compile,
-    }
+    wanted = Mix(
+        ort=a.ort is True,
+        fused_adam=a.fused_adam is True,
+        zero_stage=a.zero_stage,
+        precision=a.precision,
+        torch_compile=a.torch_compile,
+    ).requested()
     problems = [
         f"accel: {name} is not available in {python}: {report[name].reason}. Fix: {report[name].remedy}"
         for name, on in wanted.items()

@@ -79,3 +79,32 @@ def build_tiny_gpt2(folder: Path) -> Path:
     GPT2LMHeadModel(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def tiny_bart(tokenizer, layers: int = 2, positions: int = 64):
+    """A BART encoder-decoder of `layers` layers each side over `tokenizer`'s vocabulary (a BERT WordPiece one:
+    [CLS] starts, [SEP] ends), dropout off, seeded."""
+    import torch
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    torch.manual_seed(0)
+    config = BartConfig(
+        vocab_size=len(tokenizer),
+        d_model=32,
+        encoder_layers=layers,
+        decoder_layers=layers,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=positions,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.cls_token_id,
+        eos_token_id=tokenizer.sep_token_id,
+        decoder_start_token_id=tokenizer.sep_token_id,
+        forced_eos_token_id=None,
+    )
+    return BartForConditionalGeneration(config)
