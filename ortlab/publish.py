@@ -134,6 +134,7 @@ def model_card(run: Any) -> str:
     ]
     if requested_not:
         lines.append(f"- requested but NOT applied: {', '.join(requested_not)}")
+    lines += _tune_lines(run)
     if summary.get("steady_samples_per_s"):
         lines.append(
             f"- measured throughput: {summary['steady_samples_per_s']:.2f} samples/s, "
@@ -155,6 +156,34 @@ def model_card(run: Any) -> str:
             )
     lines.append("")
     return "\n".join(lines)
+
+
+def _tune_lines(run: Any) -> list[str]:
+    """The measurement that chose the mix (tune.json), as a table: every candidate and why it lost."""
+    path = run.path / "tune.json"
+    try:
+        tuned = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+
+    def cell(value: Any, fmt: str) -> str:
+        return format(value, fmt) if isinstance(value, (int, float)) else "-"
+
+    lines = [
+        "",
+        f"The mix was chosen by measuring each candidate on this run's model and batches "
+        f"({tuned.get('rounds')} interleaved rounds, {cell(tuned.get('calibration_s'), '.0f')} s):",
+        "",
+        "| mix | samples/s | vs plain | warm-up (s) | verdict |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for m in tuned.get("candidates", []):
+        verdict = str(m.get("verdict", "")).replace("|", "/")
+        lines.append(
+            f"| {m.get('name')} | {cell(m.get('samples_per_s'), '.1f')} | {cell(m.get('ratio'), '.2f')} | "
+            f"{cell(m.get('warmup_s'), '.1f')} | {verdict} |"
+        )
+    return lines
 
 
 @contextmanager

@@ -13,6 +13,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
+# ortlab's cache (the doctor's report, measured mixes) is the test session's own: a mix measured by hand on this
+# machine must not change what a test's 'auto' run trains with.
+os.environ.setdefault("ORTLAB_CACHE_DIR", str(ROOT / "test-artifacts" / "ortlab-cache"))
 
 sys.path.insert(0, str(ROOT / "tests" / "helpers"))
 

@@ -68,16 +68,17 @@ def test_errors_name_the_field_and_the_fix(data, field, text):
     assert text in message
 
 
-@pytest.mark.parametrize("ort_here", [True, False])
+@pytest.mark.parametrize("cuda", [True, False])
 @pytest.mark.parametrize("fused_here", [True, False])
-def test_auto_accelerations_follow_the_doctor(monkeypatch, ort_here, fused_here):
-    # The doctor's answer is forced both ways: 'auto' must follow it, and an explicit choice must not.
-    from ortlab.accel import Availability, fused_adam, ort
+def test_auto_without_a_measurement_is_what_never_loses(monkeypatch, cuda, fused_here):
+    # 'auto' is "measured faster here" (ortlab.tune); with nothing measured it is plain PyTorch, plus fused AdamW on
+    # CUDA where the doctor has it, whatever else is installed. Explicit choices are never changed.
+    from ortlab.accel import Availability, fused_adam, mix, ort
 
-    monkeypatch.setattr(ort, "check", lambda probe=False: Availability("ort", ort_here, "forced", "-"))
+    monkeypatch.setattr(ort, "check", lambda probe=False: Availability("ort", True, "forced", "-"))
     monkeypatch.setattr(fused_adam, "check", lambda probe=False: Availability("fused_adam", fused_here, "forced", "-"))
+    monkeypatch.setattr(mix, "_cuda_available", lambda: cuda)
     auto = AccelSpec().resolved()
-    assert (auto.ort, auto.fused_adam) == (ort_here, fused_here)
-    explicit = AccelSpec(ort=False, fused_adam=False).resolved()
-    assert (explicit.ort, explicit.fused_adam) == (False, False)
-    assert AccelSpec(torch_compile=True).resolved().ort is False, "'auto' ORT yields to an explicit torch.compile"
+    assert (auto.ort, auto.fused_adam, auto.precision) == (False, fused_here and cuda, "fp32")
+    explicit = AccelSpec(ort=True, fused_adam=False, precision="bf16").resolved()
+    assert (explicit.ort, explicit.fused_adam, explicit.precision) == (True, False, "bf16")

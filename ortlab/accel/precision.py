@@ -87,3 +87,47 @@ def check_bf16(probe: bool = False) -> Availability:
         slow=True,
         details={"device": "cpu"},
     )
+
+
+class PrecisionProbe:
+    """Watches one training step's forward: is autocast on, and in which dtype do the Linear layers compute?
+
+    The run's precision is what the matmuls ran in, not what the configuration asked for: an accelerator that
+    silently ignored bf16, or a DeepSpeed config that cast the model itself, shows here. Under ORTModule the
+    Python forward runs only while ORT exports it, so what is observed there is the graph ORT then runs.
+    """
+
+    def __init__(self, model: object):
+        import torch
+
+        self.calls = 0
+        self.dtypes: dict[str, int] = {}
+        self.autocast: set[bool] = set()
+        self._handles = [m.register_forward_hook(self._hook) for m in model.modules() if isinstance(m, torch.nn.Linear)]
+
+    def _hook(self, module: object, inputs: object, output: object) -> None:
+        import torch
+
+        if not isinstance(output, torch.Tensor):
+            return
+        self.calls += 1
+        name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}.get(
+            output.dtype, str(output.dtype)
+        )
+        self.dtypes[name] = self.dtypes.get(name, 0) + 1
+        self.autocast.add(torch.is_autocast_enabled(output.device.type))
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def observed(self) -> dict[str, object] | None:
+        """What ran (None if no Linear forward was seen): the dtype most Linear outputs had, and autocast."""
+        if not self.calls:
+            return None
+        return {
+            "precision": max(self.dtypes, key=self.dtypes.__getitem__),
+            "linear_outputs": dict(self.dtypes),
+            "autocast": sorted(self.autocast),
+        }

@@ -57,6 +57,7 @@ class Row:
     summary: dict[str, Any]
     eval: dict[str, float]
     ratios: dict[str, float | None] = field(default_factory=dict)
+    auto: str | None = None  # how the 'auto' accelerations were decided: "measured", "default", or None (none)
 
 
 def row_for(run: Any) -> Row:
@@ -67,6 +68,7 @@ def row_for(run: Any) -> Row:
         if r.get("event") in ("train_begin", "verified", "train_end") and isinstance(r.get("accelerations"), dict):
             accelerations = r["accelerations"]
     result = run.result() or {}
+    decided = next((r for r in records if r.get("event") == "auto" and r.get("resolved")), None)
     evals = [r for r in records if r.get("event") == "eval"]
     last_eval = result.get("eval_after") or (evals[-1] if evals else {})
     return Row(
@@ -76,6 +78,7 @@ def row_for(run: Any) -> Row:
         applied=[k for k, v in accelerations.items() if isinstance(v, dict) and v.get("applied")],
         summary=summarize(records),
         eval={k: last_eval[k] for k in EVAL_KEYS if isinstance(last_eval.get(k), (int, float))},
+        auto=None if decided is None else "measured" if decided.get("tuned") else "default",
     )
 
 
@@ -113,6 +116,8 @@ def _eval_cell(r: Row) -> str:
 def _applied_cell(r: Row) -> str:
     missing = [a for a in r.requested if a not in r.applied]
     applied = ", ".join(r.applied) or "none"
+    if r.auto:
+        applied += f" (auto: {r.auto})"
     return applied + (f" [red](NOT: {', '.join(missing)})[/]" if missing else "")
 
 
@@ -191,6 +196,11 @@ def render(rows: list[Row], console: Any = None) -> None:
     console.print(narrow)
 
 
+def _mix_cell(r: Row) -> str:
+    """What applied, and whether 'auto' was measured for this run (the table is in its tune.json)."""
+    return (", ".join(r.applied) or "-") + (" (measured)" if r.auto == "measured" else "")
+
+
 def render_runs(rows: list[Row], title: str, console: Any = None) -> None:
     """`ortlab runs`: a table when the terminal is wide enough, else two lines per run (nothing cut)."""
     from rich import box
@@ -206,7 +216,7 @@ def render_runs(rows: list[Row], title: str, console: Any = None) -> None:
             r.run_id,
             r.state,
             str(r.summary["steps"]),
-            ", ".join(r.applied) or "-",
+            _mix_cell(r),
             _num(r.summary.get("steady_samples_per_s")),
             _eval_cell(r),
         )
@@ -220,6 +230,6 @@ def render_runs(rows: list[Row], title: str, console: Any = None) -> None:
     for r in rows:
         console.print(f"[bold]{r.run_id}[/]  {r.state}, step {r.summary['steps']}", soft_wrap=True)
         console.print(
-            f"    applied: {', '.join(r.applied) or '-'};  "
+            f"    applied: {_mix_cell(r)};  "
             f"{_num(r.summary.get('steady_samples_per_s'))} samples/s;  eval: {_eval_cell(r)}"
         )

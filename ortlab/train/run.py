@@ -25,10 +25,11 @@ if TYPE_CHECKING:
     from ortlab.train.terminal import Terminal
 
 
-def training_arguments(spec: RunSpec, run: RunDir, progress: bool):
+def training_arguments(spec: RunSpec, run: RunDir, progress: bool, choice: dict[str, Any] | None = None):
+    """TrainingArguments for `spec`; the accelerations left at 'auto' take `choice` (a measurement) if given."""
     from ortlab.train.args import ORTTrainingArguments
 
-    a, h = spec.accel.resolved(), spec.hyper
+    a, h = spec.accel.resolved(choice), spec.hyper
     return ORTTrainingArguments(
         output_dir=str(run.checkpoints),
         metrics_path=str(run.metrics_path),
@@ -229,12 +230,15 @@ def _train(spec, run, model_path, prepared, resume, stop, progress, on_metrics, 
         log(note)
     train_ds, eval_ds = tokenize(prepared, tokenizer, spec.task, spec.hyper.max_length)
     classify = spec.task != "causal-lm"
+    collate = collator(spec.task, tokenizer)
+    # A resumed run keeps the mix it started with; a new one decides what 'auto' means here (maybe measuring).
+    choice = _stored_choice(run) if resume else _auto_mix(spec, run, model_path, prepared, train_ds, collate, log)
     trainer = ORTTrainer(
         model=model,
-        args=training_arguments(spec, run, progress and (terminal is None or terminal.verbose)),
+        args=training_arguments(spec, run, progress and (terminal is None or terminal.verbose), choice),
         train_dataset=train_ds,
         eval_dataset=eval_ds,
-        data_collator=collator(spec.task, tokenizer),
+        data_collator=collate,
         processing_class=tokenizer,
         compute_metrics=compute_metrics_for(spec.task, prepared.label_names),
         preprocess_logits_for_metrics=argmax_logits if classify else None,
@@ -284,6 +288,49 @@ def _train(spec, run, model_path, prepared, resume, stop, progress, on_metrics, 
         "summary": _summary(run, trainer),
         "accelerations": {k: v.to_dict() for k, v in trainer.accelerations.items()},
     }
+
+
+def _auto_mix(spec, run, model_path, prepared, train_ds, collate, log) -> dict[str, Any] | None:
+    """Decide the accelerations left at 'auto' (measuring them here if accel.tune says so) and record why.
+
+    The decision goes to the metrics stream (an `auto` record) and, with the measured table, to tune.json in the
+    run folder, so a run always says why ORT or bf16 was on or off.
+    """
+    from ortlab.train.metrics import JsonLinesSink
+    from ortlab.tune import decide
+
+    rank0 = int(os.environ.get("RANK", "0")) == 0
+    choice, result, why = decide(
+        spec,
+        model_path=model_path,
+        label_names=prepared.label_names,
+        train_dataset=train_ds,
+        collate=collate,
+        progress=log,
+        log_dir=run.path / "logs",
+    )
+    resolved = spec.accel.resolved(choice)
+    auto = {f: getattr(resolved, f) for f in spec.accel.auto_fields()}
+    if rank0:
+        if result is not None:
+            write_json(run.path / "tune.json", result.to_dict())
+        sink = JsonLinesSink(run.metrics_path)
+        record = {"event": "auto", "resolved": auto, "why": why, "tuned": result is not None, "choice": choice}
+        if result is not None:
+            record["table"] = result.table()
+        sink(record)
+        sink.close()
+    if auto:
+        log("auto accelerations: " + ", ".join(f"{k}={v}" for k, v in auto.items()) + f" ({why})")
+    return choice
+
+
+def _stored_choice(run: RunDir) -> dict[str, Any] | None:
+    """A resumed run trains with the mix it started with (its `auto` record), not a new decision."""
+    for record in run.metrics():
+        if record.get("event") == "auto":
+            return record.get("choice")
+    return None
 
 
 def _both(*sinks: Callable[[dict], None] | None) -> Callable[[dict], None]:

@@ -104,6 +104,7 @@ class ORTTrainer(Trainer):
         if self._model_changes:
             self.accelerations["ort"].details["model_changes"] = dict(self._model_changes)
         self._reported: set[str] = set()
+        self._precision_probe: Any = None
         self._step_counters: dict[str, float] = {"samples": 0, "tokens": 0, "loss": 0.0}
         self.metrics_sink = JsonLinesSink(args.metrics_path or None, also=on_metrics)
         self.step_metrics = StepMetricsCallback(self, self.metrics_sink)
@@ -215,6 +216,10 @@ class ORTTrainer(Trainer):
 
     def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None):
         self._count_inputs(inputs)
+        if self._precision_probe is None and self.state.global_step == 0:
+            from ortlab.accel.precision import PrecisionProbe
+
+            self._precision_probe = PrecisionProbe(self.model)  # removed after the first step (_verify_precision)
         if self._ort_module is not None and not self._forward_checked:
             self._forward_checked = True
             if self.args.ort_check_forward:
@@ -384,15 +389,28 @@ class ORTTrainer(Trainer):
     def _verify_precision(self) -> None:
         engine = self.model_wrapped
         if type(engine).__name__ == "DeepSpeedEngine":
-            active = "fp16" if engine.fp16_enabled() else "bf16" if engine.bfloat16_enabled() else "fp32"
+            configured = "fp16" if engine.fp16_enabled() else "bf16" if engine.bfloat16_enabled() else "fp32"
         else:
-            active = str(self.accelerator.mixed_precision).lower().replace("no", "fp32")
+            configured = str(self.accelerator.mixed_precision).lower().replace("no", "fp32")
+        probe = self._precision_probe
+        observed = probe.observed() if probe is not None else None
+        if probe is not None:
+            probe.remove()
+        if observed is not None:
+            active = observed["precision"]
+            how = "observed: the dtype the Linear layers computed in during the first step"
+            if self._ort_module is not None:
+                how += " (under ORT: while ORT exported the forward it then runs)"
+        else:
+            active, how = configured, "from the configuration only: no Linear layer's forward was observed"
         for name in ("fp16", "bf16"):
             record = self.accelerations[name]
             record.applied = active == name
-            record.details["active_precision"] = active
+            record.details.update({"active_precision": active, "configured_precision": configured, "verified_by": how})
+            if observed is not None:
+                record.details["observed"] = observed
             if record.requested and not record.applied:
-                self._report_not_applied(record, f"training runs in {active}")
+                self._report_not_applied(record, f"training runs in {active} ({how})")
 
     def _verify_torch_compile(self) -> None:
         record = self.accelerations["torch_compile"]

@@ -1,0 +1,189 @@
+"""The measured mix: candidates, the decision rule, the cache, and real measurements in real processes."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from ortlab import tune
+from ortlab.spec import AccelSpec, RunSpec
+from ortlab.tune import Measured
+
+
+def _measured(name: str, slices: list[float]) -> Measured:
+    return Measured(name, {}, slices=slices)
+
+
+def test_sign_test_needs_many_wins():
+    assert tune._clearly_faster([1.1] * 4), "4 of 4 rounds faster: p = 1/16"
+    assert not tune._clearly_faster([1.1, 1.1, 1.1, 0.9]), "3 of 4 is what chance does 31 % of the time"
+    assert tune._clearly_faster([1.2] * 7 + [0.9]), "7 of 8: p = 9/256"
+    assert not tune._clearly_faster([1.5] * 5 + [0.5] * 3)
+
+
+def test_judge_keeps_plain_unless_a_mix_clearly_wins():
+    plain = [10.0] * 8
+    measured = {
+        "plain": _measured("plain", plain),
+        "steady": _measured("steady", [11.0] * 8),  # 1.10x in every round: a clear win
+        "lucky": _measured("lucky", [30.0, 30.0, 30.0, 30.0, 30.0, 5.0, 5.0, 5.0]),  # big median, 5 of 8 rounds
+        "slow": _measured("slow", [8.0] * 8),
+        "nan": _measured("nan", [20.0] * 8),
+        "off": _measured("off", [20.0] * 8),
+    }
+    losses = {
+        "plain": [0.70, 0.69],
+        "steady": [0.70, 0.69],
+        "lucky": [0.7],
+        "slow": [0.7],
+        "nan": [math.nan],
+        "off": [2.5],
+    }
+    chosen = tune._judge(measured, losses, dict.fromkeys(measured))
+    assert chosen == "steady"
+    assert measured["steady"].verdict.startswith("chosen: 1.10x")
+    assert measured["lucky"].verdict.startswith("within noise: 3.00x plain, faster in 5 of 8 rounds")
+    assert measured["slow"].verdict == "slower: 0.80x plain"
+    assert measured["nan"].verdict == "rejected: the loss is not finite"
+    assert measured["off"].verdict.startswith("rejected: loss 2.5000 strays from plain's 0.6950")
+    assert measured["plain"].verdict.startswith("slower than steady")
+
+
+def test_judge_prefers_plain_when_nothing_wins():
+    measured = {"plain": _measured("plain", [10.0] * 4), "a": _measured("a", [10.1] * 4)}
+    assert tune._judge(measured, {"plain": [1.0], "a": [1.0]}, dict.fromkeys(measured)) == "plain"
+    assert measured["plain"].verdict == "chosen: nothing measured faster"
+    assert measured["a"].verdict.startswith("within noise: 1.01x plain"), "under the 3 % margin"
+
+
+def test_plan_names_why_a_mix_is_not_measured(monkeypatch):
+    from ortlab.accel import Availability, ort, precision
+
+    monkeypatch.setattr(ort, "check", lambda probe=False: Availability("ort", False, "no ORT here", "-"))
+    monkeypatch.setattr(
+        precision, "check_bf16", lambda: Availability("bf16", True, "emulated (no avx512_bf16)", "-", slow=True)
+    )
+    plan = {c.name: c for c in tune.plan()}
+    assert plan["plain"].skipped is None and plan["fused_adam"].skipped is None
+    assert plan["ort"].skipped == plan["ort+fused_adam"].skipped == "no ORT here"
+    assert plan["bf16+fused_adam"].skipped == "not measured: emulated (no avx512_bf16)"
+    many = {c.name: c for c in tune.plan(processes=2)}
+    assert many["fused_adam"].skipped.startswith("not measured: ortlab tunes single-process runs only")
+    assert many["plain"].skipped is None
+
+
+def test_auto_fields_take_the_measured_choice_and_nothing_else(monkeypatch):
+    from ortlab.accel import mix
+
+    monkeypatch.setattr(mix, "_cuda_available", lambda: False)
+    conservative = AccelSpec().resolved()
+    assert (conservative.ort, conservative.fused_adam, conservative.precision) == (False, False, "fp32"), (
+        "without a measurement 'auto' is what never loses to plain PyTorch on CPU"
+    )
+    choice = {"ort": True, "fused_adam": True, "precision": "bf16", "torch_compile": False}
+    assert AccelSpec().resolved(choice).model_dump(include={"ort", "fused_adam", "precision"}) == {
+        "ort": True,
+        "fused_adam": True,
+        "precision": "bf16",
+    }
+    explicit = AccelSpec(ort=False, precision="fp32").resolved(choice)
+    assert (explicit.ort, explicit.fused_adam, explicit.precision) == (False, True, "fp32")
+    assert AccelSpec(torch_compile=True).resolved(choice).ort is False, "'auto' ORT yields to an explicit compile"
+
+
+def test_cache_key_changes_with_model_shapes_and_machine(tmp_path):
+    (tmp_path / "config.json").write_text('{"a": 1}')
+    ident = tune.model_identity(str(tmp_path), None)
+    cands = tune.plan()
+    env = {"cpu": "x", "packages": {"torch": "2.6.0"}}
+    key = tune.cache_key(ident, {"batch_shapes": [[16, 40]]}, cands, env)
+    assert key == tune.cache_key(ident, {"batch_shapes": [[16, 40]]}, cands, env)
+    assert key != tune.cache_key(ident, {"batch_shapes": [[16, 41]]}, cands, env)
+    assert key != tune.cache_key(ident, {"batch_shapes": [[16, 40]]}, cands, {**env, "cpu": "y"})
+    (tmp_path / "config.json").write_text('{"a": 2}')
+    assert key != tune.cache_key(tune.model_identity(str(tmp_path), None), {"batch_shapes": [[16, 40]]}, cands, env)
+
+
+def _tiny_spec(tmp_path: Path, model: Path, **accel) -> RunSpec:
+    return RunSpec.parse(
+        {
+            "output_dir": str(tmp_path / "runs"),
+            "model": {"name": str(model)},
+            "data": {"source": "embedded:rotten-tomatoes", "max_train_samples": 256, "max_eval_samples": 32},
+            "hyper": {"batch_size": 16, "max_length": 64, "max_steps": 6, "learning_rate": 1e-3},
+            "accel": accel,
+        }
+    )
+
+
+@pytest.mark.slow
+def test_tune_measures_every_candidate_in_its_own_process_and_caches(tmp_path, tiny_bert, monkeypatch):
+    monkeypatch.setenv("ORTLAB_CACHE_DIR", str(tmp_path / "cache"))
+    spec = _tiny_spec(tmp_path, tiny_bert)
+    lines: list[str] = []
+    result = tune.tune_spec(spec, progress=lines.append)
+    by_name = {m.name: m for m in result.candidates}
+    planned = {c.name: c for c in tune.plan()}
+    assert set(by_name) == set(planned)
+    for name, c in planned.items():
+        m = by_name[name]
+        assert m.verdict, f"{name} has no verdict"
+        if c.skipped is None:
+            assert len(m.slices) == result.rounds >= tune.MIN_ROUNDS, (name, m.slices)
+            assert m.samples_per_s > 0 and m.warmup_s > 0 and m.peak_mem_mb > 0
+            assert m.loss is not None and math.isfinite(m.loss)
+            if any(v and v != "fp32" for v in m.choice.values()):
+                assert m.applied and all(m.applied.values()), f"{name}: not verified as applied: {m.applied}"
+    assert by_name["plain"].ratio == 1.0
+    assert result.chosen in by_name and by_name[result.chosen].verdict.startswith("chosen")
+    assert any(line.startswith("tune: measuring, round") for line in lines), "long work shows progress"
+    stored = json.loads((tmp_path / "cache" / "tune" / f"{result.key}.json").read_text())
+    assert stored["chosen"] == result.chosen
+
+    again = tune.tune_spec(spec, progress=lines.append)
+    assert again.cached and again.chosen == result.chosen and again.key == result.key
+
+
+@pytest.mark.slow
+def test_a_candidate_that_cannot_train_is_recorded_not_fatal(tmp_path, tiny_bert, monkeypatch):
+    monkeypatch.setenv("ORTLAB_CACHE_DIR", str(tmp_path / "cache"))
+    real_plan = tune.plan
+    # fp16 on a CPU fails inside the candidate's process, after the model loaded: the verdict says why.
+    monkeypatch.setattr(
+        tune, "plan", lambda processes=1, use_cpu=False: [*real_plan()[:1], tune.Candidate("fp16", precision="fp16")]
+    )
+    result = tune.tune_spec(_tiny_spec(tmp_path, tiny_bert), progress=lambda m: None)
+    fp16 = next(m for m in result.candidates if m.name == "fp16")
+    assert fp16.verdict.startswith("failed: "), fp16.verdict
+    assert "fp16" in fp16.verdict.lower() or "cuda" in fp16.verdict.lower(), fp16.verdict
+    assert result.chosen == "plain"
+
+
+@pytest.mark.slow
+def test_a_run_records_why_auto_resolved_as_it_did(tmp_path, tiny_bert, monkeypatch):
+    from ortlab.runner.rundir import RunDir
+    from ortlab.train.run import train_spec
+
+    monkeypatch.setenv("ORTLAB_CACHE_DIR", str(tmp_path / "cache"))
+    # Short run, nothing cached: not measured, the conservative default, and the record says so.
+    result = train_spec(_tiny_spec(tmp_path, tiny_bert).model_copy(update={"name": "short"}), progress=False)
+    run = RunDir(Path(result["run_dir"]))
+    auto = next(r for r in run.metrics() if r.get("event") == "auto")
+    assert auto["tuned"] is False and "not measured (6 steps" in auto["why"], auto
+    assert auto["resolved"] == {"ort": False, "fused_adam": False, "precision": "fp32"}
+    assert not result["accelerations"]["ort"]["requested"]
+    assert not (run.path / "tune.json").exists()
+
+    # accel.tune='measure': measured first; the run trains with the winner and keeps the table.
+    spec = _tiny_spec(tmp_path, tiny_bert, tune="measure").model_copy(update={"name": "tuned"})
+    result = train_spec(spec, progress=False)
+    run = RunDir(Path(result["run_dir"]))
+    table = json.loads((run.path / "tune.json").read_text())
+    auto = next(r for r in run.metrics() if r.get("event") == "auto")
+    assert auto["tuned"] is True and auto["choice"] == table["choice"]
+    for field in ("ort", "fused_adam"):
+        assert result["accelerations"][field]["requested"] == table["choice"][field]
+    assert (run.path / "logs" / "tune-plain.log").exists(), "each candidate's own output is kept"
