@@ -382,7 +382,14 @@ class ORTTrainer(Trainer):
         engine = self.model_wrapped
         stage = engine.zero_optimization_stage() if type(engine).__name__ == "DeepSpeedEngine" else 0
         record.applied = stage == self.args.zero_stage
-        record.details.update({"stage": stage, "world_size": self.args.world_size})
+        world = self.args.world_size
+        record.details.update({"stage": stage, "label": f"ZeRO-{stage}", "world_size": world})
+        share = _optimizer_state_share(self.optimizer, self.model)
+        if share is not None:
+            # Measured, not configured: the Adam moments this process holds, against one full copy of them.
+            record.details["optimizer_state_share"] = share
+        if world == 1:
+            record.details["note"] = "one process shards nothing: ZeRO saves memory only across several processes"
         if not record.applied:
             self._report_not_applied(record, f"DeepSpeed is running ZeRO stage {stage}")
 
@@ -434,6 +441,22 @@ class ORTTrainer(Trainer):
         Path(output_dir).mkdir(parents=True, exist_ok=True)
         data = {"feature": self.feature, "accelerations": {k: v.to_dict() for k, v in self.accelerations.items()}}
         write_json(Path(output_dir) / ACCELERATIONS_FILE, data)
+
+
+def _optimizer_state_share(optimizer: Any, model: Any) -> float | None:
+    """The share of the optimizer's moment state (exp_avg) this process holds, of one copy for the whole model.
+
+    1.0 is an unsharded optimizer; ZeRO-1/2 over N processes hold ~1/N each. None when no state exists yet.
+    """
+    inner = optimizer
+    while getattr(inner, "optimizer", None) is not None and inner.optimizer is not inner:
+        inner = inner.optimizer
+    state = getattr(inner, "state", None)
+    if not state:
+        return None
+    held = sum(s["exp_avg"].numel() for s in state.values() if isinstance(s, dict) and "exp_avg" in s)
+    total = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return held / total if total and held else None
 
 
 def _loss_uses_num_items(model: Any) -> bool:
