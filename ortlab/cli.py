@@ -200,6 +200,13 @@ def train(
     fused_adam: Annotated[bool | None, typer.Option("--fused-adam/--no-fused-adam", help="(default: auto)")] = None,
     zero_stage: Annotated[int | None, typer.Option(help="DeepSpeed ZeRO stage")] = None,
     precision: Annotated[str | None, typer.Option(help="fp32, fp16 or bf16")] = None,
+    torch_compile: Annotated[
+        bool | None,
+        typer.Option(
+            "--torch-compile/--no-torch-compile",
+            help="torch.compile the model (runs in ortlab's compile runtime when this one cannot compile)",
+        ),
+    ] = None,
     output_dir: Annotated[str | None, typer.Option(help="folder for run folders (default: ortlab-runs)")] = None,
     name: Annotated[str | None, typer.Option(help="run name")] = None,
     seed: Annotated[int | None, typer.Option()] = None,
@@ -232,6 +239,7 @@ def train(
         ("accel", "fused_adam"): fused_adam,
         ("accel", "zero_stage"): zero_stage,
         ("accel", "precision"): precision,
+        ("accel", "torch_compile"): torch_compile,
         ("output_dir",): output_dir,
         ("name",): name,
         ("seed",): seed,
@@ -248,11 +256,13 @@ def train(
                 node = node.setdefault(key, {})
             node[path[-1]] = value
         spec = RunSpec.parse(base)
-        from ortlab.train.run import check, train_spec
-
         # Another interpreter or several processes cannot train in this process: they are launched, and in the
         # foreground followed here, like a detached run.
-        elsewhere = spec.target.python is not None or spec.target.processes > 1
+        # So does a run that needs ortlab's compile runtime (torch_compile where this runtime cannot compile).
+        from ortlab.runner import runtime_for
+        from ortlab.train.run import check, train_spec
+
+        elsewhere = spec.target.python is not None or spec.target.processes > 1 or runtime_for(spec)[1] is not None
         if detach or elsewhere:
             check(spec)  # the same fast checks as in the foreground, before anything starts
             from ortlab.runner import default_root, launch
