@@ -245,7 +245,7 @@ def _doctor_one(python: str, refresh: bool) -> DoctorReport:
     return report
 
 
-def _add_runtimes(report: DoctorReport, refresh: bool) -> None:
+def _add_runtimes(report: DoctorReport, refresh: bool, probe: bool = True) -> None:
     """Probe ortlab's other runtimes (each through its own cached doctor) and say where torch_compile runs.
 
     In the ORT runtime (torch 2.6) torch.compile cannot run, but a launched run that asks for it goes to the
@@ -262,8 +262,17 @@ def _add_runtimes(report: DoctorReport, refresh: bool) -> None:
             "why": state.why,
         }
         if state.python is not None and not _same_interpreter(str(state.python)):
-            sub = _doctor_one(str(state.python), refresh)
-            entry.update(torch=sub.torch, torch_compile=sub["torch_compile"].to_dict(), probed_at=sub.probed_at)
+            sub = _doctor_one(str(state.python), refresh) if probe else _read_cache(fingerprint(str(state.python)))
+            if sub is not None:
+                entry.update(torch=sub.torch, torch_compile=sub["torch_compile"].to_dict(), probed_at=sub.probed_at)
+            else:  # not probed yet (cache-only callers): its stamp says torch imported with is_exporting
+                torch = (state.stamp or {}).get("torch")
+                entry.update(
+                    torch=torch,
+                    torch_compile=Availability(
+                        "torch_compile", True, f"torch {torch} (not probed yet: `ortlab doctor`)", "nothing to do"
+                    ).to_dict(),
+                )
         elif state.python is not None:
             entry.update(torch=report.torch, torch_compile=report["torch_compile"].to_dict())
         report.runtimes[name] = entry
@@ -277,8 +286,9 @@ def _add_runtimes(report: DoctorReport, refresh: bool) -> None:
         report.accelerations["torch_compile"] = Availability(
             "torch_compile",
             True,
-            f"available in the compile runtime (torch {compile_rt['torch']}, Inductor on {d.get('device', '?')}); "
-            f"this runtime's torch {here.details.get('torch')} cannot compile",
+            f"available in the compile runtime (torch {compile_rt['torch']}"
+            + (f", Inductor on {d['device']}" if d.get("device") else "")
+            + f"); this runtime's torch {here.details.get('torch')} cannot compile",
             "runs that ask for torch_compile are launched there by themselves (ortlab.launch, `ortlab train`); "
             "an ORTTrainer in this process cannot compile",
             details={**d, "runtime": "compile", "python": compile_rt["python"]},
@@ -300,7 +310,11 @@ def _add_runtimes(report: DoctorReport, refresh: bool) -> None:
 def cached_report(python: str | None = None) -> DoctorReport | None:
     """The cached report for this environment, or None if it was never probed (or changed since). Never probes:
     for views that must open at once (the workbench, `ortlab info`) and can say "not probed yet" instead."""
-    return _read_cache(fingerprint(python or sys.executable))
+    python = python or sys.executable
+    report = _read_cache(fingerprint(python))
+    if report is not None and _same_interpreter(python):
+        _add_runtimes(report, refresh=False, probe=False)  # their cached reports, or their stamps: no probe
+    return report
 
 
 def _probe(python: str) -> tuple[DoctorReport, bool]:
