@@ -140,6 +140,45 @@ def build_ort_extensions(
     typer.echo("ORTModule extensions built" if built else "ORTModule extensions already built: nothing to do")
 
 
+runtime_app = typer.Typer(
+    help="Second Python runtimes ortlab builds and launches runs in (compile: torch >= 2.7 for torch.compile).",
+    no_args_is_help=True,
+)
+app.add_typer(runtime_app, name="runtime")
+
+
+@runtime_app.command("create")
+def runtime_create(
+    name: Annotated[str, typer.Argument(help="the runtime to build: compile")],
+) -> None:
+    """Build a runtime (about a minute with a local CPU torch wheel; nothing to do when it is ready).
+
+    Runs that ask for torch_compile go to the compile runtime by themselves once it exists."""
+    from ortlab.runtimes import RUNTIMES, RuntimeCreateError, create
+
+    if name not in RUNTIMES:
+        typer.echo(f"error: unknown runtime {name!r}; ortlab builds: {', '.join(RUNTIMES)}", err=True)
+        raise typer.Exit(2)
+    try:
+        create(name, progress=lambda line: typer.echo(line))
+    except RuntimeCreateError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
+
+
+@runtime_app.command("list")
+def runtime_list() -> None:
+    """The runtimes ortlab builds, where each lives and whether it is ready (reads files only)."""
+    from ortlab.runtimes import RUNTIMES, _inspect
+
+    for name, what in RUNTIMES.items():
+        state = _inspect(name)
+        if state.python is not None and state.stamp:
+            typer.echo(f"{name}: ready, torch {state.stamp.get('torch')} ({state.python}); {what}")
+        else:
+            typer.echo(f"{name}: not ready: {state.why}; {what}")
+
+
 @app.command()
 def train(
     spec_file: Annotated[
@@ -164,6 +203,13 @@ def train(
     tune: Annotated[
         bool, typer.Option("--tune", help="measure which mix is fastest here first (about a minute; cached)")
     ] = False,
+    torch_compile: Annotated[
+        bool | None,
+        typer.Option(
+            "--torch-compile/--no-torch-compile",
+            help="torch.compile the model (runs in ortlab's compile runtime when this one cannot compile)",
+        ),
+    ] = None,
     output_dir: Annotated[str | None, typer.Option(help="folder for run folders (default: ortlab-runs)")] = None,
     name: Annotated[str | None, typer.Option(help="run name")] = None,
     seed: Annotated[int | None, typer.Option()] = None,
@@ -196,17 +242,20 @@ def train(
         ("accel", "zero_stage"): zero_stage,
         ("accel", "precision"): precision,
         ("accel", "tune"): "measure" if tune else None,
+        ("accel", "torch_compile"): torch_compile,
         ("output_dir",): output_dir,
         ("name",): name,
         ("seed",): seed,
     }
     try:
         spec = _build_spec(spec_file, overrides)
-        from ortlab.train.run import check, train_spec
-
         # Another interpreter or several processes cannot train in this process: they are launched, and in the
         # foreground followed here, like a detached run.
-        elsewhere = spec.target.python is not None or spec.target.processes > 1
+        # So does a run that needs ortlab's compile runtime (torch_compile where this runtime cannot compile).
+        from ortlab.runner import runtime_for
+        from ortlab.train.run import check, train_spec
+
+        elsewhere = spec.target.python is not None or spec.target.processes > 1 or runtime_for(spec)[1] is not None
         if detach or elsewhere:
             check(spec)  # the same fast checks as in the foreground, before anything starts
             from ortlab.runner import default_root, launch

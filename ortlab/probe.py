@@ -58,6 +58,9 @@ class DoctorReport:
     notes: list[str] = field(default_factory=list)
     probed_at: float | None = None  # when the probes ran (epoch seconds)
     cached: bool = False  # this report was read from the cache, not probed now
+    # ortlab's other runtimes (`ortlab.runtimes`), each probed by its own (cached) doctor: only in the report of
+    # the interpreter ortlab runs in, never cached with it (a runtime is built or removed independently).
+    runtimes: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __getitem__(self, name: str) -> Availability:
         return self.accelerations[name]
@@ -79,6 +82,7 @@ class DoctorReport:
             "notes": self.notes,
             "probed_at": self.probed_at,
             "cached": self.cached,
+            "runtimes": self.runtimes,
         }
 
     @classmethod
@@ -115,6 +119,8 @@ class DoctorReport:
             mark = "[green]yes[/]" if a.available and not a.slow else "[yellow]slow[/]" if a.available else "[red]no[/]"
             table.add_row(name, mark, a.reason, a.remedy)
         console.print(table)
+        for name, rt in self.runtimes.items():
+            console.print(f"[bold]{name} runtime[/]: {_describe_runtime(rt)}", soft_wrap=True)
         for note in self.notes:
             console.print(f"[yellow]note:[/] {note}")
 
@@ -123,6 +129,20 @@ class DoctorReport:
         for name, a in self.accelerations.items():
             lines.append(f"  {name:14} {'yes' if a.available else 'no ':3}  {a.reason}  -> {a.remedy}")
         return "\n".join(lines)
+
+
+def _describe_runtime(rt: dict[str, Any]) -> str:
+    if not rt.get("ready"):
+        return f"not built: {rt['why']}"
+    tc = rt.get("torch_compile") or {}
+    d = tc.get("details", {})
+    if tc.get("available"):
+        compiler = d.get("compiler_version") or d.get("compiler") or "?"
+        inductor = f"Inductor on {d.get('device', '?')}" + ("" if d.get("inductor") else " (not imported)")
+        what = f"{inductor}, C++ compiler {compiler}"
+    else:
+        what = f"torch.compile NOT available there: {tc.get('reason', 'not probed')}"
+    return f"ready, torch {rt.get('torch')}, {what} ({rt['python']})"
 
 
 def _environment() -> dict[str, Any]:
@@ -205,24 +225,96 @@ def doctor(python: str | None = None, refresh: bool = False) -> DoctorReport:
     probes again. Returns a `DoctorReport`; `ortlab doctor --json` prints `report.to_json()`.
     """
     start = time.monotonic()
-    python = python or sys.executable
+    here = python is None or _same_interpreter(python)
+    report = _doctor_one(python or sys.executable, refresh)
+    if here:
+        _add_runtimes(report, refresh)
+    report.elapsed_s = time.monotonic() - start
+    return report
+
+
+def _doctor_one(python: str, refresh: bool) -> DoctorReport:
     facts = fingerprint(python)
     if not refresh:
         report = _read_cache(facts)
         if report is not None:
-            report.elapsed_s = time.monotonic() - start
             return report
     report, transient = _probe(python)
-    report.elapsed_s = time.monotonic() - start
     if not transient:
         _write_cache(facts, report)
     return report
 
 
+def _add_runtimes(report: DoctorReport, refresh: bool, probe: bool = True) -> None:
+    """Probe ortlab's other runtimes (each through its own cached doctor) and say where torch_compile runs.
+
+    In the ORT runtime (torch 2.6) torch.compile cannot run, but a launched run that asks for it goes to the
+    compile runtime by itself (`ortlab.runner.runtime_for`): the doctor says so, instead of a bare "no".
+    """
+    from ortlab import runtimes
+
+    for name in runtimes.RUNTIMES:
+        state = runtimes._inspect(name)
+        entry: dict[str, Any] = {
+            "ready": state.python is not None,
+            "path": str(state.path),
+            "python": str(state.python) if state.python else None,
+            "why": state.why,
+        }
+        if state.python is not None and not _same_interpreter(str(state.python)):
+            sub = _doctor_one(str(state.python), refresh) if probe else _read_cache(fingerprint(str(state.python)))
+            if sub is not None:
+                entry.update(torch=sub.torch, torch_compile=sub["torch_compile"].to_dict(), probed_at=sub.probed_at)
+            else:  # not probed yet (cache-only callers): its stamp says torch imported with is_exporting
+                torch = (state.stamp or {}).get("torch")
+                entry.update(
+                    torch=torch,
+                    torch_compile=Availability(
+                        "torch_compile", True, f"torch {torch} (not probed yet: `ortlab doctor`)", "nothing to do"
+                    ).to_dict(),
+                )
+        elif state.python is not None:
+            entry.update(torch=report.torch, torch_compile=report["torch_compile"].to_dict())
+        report.runtimes[name] = entry
+    here = report.accelerations["torch_compile"]
+    compile_rt = report.runtimes.get("compile")
+    if here.available or not here.details.get("needs_newer_torch") or compile_rt is None:
+        return
+    there = compile_rt.get("torch_compile") or {}
+    if compile_rt["ready"] and there.get("available"):
+        d = there.get("details", {})
+        report.accelerations["torch_compile"] = Availability(
+            "torch_compile",
+            True,
+            f"available in the compile runtime (torch {compile_rt['torch']}"
+            + (f", Inductor on {d['device']}" if d.get("device") else "")
+            + f"); this runtime's torch {here.details.get('torch')} cannot compile",
+            "runs that ask for torch_compile are launched there by themselves (ortlab.launch, `ortlab train`); "
+            "an ORTTrainer in this process cannot compile",
+            details={**d, "runtime": "compile", "python": compile_rt["python"]},
+        )
+    elif compile_rt["ready"]:
+        report.accelerations["torch_compile"] = Availability(
+            "torch_compile",
+            False,
+            f"{here.reason}; the compile runtime cannot compile either: {there.get('reason', 'not probed')}",
+            there.get("remedy") or "`ortlab doctor --refresh`",
+            details={**here.details, "runtime": "compile"},
+        )
+    else:
+        report.accelerations["torch_compile"] = Availability(
+            "torch_compile", False, f"{here.reason}; {compile_rt['why']}", here.remedy, details=here.details
+        )
+
+
 def cached_report(python: str | None = None) -> DoctorReport | None:
     """The cached report for this environment, or None if it was never probed (or changed since). Never probes:
     for views that must open at once (the workbench, `ortlab info`) and can say "not probed yet" instead."""
-    return _read_cache(fingerprint(python or sys.executable))
+    python = python or sys.executable
+    report = _read_cache(fingerprint(python))
+    if report is not None and _same_interpreter(python):
+        _add_runtimes(report, refresh=False, probe=False)  # their cached reports, or their stamps: no probe
+    return report
 
 
 def _probe(python: str) -> tuple[DoctorReport, bool]:

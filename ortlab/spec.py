@@ -157,11 +157,13 @@ class RunSpec(_Strict):
     def _accelerations_fit(self, info: ValidationInfo) -> RunSpec:
         # Another runtime is checked by its own doctor when the run starts (ortlab.runner.check_runtime); a spec
         # read back from a run folder is a record of what ran, wherever it ran: no check against this machine.
+        # A spec is launched (or trained by the CLI, which launches what needs another runtime), so it may go to
+        # ortlab's compile runtime: `launched=True`.
         here = not (info.context or {}).get("stored") and self.target.python is None
         if here:
             from ortlab.accel import mix
 
-            mix.validate(self.mix())
+            mix.validate(self.mix(), launched=True)
         if self.task == "causal-lm" and self.data.label_column:
             raise ValueError("data.label_column: a causal LM learns from the text alone; remove label_column")
         return self

@@ -53,9 +53,13 @@ def _unavailable(a: Availability) -> str:
     return f"{a.name} was requested but is not available: {a.reason}. Fix: {a.remedy}"
 
 
-def problems(mix: Mix) -> tuple[list[str], list[str]]:
-    """(errors, warnings) for `mix` in this Python environment. Cheap: no probes, no model."""
-    from ortlab.accel import fused_adam, ort, precision, torch_compile, zero
+def problems(mix: Mix, launched: bool = False) -> tuple[list[str], list[str]]:
+    """(errors, warnings) for `mix` in this Python environment. Cheap: no probes, no model.
+
+    `launched`: the mix describes a run that ortlab launches in its own process (a RunSpec), which may go to
+    another of ortlab's runtimes (`runtime_for`); in-process training (`ORTTrainingArguments`) cannot.
+    """
+    from ortlab.accel import fused_adam, ort, precision, zero
 
     errors: list[str] = []
     warnings: list[str] = []
@@ -100,17 +104,52 @@ def problems(mix: Mix) -> tuple[list[str], list[str]]:
         (mix.ort, ort.check),
         (mix.fused_adam, fused_adam.check),
         (mix.zero_stage > 0, zero.check),
-        (mix.torch_compile, torch_compile.check),
     )
     for requested, check in requested_checks:
         if requested and not (a := check()).available:
             errors.append(_unavailable(a))
+    if mix.torch_compile and (problem := _compile_problem(launched)):
+        errors.append(problem)
     return errors, warnings
 
 
-def validate(mix: Mix) -> list[str]:
+def runtime_for(mix: Mix) -> str | None:
+    """The ortlab runtime (`ortlab.runtimes`) a launched run of `mix` trains in, or None for this one.
+
+    torch_compile in the ORT runtime (torch 2.6) goes to the compile runtime; everything else stays here. ORT +
+    torch_compile is refused by `problems`, so a run never needs both runtimes at once.
+    """
+    from ortlab.accel import torch_compile
+
+    if mix.torch_compile and not mix.ort and torch_compile.check().details.get("needs_newer_torch"):
+        return "compile"
+    return None
+
+
+def _compile_problem(launched: bool) -> str | None:
+    from ortlab import runtimes
+    from ortlab.accel import torch_compile
+
+    a = torch_compile.check()
+    if a.available:
+        return None
+    if not a.details.get("needs_newer_torch"):
+        return _unavailable(a)
+    python = runtimes.python_for("compile")
+    if python is None:
+        return _unavailable(a)  # its remedy: `ortlab runtime create compile`
+    if launched:
+        return None  # the run goes to the compile runtime, whose own doctor checks it at launch
+    return (
+        f"torch_compile cannot run in this process: {a.reason}. A launched run goes to the compile runtime by "
+        f"itself (ortlab.launch(spec), `ortlab train`); or run this script with the compile runtime's Python, "
+        f"{python}"
+    )
+
+
+def validate(mix: Mix, launched: bool = False) -> list[str]:
     """Raise `MixError` naming every broken rule; return the warnings (slow but valid choices)."""
-    errors, warnings = problems(mix)
+    errors, warnings = problems(mix, launched)
     if errors:
         raise MixError(errors)
     return warnings

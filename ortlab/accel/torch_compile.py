@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 from functools import lru_cache
+from typing import Any
 
 from ortlab.accel import Availability, package_version
 
@@ -29,21 +30,43 @@ def check(probe: bool = False) -> Availability:
             name,
             False,
             f"torch {version}: transformers 5 needs torch.compiler.is_exporting (torch >= 2.7) to compile",
-            "torch.compile needs a runtime with torch >= 2.7: create one (`python -m venv`, `pip install "
-            "'torch>=2.7' ortlab`) and launch the run there; ORT runs stay on torch 2.6",
+            "`ortlab runtime create compile` builds a second runtime with torch >= 2.7 (no ORT); runs that ask "
+            "for torch_compile then go there by themselves. ORT runs stay on torch 2.6",
+            details={"torch": version, "needs_newer_torch": True},
         )
+    compiler = shutil.which("c++") or shutil.which("g++")
     if torch.cuda.is_available():
         if package_version("triton") is None:
             return Availability(
                 name, False, "Inductor on CUDA needs triton, which is not installed", "pip install triton"
             )
-    elif shutil.which("c++") is None and shutil.which("g++") is None:
+    elif compiler is None:
         return Availability(name, False, "Inductor on CPU needs a C++ compiler", "install g++")
     device = "CUDA" if torch.cuda.is_available() else "CPU"
+    details: dict[str, Any] = {"torch": version, "device": device, "compiler": compiler}
+    if probe:
+        # Inductor is a part of torch that can fail to import on its own (a broken install, a missing module);
+        # the compiler's version line is what a user needs when a compile fails.
+        try:
+            import torch._inductor
+        except Exception as e:
+            return Availability(name, False, f"torch {version}: Inductor does not import ({e})", "reinstall torch")
+        details["inductor"] = True
+        details["compiler_version"] = _first_line([compiler, "--version"]) if compiler else None
     return Availability(
         name,
         True,
         f"torch {version}, Inductor on {device} (not compiled in the probe)",
         "the first steps compile (tens of seconds); throughput is steady after",
-        details={"torch": version},
+        details=details,
     )
+
+
+def _first_line(cmd: list[str]) -> str | None:
+    import subprocess
+
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return (out.stdout.strip().splitlines() or [None])[0]

@@ -189,12 +189,12 @@ class Run:
             if state not in ("stopped", "failed"):
                 raise RunError(f"run {self.id} is {state}: only a stopped or failed run can resume")
             raise RunError(f"run {self.id} has no checkpoint to resume from (it stopped before its first save)")
-        if spec.target.python:
-            check_runtime(spec)  # a run folder names an interpreter: check it before starting anything
-        else:
+        if not spec.target.python:
             from ortlab.spec import RunSpec
 
             RunSpec.parse(spec.model_dump(mode="json"))  # the stored mix, checked against this machine
+        # A run folder may name an interpreter, and the mix may need ortlab's compile runtime: check it first.
+        _prepare(spec)
         self.status()  # a dead 'running' run becomes 'failed' (and so resumable) here
         try:
             self.dir.set_status("pending", expect={"stopped", "failed"}, pid=None, create_time=None, resumed=True)
@@ -281,6 +281,38 @@ def _ortlab_path() -> str:
     return str(Path(__file__).resolve().parent.parent.parent)
 
 
+def runtime_for(spec: Any) -> tuple[str, str | None]:
+    """(interpreter, ortlab runtime name) that a run of `spec` starts in, without checking it.
+
+    `target.python` when the spec names one; else ortlab's compile runtime when the mix needs it (torch_compile
+    in the ORT runtime: `ortlab.accel.mix.runtime_for`); else this interpreter. Raises RunError when the
+    runtime the mix needs is not built, with the command that builds it.
+    """
+    if spec.target.python:
+        return str(spec.target.python), None
+    from ortlab.accel.mix import runtime_for as mix_runtime
+
+    name = mix_runtime(spec.mix())
+    if name is None:
+        return sys.executable, None
+    from ortlab.runtimes import _inspect
+
+    state = _inspect(name)
+    if state.python is None:
+        raise RunError(f"this run asks for torch_compile, which needs ortlab's {name} runtime, but {state.why}")
+    return str(state.python), name
+
+
+def _prepare(spec: Any) -> None:
+    """Check the interpreter `runtime_for` picks for `spec` before anything starts there (see check_runtime)."""
+    python, runtime = runtime_for(spec)
+    if spec.target.python:
+        check_runtime(spec)
+    elif runtime is not None:
+        # Built by ortlab (its stamp says it imported torch, transformers and ortlab): only the mix is checked.
+        _check_mix(spec, python)
+
+
 def check_runtime(spec: Any) -> dict[str, Any]:
     """Check the interpreter a spec names (`target.python`) before anything starts in it, and its mix there.
 
@@ -288,8 +320,6 @@ def check_runtime(spec: Any) -> dict[str, Any]:
     file must exist and be executable, be a Python that can import ortlab's dependencies, and its own doctor
     must say that every acceleration the spec asks for runs there. Raises RunError naming what is wrong.
     """
-    from ortlab.probe import doctor
-
     python = str(spec.target.python)
     path = Path(python)
     if not path.is_file() or not os.access(path, os.X_OK):
@@ -312,8 +342,15 @@ def check_runtime(spec: Any) -> dict[str, Any]:
             f"target.python: {python!r} is not a Python that can run ortlab ({last}); install ortlab's "
             "dependencies there (`pip install ortlab`) or pick another interpreter"
         )
-    report = doctor(python)
+    return _check_mix(spec, python)
+
+
+def _check_mix(spec: Any, python: str) -> dict[str, Any]:
+    """The doctor of `python` (cached per environment) must accept every acceleration the spec asks for."""
     from ortlab.accel.mix import Mix
+    from ortlab.probe import doctor
+
+    report = doctor(python)
 
     # What the spec asks for explicitly ('auto' resolves in the target runtime itself, when the run starts).
     a = spec.accel
@@ -346,8 +383,13 @@ def _child_env() -> dict[str, str]:
 
 
 def _start(run: RunDir, spec: Any, resume: bool = False) -> subprocess.Popen:
-    """Start the worker of a claimed (`pending`) run folder; a start that fails ends the run `failed`."""
-    python = spec.target.python or sys.executable
+    """Start the worker of a claimed (`pending`) run folder; a start that fails ends the run `failed`.
+
+    It starts in the interpreter `runtime_for` picks (checked before by `_prepare`); status.json records the
+    ortlab runtime ortlab chose ("current" when it runs where the spec says), beside the interpreter the worker
+    itself records when it starts.
+    """
+    python, runtime = runtime_for(spec)
     worker = ["-m", "ortlab.runner.worker", str(run.path.resolve()), *(["--resume"] if resume else [])]
     if spec.target.processes > 1:
         cmd = [
@@ -380,7 +422,9 @@ def _start(run: RunDir, spec: Any, resume: bool = False) -> subprocess.Popen:
         except OSError as e:
             run.set_status("failed", error=f"the run process could not be started: {e} (command: {cmd[0]})", step=0)
             raise RunError(f"run {run.id} could not start: {e}") from None
-    run.update_status(pid=proc.pid, create_time=process_create_time(proc.pid), launcher=cmd[:3])
+    run.update_status(
+        pid=proc.pid, create_time=process_create_time(proc.pid), launcher=cmd[:3], runtime=runtime or "current"
+    )
     return proc
 
 
@@ -388,8 +432,9 @@ def launch(spec: Any = None, root: str | os.PathLike | None = None, **overrides:
     """Start `spec` (a RunSpec, a dict, or a YAML/JSON path; default: the embedded default) in its own process.
 
     The spec is validated here (instantly; a spec for another interpreter is checked by that interpreter's
-    doctor); the model and data checks run in the run process and a problem there ends the run `failed` with
-    the message. Returns at once.
+    doctor). A spec that asks for torch_compile where this runtime cannot compile runs in ortlab's compile
+    runtime (`ortlab runtime create compile`), recorded as `runtime` in status.json. The model and data checks
+    run in the run process and a problem there ends the run `failed` with the message. Returns at once.
     """
     from ortlab.spec import RunSpec
 
@@ -401,8 +446,7 @@ def launch(spec: Any = None, root: str | os.PathLike | None = None, **overrides:
         spec = RunSpec.parse(spec)
     if overrides:
         spec = RunSpec.parse({**spec.model_dump(mode="json"), **overrides})
-    if spec.target.python:
-        check_runtime(spec)
+    _prepare(spec)  # another interpreter is checked before the run folder exists
     run_dir = RunDir.create(root or spec.output_dir, spec)
     run = Run(run_dir.path)
     run._process = _start(run_dir, spec)

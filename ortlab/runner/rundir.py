@@ -252,7 +252,7 @@ class RunDir:
         allowed = TRANSITIONS.get(now_state, frozenset(STATES))
         if state not in allowed or (expect is not None and now_state not in expect):
             raise RunStateError(f"run {self.id} is {now_state}: it cannot become {state}")
-        identity = ("pid", "create_time", "started", "launcher", "python", "world_size", "worker_pid")
+        identity = ("pid", "create_time", "started", "launcher", "runtime", "python", "world_size", "worker_pid")
         keep = {k: v for k, v in current.items() if k in identity}
         status = {**keep, **fields, "state": state, "updated": time.time()}
         if state in TERMINAL:

@@ -87,6 +87,16 @@ def train_spec(
     With a `terminal` (`ortlab train`), ortlab's lines and a progress bar go to the screen and everything else
     this process prints (third-party libraries) to the run's logs/run.log.
     """
+    from ortlab.accel.mix import MixError, runtime_for
+
+    if runtime_for(spec.mix()) is not None:
+        # The spec check lets such a spec through because a launched run goes to the compile runtime by itself.
+        raise MixError(
+            [
+                "torch_compile cannot run in this process (its torch cannot compile): launch the run "
+                "(ortlab.launch(spec), `ortlab train`) and it goes to ortlab's compile runtime"
+            ]
+        )
     if terminal is not None:
         log = terminal.say
         log(f"checking the model ({spec.model.name}) and the data ({spec.data.source}) ...")

@@ -420,10 +420,37 @@ class ORTTrainer(Trainer):
                 self._report_not_applied(record, f"training runs in {active} ({how})")
 
     def _verify_torch_compile(self) -> None:
+        """Applied only when the model that trains is a compiled module AND Dynamo compiled frames of it: a
+        wrapper whose every frame fell back to eager (graph breaks everywhere, a compile error swallowed by
+        `suppress_errors`) compiles nothing."""
         record = self.accelerations["torch_compile"]
-        record.applied = record.requested and hasattr(_unwrap_engine(self.model_wrapped), "_orig_mod")
-        if record.requested and not record.applied:
+        if not record.requested:
+            return
+        import sys
+
+        import torch
+
+        trained = _unwrap_engine(self.model_wrapped)
+        compiled = hasattr(trained, "_orig_mod")
+        dynamo = sys.modules.get("torch._dynamo.utils")  # imported by torch.compile: absent means never compiled
+        counters = getattr(dynamo, "counters", {}) if dynamo is not None else {}
+        frames = int(counters.get("frames", {}).get("ok", 0)) if counters else 0
+        graphs = int(counters.get("stats", {}).get("unique_graphs", 0)) if counters else 0
+        record.applied = compiled and frames > 0
+        record.details.update(
+            {
+                "module": type(trained).__name__,
+                "frames_compiled": frames,
+                "graphs": graphs,
+                "backend": self.args.torch_compile_backend or "inductor",
+                "torch": torch.__version__,
+                "python": sys.executable,
+            }
+        )
+        if not compiled:
             self._report_not_applied(record, "the model that trains is not a compiled module")
+        elif not record.applied:
+            self._report_not_applied(record, "Dynamo compiled no frame of the model (every frame ran eagerly)")
 
     def _report_not_applied(self, record: Applied, why: str) -> None:
         if record.name in self._reported:
