@@ -284,7 +284,28 @@ def wrap(model, options: ORTOptions):
         )
         if options.save_onnx_path:
             Path(options.save_onnx_path).mkdir(parents=True, exist_ok=True)
-        return ORTModule(model, debug)
+        module = ORTModule(model, debug)
+    _record_fallbacks(module)
+    return module
+
+
+def _record_fallbacks(ort_module) -> None:
+    """Keep every fallback's reason on the module, whatever ORT does with its own record afterwards.
+
+    With ORTMODULE_FALLBACK_RETRY set, ORTModule forgets a fallback once the PyTorch step ran (and tries ONNX
+    Runtime again next step), so reading its state after the first step would miss steps trained in PyTorch.
+    """
+    manager = ort_module._fallback_manager
+    seen: list[str] = []
+    original = manager.fallback
+
+    def fallback(*args, **kwargs):
+        if manager._exception is not None:
+            seen.append(describe_error(manager._exception))
+        return original(*args, **kwargs)
+
+    manager.fallback = fallback
+    ort_module._ortlab_fallbacks = seen
 
 
 MAX_ERROR_CHARS = 4000
@@ -314,6 +335,12 @@ def fallback_reason(ort_module) -> str | None:
     manager = ort_module._fallback_manager
     if manager._exception is not None:
         return describe_error(manager._exception)
+    seen = getattr(ort_module, "_ortlab_fallbacks", [])
+    if seen:
+        return (
+            f"{seen[0]}\n(ORTModule retried ONNX Runtime afterwards, ORTMODULE_FALLBACK_RETRY: {len(seen)} "
+            "forward(s) ran in PyTorch)"
+        )
     if isinstance(ort_module._torch_module, TorchModulePytorch):
         return "ORTModule switched to PyTorch at initialisation"
     return None
