@@ -317,6 +317,9 @@ def tune_cmd(
     batch_size: Annotated[int | None, typer.Option()] = None,
     max_length: Annotated[int | None, typer.Option()] = None,
     cache: Annotated[bool, typer.Option("--cache/--no-cache", help="reuse an earlier measurement")] = True,
+    compile: Annotated[
+        bool, typer.Option("--compile", help="also measure torch.compile (its warm-up takes a minute or more)")
+    ] = False,
     json_out: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Measure which acceleration mix trains fastest here, on the spec's model and batches (about a minute).
@@ -337,7 +340,7 @@ def tune_cmd(
 
     try:
         spec = _build_spec(spec_file, overrides)
-        result = tune_spec(spec, progress=lambda m: typer.echo(m, err=json_out), use_cache=cache)
+        result = tune_spec(spec, progress=lambda m: typer.echo(m, err=json_out), use_cache=cache, compile=compile)
     except (*_user_errors(), TuneError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
@@ -354,7 +357,7 @@ def _print_tune(result: Any) -> None:
     console = Console(highlight=False)
     table = Table(title=None)
     for col, justify in (("mix", "left"), ("samples/s", "right"), ("vs plain", "right"), ("warm-up", "right")):
-        table.add_column(col, justify=justify)
+        table.add_column(col, justify=justify, overflow="fold")
     table.add_column("verdict", overflow="fold")
     for m in result.candidates:
         table.add_row(
@@ -367,7 +370,10 @@ def _print_tune(result: Any) -> None:
     console.print(table)
     how = "cached measurement" if result.cached else f"measured in {result.calibration_s:.0f} s"
     console.print(f"fastest here: [bold]{result.chosen}[/] ({how}, {result.rounds} interleaved rounds)")
-    console.print("runs that leave ort / fused_adam / precision at 'auto' on this model and batch shape use it")
+    if result.choice.get("torch_compile"):
+        console.print("torch.compile is never chosen for you: set accel.torch_compile (--torch-compile) to use it")
+    else:
+        console.print("runs that leave ort / fused_adam / precision at 'auto' on this model and batch shape use it")
 
 
 def _read_spec_file(path: Path) -> dict:

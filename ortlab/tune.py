@@ -136,8 +136,13 @@ class TuneResult:
 # --- which mixes ----------------------------------------------------------------------------------------------
 
 
-def plan(processes: int = 1, use_cpu: bool = False) -> list[Candidate]:
-    """The candidate mixes for this runtime, from the doctor's static checks (cheap; no probes run)."""
+def plan(processes: int = 1, use_cpu: bool = False, compile: bool = False) -> list[Candidate]:
+    """The candidate mixes for this runtime, from the doctor's static checks (cheap; no probes run).
+
+    torch.compile is measured only when asked (`compile=True`, `ortlab tune --compile`): its warm-up (about a
+    minute on CPU, again for each new batch shape) is larger than the whole calibration budget, it moves the run
+    to another runtime, and `accel.torch_compile` is never 'auto' (a user turns it on knowingly).
+    """
     from ortlab.accel import fused_adam, ort, precision, torch_compile
     from ortlab.accel.mix import _cuda_available
 
@@ -161,7 +166,10 @@ def plan(processes: int = 1, use_cpu: bool = False) -> list[Candidate]:
         out.append(Candidate("fp16+fused_adam", fused_adam=fused_ok.available, precision="fp16"))
     compiled = torch_compile.check()
     compile_python = None if compiled.available else _compile_runtime()
-    if compiled.available or compile_python:
+    if not compile:
+        why = "not measured: its warm-up exceeds the calibration budget; `ortlab tune --compile` measures it"
+        out.append(Candidate("torch_compile", torch_compile=True, skipped=why))
+    elif compiled.available or compile_python:
         out.append(Candidate("torch_compile+fused_adam", fused_adam=True, torch_compile=True, python=compile_python))
     else:
         out.append(Candidate("torch_compile", torch_compile=True, skipped=compiled.reason))
@@ -281,6 +289,7 @@ def tune_batches(
     budget_s: float = DEFAULT_BUDGET_S,
     use_cache: bool = True,
     measure: bool = True,
+    compile: bool = False,
     progress: Callable[[str], None] = print,
     log_dir: Path | None = None,
 ) -> TuneResult | None:
@@ -288,7 +297,7 @@ def tune_batches(
 
     With `measure=False` only a cached measurement is returned (None when there is none).
     """
-    candidates = plan(processes)
+    candidates = plan(processes, compile=compile)
     shapes = {
         "task": task,
         "batch_shapes": sorted({tuple(b["input_ids"].shape) for b in batches}),
@@ -447,6 +456,8 @@ def _judge(measured: dict[str, Measured], losses: dict[str, list[float]], live: 
         m = measured[name]
         if name == best:
             m.verdict = "chosen" + (f": {m.ratio:.2f}x plain" if name != "plain" else ": nothing measured faster")
+        elif name == "plain":
+            m.verdict = f"the baseline ({best} measured faster)"
         elif not m.verdict:
             m.verdict = f"slower than {best}: {m.ratio:.2f}x plain"
     return best
@@ -614,7 +625,9 @@ def decide(
     return result.choice, result, f"{result.chosen} ({how}; table in tune.json)"
 
 
-def tune_spec(spec: Any, progress: Callable[[str], None] = print, use_cache: bool = True) -> TuneResult:
+def tune_spec(
+    spec: Any, progress: Callable[[str], None] = print, use_cache: bool = True, compile: bool = False
+) -> TuneResult:
     """`ortlab tune`: check the spec's model and data, then measure its candidate mixes (or reuse the cache)."""
     from ortlab.data import collator, tokenize
     from ortlab.tasks import load_tokenizer
@@ -635,6 +648,7 @@ def tune_spec(spec: Any, progress: Callable[[str], None] = print, use_cache: boo
         seed=spec.seed,
         processes=spec.target.processes,
         use_cache=use_cache,
+        compile=compile,
         progress=progress,
     )
     assert result is not None  # measure=True always returns a result or raises

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -49,7 +52,7 @@ def test_judge_keeps_plain_unless_a_mix_clearly_wins():
     assert measured["slow"].verdict == "slower: 0.80x plain"
     assert measured["nan"].verdict == "rejected: the loss is not finite"
     assert measured["off"].verdict.startswith("rejected: loss 2.5000 strays from plain's 0.6950")
-    assert measured["plain"].verdict.startswith("slower than steady")
+    assert measured["plain"].verdict == "the baseline (steady measured faster)"
 
 
 def test_judge_prefers_plain_when_nothing_wins():
@@ -70,6 +73,7 @@ def test_plan_names_why_a_mix_is_not_measured(monkeypatch):
     assert plan["plain"].skipped is None and plan["fused_adam"].skipped is None
     assert plan["ort"].skipped == plan["ort+fused_adam"].skipped == "no ORT here"
     assert plan["bf16+fused_adam"].skipped == "not measured: emulated (no avx512_bf16)"
+    assert plan["torch_compile"].skipped.startswith("not measured: its warm-up exceeds the calibration budget")
     many = {c.name: c for c in tune.plan(processes=2)}
     assert many["fused_adam"].skipped.startswith("not measured: ortlab tunes single-process runs only")
     assert many["plain"].skipped is None
@@ -145,6 +149,24 @@ def test_tune_measures_every_candidate_in_its_own_process_and_caches(tmp_path, t
 
     again = tune.tune_spec(spec, progress=lines.append)
     assert again.cached and again.chosen == result.chosen and again.key == result.key
+
+    # The CLI finds the same measurement and shows the whole table in 80 columns, no cell cut.
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(spec.to_yaml())
+    env = dict(os.environ, COLUMNS="80", ORTLAB_CACHE_DIR=str(tmp_path / "cache"))
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "ortlab"), "tune", str(spec_file)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"fastest here: {result.chosen} (cached measurement" in proc.stdout, proc.stdout
+    assert "…" not in proc.stdout, proc.stdout
+    assert max(len(line) for line in proc.stdout.splitlines()) <= 80
+    for name in planned:
+        assert name in proc.stdout, name
 
 
 @pytest.mark.slow
