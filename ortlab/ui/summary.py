@@ -57,10 +57,12 @@ def rows(runs: list[Any], baseline: str | None = None) -> list[dict[str, str]]:
 
 def table_html(data: list[dict[str, str]]) -> str:
     if not data:
-        return "<i>no runs yet</i>"
+        return "<div><i>no runs yet</i></div>"
     head = "".join(f"<th style='text-align:left;padding:2px 8px'>{html.escape(k)}</th>" for k in data[0])
     body = "".join(
-        "<tr>" + "".join(f"<td style='padding:2px 8px'>{html.escape(str(v))}</td>" for v in row.values()) + "</tr>"
+        "<tr>"
+        + "".join(f"<td style='text-align:left;padding:2px 8px'>{html.escape(str(v))}</td>" for v in row.values())
+        + "</tr>"
         for row in data
     )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"

@@ -427,7 +427,9 @@ class Workbench(RefreshedDisplay, widgets.VBox):
             spec_text = self.spec().to_yaml()
         except Exception as e:  # an invalid spec is still worth showing, with why
             spec_text = f"invalid spec: {e}"
-        return summary_html + f"<pre>{html.escape(spec_text)}</pre>", text + "\n" + spec_text
+        # Folded: the spec is 50 lines of YAML, and a reader of a saved notebook looks at the runs first.
+        spec_html = f"<details><summary>the spec (YAML)</summary><pre>{html.escape(spec_text)}</pre></details>"
+        return summary_html + spec_html, text + "\n" + spec_text
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
         bundle = super()._repr_mimebundle_(**kwargs) or {}

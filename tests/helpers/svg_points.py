@@ -7,11 +7,15 @@ import re
 
 
 def series(page: str) -> dict[str, list[tuple[float, float]]]:
-    """Every curve in `page` (HTML holding ortlab's inline SVG): legend label -> its (x, y) pixel points."""
+    """Every curve in `page` (HTML holding ortlab's inline SVG): legend label -> its (x, y) pixel points. Attributes
+    in any order: nbconvert's HTML writes them sorted."""
     out = {}
-    for label, d in re.findall(r'<path class="ortlab-series" data-label="([^"]*)" d="([^"]*)"', page):
-        points = [tuple(map(float, p.split(","))) for p in d.lstrip("M").split(" L")]
-        out[html.unescape(label)] = points
+    for tag in re.findall(r"<path\b[^>]*>", page):
+        attributes = dict(re.findall(r'([\w-]+)="([^"]*)"', tag))
+        if attributes.get("class") != "ortlab-series":
+            continue
+        points = [tuple(map(float, p.split(","))) for p in attributes["d"].lstrip("M").split(" L")]
+        out[html.unescape(attributes["data-label"])] = points
     return out
 
 
