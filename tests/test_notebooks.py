@@ -18,6 +18,8 @@ from conftest import ROOT
 from ortlab.notebooks import NotebookFailed, parameter_names, run_notebook
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+# The notebooks that show their runs' curves (a RunMonitor): their saved output must hold the finished runs.
+CHARTED = {"01-quickstart", "02-acceleration-tour", "04-bring-your-own-data"}
 ARTIFACTS = ROOT / "test-artifacts" / "notebooks"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
@@ -93,8 +95,31 @@ def test_notebook_runs_in_smoke_mode(path, tmp_path, monkeypatch):
     errors = [o for c in executed.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert errors == []
     html_path, png = render(out)
-    assert png.stat().st_size > 10_000 and "ortlab" in html_path.read_text(encoding="utf-8")
+    page = html_path.read_text(encoding="utf-8")
+    assert png.stat().st_size > 10_000 and "ortlab" in page
     assert warnings_shown(executed) == [], "library warnings reached the notebook's output"
+    if path.stem in CHARTED:
+        assert_shows_finished_runs(page, tmp_path / "runs")
+
+
+def assert_shows_finished_runs(page: str, runs_folder: Path) -> None:
+    """The HTML a reader gets draws each run's logged train losses (an SVG curve whose points are those losses)
+    and no run view was left saying a run is pending or running: they all ended before the notebook did."""
+    from svg_points import assert_drawn, series
+
+    from ortlab.runner import runs
+
+    curves = series(page)
+    assert curves, "no chart in the executed notebook's HTML"
+    drawn = 0
+    for run in runs(runs_folder):
+        losses = [r["loss"] for r in run.metrics() if r.get("event") == "step"]
+        for label, points in curves.items():
+            if label.startswith(f"{run.id} [") and label.endswith("(train)"):
+                assert_drawn([y for _, y in points], losses, increasing=False)
+                drawn += 1
+    assert drawn, f"no run of {runs_folder} is drawn; curves: {sorted(curves)}"
+    assert ">pending<" not in page and ">running<" not in page, "a run view kept a state from before the run ended"
 
 
 def test_a_failing_cell_fails_the_run(tmp_path):

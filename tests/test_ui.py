@@ -66,9 +66,9 @@ def test_toggles_show_what_the_doctor_says(workbench):
     assert workbench.toggles["ort"].disabled is False  # available in the development environment
 
 
-def recorded_run(tmp_path, steps: int = 200) -> Run:
+def recorded_run(tmp_path, steps: int = 200, name: str = "recorded") -> Run:
     """A run folder holding a recorded metrics stream (as a finished ORT + fused Adam run writes it)."""
-    run = RunDir.create(tmp_path / "recorded", RunSpec(name="recorded"))
+    run = RunDir.create(tmp_path / name, RunSpec(name=name))
     applied = {
         "ort": {"requested": True, "applied": True},
         "fused_adam": {"requested": True, "applied": True},
@@ -186,7 +186,7 @@ def test_papermill_gets_the_static_view_not_an_error(tmp_path):
         cwd=str(tmp_path),
     )
     (output,) = nbformat.read(tmp_path / "out.ipynb", as_version=4).cells[0].outputs
-    assert output["output_type"] == "execute_result"
+    assert output["output_type"] == "display_data"  # with a display id: ortlab updates it as runs move on
     assert "static view" in output["data"]["text/html"]
     assert "embedded:rotten-tomatoes" in output["data"]["text/plain"]
 
@@ -200,4 +200,218 @@ def test_a_new_workbench_finds_existing_runs(tmp_path):
     assert "recorded" in wb.comparison.value
     train_loss = next(t for t in wb.monitor.figure.data if t.name.endswith("(train)"))
     assert len(train_loss.x) == 200  # a finished run's history is drawn at once
+    wb.monitor.close()
+
+
+# --- the static view: curves as SVG, kept true to the run -------------------------------------------------------
+
+
+def test_static_view_draws_the_logged_losses_as_svg(tmp_path):
+    from svg_points import assert_drawn, series
+
+    from ortlab.ui import RunMonitor
+
+    run = recorded_run(tmp_path, steps=200)
+    monitor = RunMonitor()
+    monitor.add_run(run, follow=False)
+    page = monitor._repr_mimebundle_()["text/html"]
+    monitor.close()
+    records = run.metrics()
+    steps = [r for r in records if r["event"] == "step"]
+    evals = [r for r in records if r["event"] == "eval"]
+    curves = series(page)
+    assert set(curves) == {
+        "recorded [ort+fused_adam] (train)",
+        "recorded [ort+fused_adam] (eval)",
+        "recorded [ort+fused_adam]",  # samples/s
+    }
+    train = curves["recorded [ort+fused_adam] (train)"]
+    assert_drawn([x for x, _ in train], [r["step"] for r in steps], increasing=True)
+    assert_drawn([y for _, y in train], [r["loss"] for r in steps], increasing=False)
+    assert_drawn([y for _, y in curves["recorded [ort+fused_adam] (eval)"]], [r["eval_loss"] for r in evals], False)
+    assert_drawn([y for _, y in curves["recorded [ort+fused_adam]"]], [r["samples_per_s"] for r in steps], False)
+    # Theme-neutral: text and axes take the page's colour, nothing paints a background.
+    assert 'fill="currentColor"' in page and "background" not in page
+
+
+def test_static_chart_escapes_labels_and_survives_odd_data():
+    from ortlab.ui.svg import Series, line_chart
+
+    hostile = "<img src=x onerror=alert(1)>"
+    s = Series(hostile, "#636efa")
+    for x, y in [(1, 0.5), (2, float("nan")), (3, True), (4, 0.5)]:
+        s.add(x, y)
+    svg = line_chart(hostile, [s])
+    assert "<img" not in svg and "&lt;img" in svg
+    assert s.xs == [1.0, 4.0]  # NaN and a bool are not points
+    assert "no points logged yet" in line_chart("loss", [Series("empty", "#000")])
+    one = Series("one", "#000")
+    one.add(1, 0.7)
+    assert "<circle" in line_chart("loss", [one])  # a single point is still visible (a flat band around it)
+
+
+def test_live_chart_reads_on_light_and_dark_themes(tmp_path):
+    from ortlab.ui import RunMonitor
+
+    first, second = recorded_run(tmp_path, steps=3, name="first"), recorded_run(tmp_path, steps=3, name="second")
+    monitor = RunMonitor()
+    monitor.add_run(first, follow=False)
+    monitor.add_run(second, follow=False)
+    layout = monitor.figure.layout
+    assert layout.paper_bgcolor == "rgba(0,0,0,0)" and layout.plot_bgcolor == "rgba(0,0,0,0)"
+    assert layout.font.color not in (None, "black", "white", "#000", "#fff")
+    assert all(a.font.color == layout.font.color for a in layout.annotations)  # panel titles too
+    assert layout.xaxis.gridcolor.startswith("rgba(128,128,128")
+    # One colour per run across the panels, so that the loss panel's legend names every curve.
+    colors: dict[str, set] = {}
+    for trace in monitor.figure.data:
+        colors.setdefault(trace.legendgroup, set()).add(trace.line.color)
+        assert trace.marker.color == trace.line.color
+    assert set(colors) == {"first", "second"}
+    assert len(colors["first"]) == len(colors["second"]) == 1 and colors["first"] != colors["second"]
+    monitor.close()
+
+
+class FakeShell:
+    """Just enough of IPython's shell for `ortlab.ui.display`: its events."""
+
+    def __init__(self):
+        from IPython.core.events import EventManager, available_events
+
+        self.events = EventManager(self, available_events)
+
+
+def test_a_displayed_view_updates_its_saved_output_when_the_run_moves_on(tmp_path, monkeypatch):
+    import os
+
+    import IPython
+    import IPython.display
+    from svg_points import series
+
+    import ortlab.runner.rundir as rundir
+    from ortlab.train.metrics import JsonLinesSink
+    from ortlab.ui import RunMonitor
+
+    sent = []
+    shell = FakeShell()
+    monkeypatch.setattr(IPython, "get_ipython", lambda: shell)
+    monkeypatch.setattr(IPython.display, "display", lambda obj, **kw: sent.append(("display", obj, kw)))
+    monkeypatch.setattr(IPython.display, "update_display", lambda obj, **kw: sent.append(("update", obj, kw)))
+
+    folder = RunDir.create(tmp_path / "live", RunSpec(name="live"))
+    folder.update_status(pid=os.getpid(), create_time=rundir.process_create_time(os.getpid()))
+    folder.set_status("running")
+    sink = JsonLinesSink(folder.metrics_path)
+    step = {"event": "step", "samples_per_s": 10.0, "step_time_s": 0.1, "samples": 8, "tokens": 64}
+    for i in (1, 2):
+        sink({**step, "step": i, "loss": 1.0 / i})
+    monitor = RunMonitor()
+    monitor.add_run(Run(folder.path), follow=False)
+    monitor._ipython_display_()  # what IPython calls for the cell's last expression
+    ((kind, bundle, kw),) = sent
+    assert kind == "display" and kw["raw"] and kw["display_id"].startswith("ortlab-")
+    assert ">running<" in bundle["text/html"]
+    shell.events.trigger("post_run_cell", None)  # a cell ran, nothing changed: nothing sent (no redraw)
+    assert len(sent) == 1
+
+    for i in (3, 4):  # the run goes on and ends, while the user's next cell waits for it
+        sink({**step, "step": i, "loss": 1.0 / i})
+    sink.close()
+    folder.set_status("completed")
+    shell.events.trigger("post_run_cell", None)
+    kind, bundle, kw2 = sent[-1]
+    assert kind == "update" and kw2["display_id"] == kw["display_id"]
+    assert ">completed<" in bundle["text/html"] and ">running<" not in bundle["text/html"]
+    (train,) = [p for label, p in series(bundle["text/html"]).items() if label.endswith("(train)")]
+    assert len(train) == 4  # the final curve, read from the run folder
+    shell.events.trigger("post_run_cell", None)
+    assert len(sent) == 2
+    monitor.close()
+    shell.events.trigger("post_run_cell", None)  # a closed view stops watching
+    assert shell.events.callbacks["post_run_cell"] == []
+
+
+@pytest.mark.slow
+def test_an_executed_notebook_keeps_the_finished_run_not_pending(tmp_path):
+    """In a real kernel, through papermill: the cell that displayed the monitor ends up showing the run as it
+    ended in a later cell."""
+    import nbformat
+    import papermill
+    from svg_points import series
+
+    cells = [
+        "import os\n"
+        "from ortlab.runner import Run\n"
+        "from ortlab.runner.rundir import RunDir, process_create_time\n"
+        "from ortlab.spec import RunSpec\n"
+        "from ortlab.train.metrics import JsonLinesSink\n"
+        "folder = RunDir.create('run', RunSpec(name='nb'))\n"
+        "folder.update_status(pid=os.getpid(), create_time=process_create_time(os.getpid()))\n"
+        "folder.set_status('running')\n"
+        "sink = JsonLinesSink(folder.metrics_path)\n"
+        "step = {'event': 'step', 'samples_per_s': 10.0, 'step_time_s': 0.1, 'samples': 8, 'tokens': 64}\n"
+        "sink({**step, 'step': 1, 'loss': 0.9})",
+        "import ortlab.ui\nortlab.ui.RunMonitor(Run(folder.path))",
+        "for i in range(2, 6):\n    sink({**step, 'step': i, 'loss': 1.0 / i})\n"
+        "sink.close()\nfolder.set_status('completed')",
+    ]
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, tmp_path / "in.ipynb")
+    papermill.execute_notebook(
+        str(tmp_path / "in.ipynb"),
+        str(tmp_path / "out.ipynb"),
+        kernel_name="python3",
+        progress_bar=False,
+        cwd=str(tmp_path),
+    )
+    (output,) = nbformat.read(tmp_path / "out.ipynb", as_version=4).cells[1].outputs
+    page = output["data"]["text/html"]
+    assert ">completed<" in page and ">running<" not in page
+    (train,) = [p for label, p in series(page).items() if label.endswith("(train)")]
+    assert len(train) == 5
+
+
+def test_check_this_machine_probes_in_the_background_and_updates_the_notes(tmp_path, monkeypatch):
+    import ortlab.probe
+    from ortlab.accel import Availability
+    from ortlab.ui import Workbench
+
+    monkeypatch.setattr(ortlab.probe, "cached_report", lambda python=None: None)  # never probed here
+    wb = Workbench(root=str(tmp_path))
+    assert not wb.probed
+    assert "(not probed)" not in "".join(n.value for n in wb.notes.values())  # said once, above the toggles
+    assert "installed:" in wb.notes["zero1"].value and "ok:" not in wb.notes["zero1"].value
+    assert "check this machine" in wb.check_note.value and wb.check_button.description == "check this machine"
+
+    asked = []
+
+    def fake_doctor(python=None, refresh=False):
+        asked.append(refresh)
+        accelerations = {name: Availability(name, True, f"{name} tried", "nothing to do") for name in wb.notes}
+        accelerations["ort"] = Availability("ort", False, "ORTModule failed a tiny training step: <boom>", "fix it")
+        return ortlab.probe.DoctorReport(
+            python="3.11",
+            executable="python",
+            platform="linux",
+            torch="2.6.0",
+            cuda=None,
+            devices=[],
+            packages={},
+            accelerations=accelerations,
+            probed_at=0.0,
+        )
+
+    monkeypatch.setattr(ortlab.probe, "doctor", fake_doctor)
+    assert wb.toggles["ort"].value is True  # the default spec asks for ORT
+    wb.check_machine().join(10)
+    assert asked == [False] and wb.probed
+    assert "ok: zero1 tried" in wb.notes["zero1"].value
+    assert "&lt;boom&gt;" in wb.notes["ort"].value
+    assert wb.toggles["ort"].disabled and wb.toggles["ort"].value is False  # switched off: it cannot run here
+    assert wb.check_button.description == "check again" and not wb.check_button.disabled
+    assert "tried for real" in wb.check_note.value
+    wb.check_machine().join(10)
+    assert asked == [False, True]  # a second check probes again
     wb.monitor.close()

@@ -17,6 +17,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 ACCELERATIONS = ("ort", "fused_adam", "zero1", "fp16", "bf16", "torch_compile")
+# Ends the reason of a check that passed on static facts only (versions, files) and was not tried for real; views
+# that say so once for all rows (the workbench) take it off each row.
+NOT_PROBED = " (not probed)"
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from ortlab.accel import Availability, package_version
+from ortlab.accel import NOT_PROBED, Availability, package_version
 
 ORT_NAME = "onnxruntime FusedAdam"
 TORCH_NAME = "torch AdamW(fused=True)"
@@ -50,7 +50,7 @@ def check(probe: bool = False) -> Availability:
                 f"{TORCH_NAME} failed a step on {device}: {err}",
                 "upgrade torch to >= 2.4 (fused AdamW on CPU)",
             )
-    reason = f"{TORCH_NAME} on {device.upper()}" + (" (probed: one step)" if probe else " (not probed)")
+    reason = f"{TORCH_NAME} on {device.upper()}" + (" (probed: one step)" if probe else NOT_PROBED)
     if ort_error:
         reason += f"; {ORT_NAME} is not usable here: {ort_error}"
     remedy = (

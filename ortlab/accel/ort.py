@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from ortlab.accel import Availability, package_version
+from ortlab.accel import NOT_PROBED, Availability, package_version
 
 EXTENSIONS = ("aten_op_executor", "torch_interop_utils")
 MAX_TORCH = (2, 7)  # exclusive
@@ -157,7 +157,7 @@ def check(probe: bool = False) -> Availability:
         name,
         True,
         f"onnxruntime-training {ort_version} with torch {torch_version}, extensions built"
-        + (f"; a tiny model trained through ORTModule on {device}" if probe else " (not probed)"),
+        + (f"; a tiny model trained through ORTModule on {device}" if probe else NOT_PROBED),
         "on CPU, ORT is usually slower than eager PyTorch: its gains are GPU results; compare with the benchmark",
         details=details,
     )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from ortlab.accel import Availability, package_version
+from ortlab.accel import NOT_PROBED, Availability, package_version
 
 
 @lru_cache(maxsize=2)
@@ -29,7 +29,7 @@ def check(probe: bool = False) -> Availability:
         return Availability(
             name,
             True,
-            f"deepspeed {version} installed (not probed)",
+            f"deepspeed {version} installed{NOT_PROBED}",
             "nothing to do",
             details={"deepspeed": version},
         )

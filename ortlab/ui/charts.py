@@ -5,7 +5,12 @@
 per-point update sends one comm message per trace per step (1,600 messages for 200 steps were seen), which
 floods the browser. Each legend entry says which accelerations really applied to that run.
 
-Where widgets cannot render (papermill, nbconvert, a terminal), the monitor shows a static summary instead.
+Where widgets cannot render (papermill, nbconvert, GitHub, a terminal), the monitor's output carries a static view
+instead: the curves as SVG and the runs table (`ortlab.ui.summary`), kept up to date by `ortlab.ui.display`.
+
+The figure is drawn for JupyterLab's light and dark themes alike: a transparent background (the page's shows
+through, so no white box on a dark page), and mid-grey text and grid lines, readable on either. Plotly cannot
+take the theme's CSS variables as colours, so neutral ones are the choice.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from ortlab.ui.display import RefreshedDisplay
 from ortlab.ui.summary import run_label, static_summary
+from ortlab.ui.svg import PALETTE
 
 PANELS = (
     ("loss", "loss (train, eval)"),
@@ -25,6 +32,9 @@ PANELS = (
     ("step_time_s", "step time (s)"),
     ("peak_mem_mb", "peak memory (MB)"),
 )
+TRANSPARENT = "rgba(0,0,0,0)"
+NEUTRAL_TEXT = "#808080"  # about 4:1 contrast on white and on JupyterLab's dark background
+NEUTRAL_GRID = "rgba(128,128,128,0.25)"
 
 
 def _figure() -> Any:
@@ -36,12 +46,22 @@ def _figure() -> Any:
     )
     widget = go.FigureWidget(fig)
     widget.update_layout(
-        height=520, margin={"l": 40, "r": 10, "t": 40, "b": 30}, legend={"orientation": "h"}, template="plotly_white"
+        height=520,
+        margin={"l": 40, "r": 10, "t": 40, "b": 30},
+        legend={"orientation": "h"},
+        template="none",  # plotly_white paints white boxes and near-white grid lines: wrong on a dark page
+        paper_bgcolor=TRANSPARENT,
+        plot_bgcolor=TRANSPARENT,
+        font={"color": NEUTRAL_TEXT},
     )
+    axis = {"gridcolor": NEUTRAL_GRID, "zerolinecolor": NEUTRAL_GRID, "linecolor": NEUTRAL_GRID, "showline": True}
+    widget.update_xaxes(**axis)
+    widget.update_yaxes(**axis)
+    widget.update_annotations(font={"color": NEUTRAL_TEXT})  # the panel titles
     return widget
 
 
-class RunMonitor(widgets.VBox):
+class RunMonitor(RefreshedDisplay, widgets.VBox):
     """Live charts for one or more runs (`ortlab.Run` objects). Works alone: `RunMonitor(run)`."""
 
     def __init__(self, *runs: Any, throttle_s: float = 0.5, **kwargs: Any):
@@ -121,16 +141,18 @@ class RunMonitor(widgets.VBox):
             index = [p for p, _ in PANELS].index(panel)
             row, col = index // 2 + 1, index % 2 + 1
             label = run_label(self._runs.get(run_id), run_id)
+            # One colour per run across the four panels (the legend, on the loss panel only, names them all).
+            color = PALETTE[list(self._runs).index(run_id) % len(PALETTE)] if run_id in self._runs else None
             self.figure.add_trace(
                 go.Scatter(
                     x=[],
                     y=[],
                     mode="lines+markers",
-                    marker={"size": 4},
+                    marker={"size": 4, "color": color},
                     name=f"{label} ({kind})" if panel == "loss" else label,
                     legendgroup=run_id,
                     showlegend=panel == "loss",
-                    line={"dash": "dot"} if kind == "eval" else {},
+                    line={"color": color, "dash": "dot" if kind == "eval" else "solid"},
                 ),
                 row=row,
                 col=col,
@@ -181,6 +203,9 @@ class RunMonitor(widgets.VBox):
         super().close()
 
     # --- where widgets cannot render -------------------------------------------------------------------------
+
+    def _shown_runs(self) -> list[Any]:
+        return list(self._runs.values())
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
         bundle = super()._repr_mimebundle_(**kwargs) or {}

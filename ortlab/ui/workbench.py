@@ -16,6 +16,7 @@ from typing import Any
 import ipywidgets as widgets
 
 from ortlab.ui.charts import RunMonitor
+from ortlab.ui.display import RefreshedDisplay
 from ortlab.ui.summary import rows, static_summary, table_html
 
 ACCELS = ("ort", "fused_adam", "zero1", "bf16", "fp16", "torch_compile")
@@ -24,15 +25,16 @@ WIDE = widgets.Layout(width="420px")
 LABEL = {"description_width": "100px"}
 
 
-def _availability() -> tuple[dict[str, Any], bool]:
-    """What this runtime can run, and whether that was probed: the doctor's cached report when this environment
-    was probed before (`ortlab doctor`; instant), else the static checks (instant too, marked "not probed").
-    The workbench never waits for probes."""
+def _availability() -> tuple[dict[str, Any], Any]:
+    """What this runtime can run, and the doctor's report it comes from: its cached report when this environment
+    was probed before (`ortlab doctor`; instant), else the static checks (instant too; report None). The workbench
+    never waits for probes on opening: they take 10-40 s, and most workbenches (every test's included) never need
+    them. The "check this machine" button runs them on request, in the background."""
     from ortlab.probe import cached_report
 
     report = cached_report()
     if report is not None:
-        return dict(report.accelerations), True
+        return dict(report.accelerations), report
     from ortlab.accel import fused_adam, ort, precision, torch_compile, zero
 
     return {
@@ -42,16 +44,38 @@ def _availability() -> tuple[dict[str, Any], bool]:
         "bf16": precision.check_bf16(),
         "fp16": precision.check_fp16(),
         "torch_compile": torch_compile.check(),
-    }, False
+    }, None
 
 
-def _note_html(a: Any) -> str:
-    mark = "ok" if a.available and not a.slow else "slow" if a.available else "unavailable"
-    tip, reason = html.escape(a.remedy, quote=True), html.escape(a.reason)
-    return f"<span title='{tip}'><small>{mark}: {reason}</small></span>"
+def _note_html(a: Any, probed: bool) -> str:
+    """One toggle's note. Unprobed, an available acceleration is only "installed" (its versions and files are
+    right; nothing was tried), and the "(not probed)" of each reason is said once, above the toggles, instead."""
+    from ortlab.accel import NOT_PROBED
+
+    if not a.available:
+        mark = "unavailable"
+    elif not probed:
+        mark = "installed"
+    else:
+        mark = "slow" if a.slow else "ok"
+    reason = a.reason if probed else a.reason.replace(NOT_PROBED, "")
+    tip = html.escape(a.remedy, quote=True)
+    return f"<span title='{tip}'><small>{mark}: {html.escape(reason)}</small></span>"
 
 
-class Workbench(widgets.VBox):
+def _checked_html(report: Any) -> str:
+    """Where the toggles' notes come from, said once above them."""
+    if report is None:
+        return (
+            "<small>quick checks only (installed versions and files). <b>check this machine</b> tries each "
+            "acceleration for real, as <code>ortlab doctor</code> does: 10-40 s once, in the background, then "
+            "remembered for this environment.</small>"
+        )
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(report.probed_at)) if report.probed_at else "earlier"
+    return f"<small>tried for real on this machine ({html.escape(when)}; <code>ortlab doctor</code>)</small>"
+
+
+class Workbench(RefreshedDisplay, widgets.VBox):
     """The ortlab workbench. `Workbench(spec={...})` starts from a spec (a dict or RunSpec) instead of the
     embedded default; `root` is the runs folder (default ./ortlab-runs)."""
 
@@ -61,7 +85,7 @@ class Workbench(widgets.VBox):
         self.root = root
         start = spec if isinstance(spec, RunSpec) else RunSpec.parse(spec or {})
         self._base = start.model_dump(mode="json")
-        self.available, self.probed = _availability()
+        self.available, self.report = _availability()
         self.notes: dict[str, widgets.HTML] = {}
         self._runs: dict[str, Any] = {}
 
@@ -116,8 +140,16 @@ class Workbench(widgets.VBox):
                 layout=widgets.Layout(width="130px"),
             )
             self.toggles[name] = box
-            self.notes[name] = widgets.HTML(_note_html(a))
+            self.notes[name] = widgets.HTML(_note_html(a, self.probed))
             accel_rows.append(widgets.HBox([box, self.notes[name]]))
+
+        self.check_button = widgets.Button(
+            description="check again" if self.probed else "check this machine",
+            tooltip="try each acceleration for real (10-40 s, in the background)",
+            layout=widgets.Layout(width="150px"),
+        )
+        self.check_note = widgets.HTML(_checked_html(self.report))
+        self._check_thread: threading.Thread | None = None
 
         # hyperparameters and target
         h = start.hyper
@@ -154,7 +186,7 @@ class Workbench(widgets.VBox):
                 widgets.HBox([self.data, self.data_inspect]),
                 self.data_preview,
                 widgets.HBox([self.task, self.text_column, self.label_column]),
-                widgets.HTML("<b>acceleration mix</b>"),
+                widgets.HBox([widgets.HTML("<b>acceleration mix</b>"), self.check_button, self.check_note]),
                 *accel_rows,
                 widgets.HTML("<b>training</b>"),
                 widgets.HBox([self.learning_rate, self.epochs, self.max_steps]),
@@ -190,12 +222,60 @@ class Workbench(widgets.VBox):
         self.data_inspect.on_click(lambda _b: self.inspect_data())
         self.launch_button.on_click(lambda _b: self.launch())
         self.stop_button.on_click(lambda _b: self.stop())
+        self.check_button.on_click(lambda _b: self.check_machine())
         # Stable hooks for tests and user CSS.
         self.add_class("ortlab-workbench")
         self.launch_button.add_class("ortlab-launch")
         self.stop_button.add_class("ortlab-stop")
         self.validate()
         self.reattach()
+
+    @property
+    def probed(self) -> bool:
+        """Whether the toggles' notes come from real probes (the doctor's report), not only static checks."""
+        return self.report is not None
+
+    # --- what this machine can run -------------------------------------------------------------------------
+
+    def check_machine(self) -> threading.Thread:
+        """Probe this environment (the doctor, `refresh` when it was probed before) in a background thread, then
+        update the toggles' notes and which toggles can be switched on. The probes run in their own processes:
+        the kernel stays free, and a crashing ORT build cannot take it down. Returns the thread (tests join it)."""
+        if self._check_thread is not None and self._check_thread.is_alive():
+            return self._check_thread
+        self.check_button.disabled = True
+        self.check_note.value = "<small>checking: each acceleration is tried for real in its own process...</small>"
+
+        def work() -> None:
+            from ortlab.probe import doctor
+
+            try:
+                report = doctor(refresh=self.probed)
+            except Exception as e:  # say what failed next to the button; the notes keep what was known
+                self.check_note.value = f"<small style='color:#b00'>the check failed: {html.escape(str(e))}</small>"
+            else:
+                self.show_availability(report)
+            finally:
+                self.check_button.disabled = False
+
+        self._check_thread = threading.Thread(target=work, daemon=True, name="ortlab-check-machine")
+        self._check_thread.start()
+        return self._check_thread
+
+    def show_availability(self, report: Any) -> None:
+        """Take the doctor's `report` for the notes and toggles: an acceleration found unavailable is switched off
+        (Launch then validates the spec again)."""
+        self.report = report
+        self.available = dict(report.accelerations)
+        for name in ACCELS:
+            a = self.available[name]
+            self.notes[name].value = _note_html(a, True)
+            box = self.toggles[name]
+            box.disabled = not a.available
+            if not a.available and box.value:
+                box.value = False
+        self.check_button.description = "check again"
+        self.check_note.value = _checked_html(report)
 
     # --- the spec ------------------------------------------------------------------------------------------
 
@@ -338,13 +418,18 @@ class Workbench(widgets.VBox):
 
     # --- where widgets cannot render -------------------------------------------------------------------------
 
+    def _shown_runs(self) -> list[Any]:
+        return list(self._runs.values())
+
     def _summary(self) -> tuple[str, str]:
         summary_html, text = static_summary(list(self._runs.values()), title="ortlab workbench")
         try:
             spec_text = self.spec().to_yaml()
         except Exception as e:  # an invalid spec is still worth showing, with why
             spec_text = f"invalid spec: {e}"
-        return summary_html + f"<pre>{html.escape(spec_text)}</pre>", text + "\n" + spec_text
+        # Folded: the spec is 50 lines of YAML, and a reader of a saved notebook looks at the runs first.
+        spec_html = f"<details><summary>the spec (YAML)</summary><pre>{html.escape(spec_text)}</pre></details>"
+        return summary_html + spec_html, text + "\n" + spec_text
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
         bundle = super()._repr_mimebundle_(**kwargs) or {}
