@@ -123,12 +123,28 @@ def _tiny_spec(tmp_path: Path, model: Path, **accel) -> RunSpec:
     )
 
 
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory, tiny_bert):
+    """One real measurement of the tiny model (its own cache folder), shared by the tests that read it."""
+    tmp = tmp_path_factory.mktemp("tune")
+    saved = os.environ.get("ORTLAB_CACHE_DIR")
+    os.environ["ORTLAB_CACHE_DIR"] = str(tmp / "cache")
+    try:
+        spec = _tiny_spec(tmp, tiny_bert)
+        lines: list[str] = []
+        result = tune.tune_spec(spec, progress=lines.append)
+    finally:
+        if saved is None:
+            os.environ.pop("ORTLAB_CACHE_DIR")
+        else:
+            os.environ["ORTLAB_CACHE_DIR"] = saved
+    return spec, result, tmp / "cache", lines
+
+
 @pytest.mark.slow
-def test_tune_measures_every_candidate_in_its_own_process_and_caches(tmp_path, tiny_bert, monkeypatch):
-    monkeypatch.setenv("ORTLAB_CACHE_DIR", str(tmp_path / "cache"))
-    spec = _tiny_spec(tmp_path, tiny_bert)
-    lines: list[str] = []
-    result = tune.tune_spec(spec, progress=lines.append)
+def test_tune_measures_every_candidate_in_its_own_process_and_caches(measured, tmp_path, monkeypatch):
+    spec, result, cache, lines = measured
+    monkeypatch.setenv("ORTLAB_CACHE_DIR", str(cache))
     by_name = {m.name: m for m in result.candidates}
     planned = {c.name: c for c in tune.plan()}
     assert set(by_name) == set(planned)
@@ -144,7 +160,7 @@ def test_tune_measures_every_candidate_in_its_own_process_and_caches(tmp_path, t
     assert by_name["plain"].ratio == 1.0
     assert result.chosen in by_name and by_name[result.chosen].verdict.startswith("chosen")
     assert any(line.startswith("tune: measuring, round") for line in lines), "long work shows progress"
-    stored = json.loads((tmp_path / "cache" / "tune" / f"{result.key}.json").read_text())
+    stored = json.loads((cache / "tune" / f"{result.key}.json").read_text())
     assert stored["chosen"] == result.chosen
 
     again = tune.tune_spec(spec, progress=lines.append)
@@ -153,7 +169,7 @@ def test_tune_measures_every_candidate_in_its_own_process_and_caches(tmp_path, t
     # The CLI finds the same measurement and shows the whole table in 80 columns, no cell cut.
     spec_file = tmp_path / "spec.yaml"
     spec_file.write_text(spec.to_yaml())
-    env = dict(os.environ, COLUMNS="80", ORTLAB_CACHE_DIR=str(tmp_path / "cache"))
+    env = dict(os.environ, COLUMNS="80", ORTLAB_CACHE_DIR=str(cache))
     proc = subprocess.run(
         [str(Path(sys.executable).parent / "ortlab"), "tune", str(spec_file)],
         capture_output=True,
@@ -209,3 +225,20 @@ def test_a_run_records_why_auto_resolved_as_it_did(tmp_path, tiny_bert, monkeypa
     for field in ("ort", "fused_adam"):
         assert result["accelerations"][field]["requested"] == table["choice"][field]
     assert (run.path / "logs" / "tune-plain.log").exists(), "each candidate's own output is kept"
+
+
+@pytest.mark.slow
+def test_the_workbench_button_sets_the_toggles_to_the_fastest_mix(measured, monkeypatch):
+    from ortlab.ui.workbench import Workbench
+
+    spec, result, cache, _ = measured
+    monkeypatch.setenv("ORTLAB_CACHE_DIR", str(cache))
+    wb = Workbench(spec=spec.model_copy(update={"accel": AccelSpec(ort=not result.choice["ort"])}))
+    wb.measure_fastest().join(timeout=600)
+    assert "fastest here" in wb.tune_note.value, wb.tune_note.value
+    assert wb.toggles["ort"].value == result.choice["ort"]
+    assert wb.toggles["fused_adam"].value == result.choice["fused_adam"]
+    assert wb.toggles["bf16"].value == (result.choice["precision"] == "bf16")
+    for m in result.candidates:
+        assert f"<td style='padding:0 8px'>{m.name}</td>" in wb.tune_note.value
+    assert wb.spec().accel.ort == result.choice["ort"], "Launch would start the measured mix"

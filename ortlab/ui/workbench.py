@@ -75,6 +75,69 @@ def _checked_html(report: Any) -> str:
     return f"<small>tried for real on this machine ({html.escape(when)}; <code>ortlab doctor</code>)</small>"
 
 
+def _small(text: str) -> str:
+    return f"<small>{html.escape(text)}</small>"
+
+
+def _run_tune(spec: Any, progress: Any) -> Any:
+    """`python -m ortlab.cli tune SPEC --json`: its progress lines (stderr) to `progress`, its result parsed."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from ortlab.tune import TuneResult
+
+    with tempfile.TemporaryDirectory(prefix="ortlab-tune-spec-") as tmp:
+        path = Path(tmp) / "spec.json"
+        path.write_text(spec.to_json())
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ortlab.cli", "tune", str(path), "--json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+        last = ""
+        assert proc.stderr is not None and proc.stdout is not None
+        for line in proc.stderr:
+            line = line.strip()
+            if line.startswith(("tune:", "data:", "error:")):
+                last = line
+                progress(line)
+        out = proc.stdout.read()
+        if proc.wait() != 0:
+            raise RuntimeError(last or f"ortlab tune exited with {proc.returncode}")
+    return TuneResult.from_dict(json.loads(out))
+
+
+def _tune_table_html(result: Any) -> str:
+    def cell(value: Any, fmt: str) -> str:
+        return format(value, fmt) if isinstance(value, (int, float)) else "-"
+
+    rows_html = "".join(
+        "<tr>"
+        + "".join(
+            f"<td style='padding:0 8px'>{html.escape(v)}</td>"
+            for v in (
+                m.name,
+                cell(m.samples_per_s, ".1f"),
+                cell(m.ratio, ".2f") + ("x" if m.ratio is not None else ""),
+                cell(m.warmup_s, ".1f"),
+                m.verdict,
+            )
+        )
+        + "</tr>"
+        for m in result.candidates
+    )
+    head = "".join(
+        f"<th style='padding:0 8px;text-align:left'>{h}</th>"
+        for h in ("mix", "samples/s", "vs plain", "warm-up s", "verdict")
+    )
+    return f"<table class='ortlab-tune'><tr>{head}</tr>{rows_html}</table>"
+
+
 class Workbench(RefreshedDisplay, widgets.VBox):
     """The ortlab workbench. `Workbench(spec={...})` starts from a spec (a dict or RunSpec) instead of the
     embedded default; `root` is the runs folder (default ./ortlab-runs)."""
@@ -150,6 +213,13 @@ class Workbench(RefreshedDisplay, widgets.VBox):
         )
         self.check_note = widgets.HTML(_checked_html(self.report))
         self._check_thread: threading.Thread | None = None
+        self.tune_button = widgets.Button(
+            description="measure the fastest",
+            tooltip="train each mix a few steps on this model and data, then switch on the fastest (about a minute)",
+            layout=widgets.Layout(width="150px"),
+        )
+        self.tune_note = widgets.HTML()
+        self._tune_thread: threading.Thread | None = None
 
         # hyperparameters and target
         h = start.hyper
@@ -188,6 +258,7 @@ class Workbench(RefreshedDisplay, widgets.VBox):
                 widgets.HBox([self.task, self.text_column, self.label_column]),
                 widgets.HBox([widgets.HTML("<b>acceleration mix</b>"), self.check_button, self.check_note]),
                 *accel_rows,
+                widgets.HBox([self.tune_button, self.tune_note]),
                 widgets.HTML("<b>training</b>"),
                 widgets.HBox([self.learning_rate, self.epochs, self.max_steps]),
                 widgets.HBox([self.batch_size, self.max_length, self.max_train_samples]),
@@ -223,6 +294,7 @@ class Workbench(RefreshedDisplay, widgets.VBox):
         self.launch_button.on_click(lambda _b: self.launch())
         self.stop_button.on_click(lambda _b: self.stop())
         self.check_button.on_click(lambda _b: self.check_machine())
+        self.tune_button.on_click(lambda _b: self.measure_fastest())
         # Stable hooks for tests and user CSS.
         self.add_class("ortlab-workbench")
         self.launch_button.add_class("ortlab-launch")
@@ -261,6 +333,52 @@ class Workbench(RefreshedDisplay, widgets.VBox):
         self._check_thread = threading.Thread(target=work, daemon=True, name="ortlab-check-machine")
         self._check_thread.start()
         return self._check_thread
+
+    def measure_fastest(self) -> threading.Thread:
+        """`ortlab tune` on the current spec, in its own process (the kernel stays free and imports no torch),
+        its progress shown beside the button; then the toggles are set to the mix it found fastest and its table
+        is shown. Returns the thread (tests join it)."""
+        if self._tune_thread is not None and self._tune_thread.is_alive():
+            return self._tune_thread
+        try:
+            spec = self.spec()
+        except Exception as e:  # the spec's own problems are listed under Launch already
+            self.tune_note.value = f"<small>fix the spec first: {html.escape(str(e).splitlines()[0])}</small>"
+            return threading.Thread(target=lambda: None)
+        self.tune_button.disabled = True
+        self.tune_note.value = "<small>measuring: starting the candidates...</small>"
+
+        def work() -> None:
+            try:
+                result = _run_tune(spec, lambda line: setattr(self.tune_note, "value", _small(line)))
+            except Exception as e:  # shown beside the button; the toggles stay as they were
+                self.tune_note.value = f"<small style='color:#b00'>{html.escape(str(e))}</small>"
+            else:
+                self.apply_tuned(result)
+            finally:
+                self.tune_button.disabled = False
+
+        self._tune_thread = threading.Thread(target=work, daemon=True, name="ortlab-tune")
+        self._tune_thread.start()
+        return self._tune_thread
+
+    def apply_tuned(self, result: Any) -> None:
+        """Switch the mix toggles to `result`'s choice (a `TuneResult`) and show its table."""
+        choice = result.choice
+        wanted = {
+            "ort": bool(choice.get("ort")),
+            "fused_adam": bool(choice.get("fused_adam")),
+            "bf16": choice.get("precision") == "bf16",
+            "fp16": choice.get("precision") == "fp16",
+        }
+        for name, on in wanted.items():
+            box = self.toggles[name]
+            box.value = on and not box.disabled
+        how = "cached measurement" if result.cached else f"measured in {result.calibration_s:.0f} s"
+        self.tune_note.value = (
+            f"<small>fastest here: <b>{html.escape(result.chosen)}</b> ({how}); the toggles are set to it</small>"
+            + _tune_table_html(result)
+        )
 
     def show_availability(self, report: Any) -> None:
         """Take the doctor's `report` for the notes and toggles: an acceleration found unavailable is switched off
