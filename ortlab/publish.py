@@ -107,6 +107,7 @@ def model_card(run: Any) -> str:
         "sequence-classification": "text-classification",
         "token-classification": "token-classification",
         "causal-lm": "text-generation",
+        "seq2seq": "text2text-generation",
     }[spec.task]
     data = spec.data.source
     front = ["---", "library_name: transformers", f"pipeline_tag: {pipeline}", "tags:", "- ortlab", "- onnxruntime"]
