@@ -446,7 +446,10 @@ def export(
     except ExportError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
-    table = Table(title=f"{run.id}: ONNX vs PyTorch on {report.samples} eval samples ({report.task})")
+    title = f"{run.id}: ONNX vs PyTorch on {report.samples} eval samples ({report.task})"
+    if report.generation:  # seq2seq: latency is that of greedy generation, in both columns
+        title += f"; latency = greedy generation up to {report.generation['max_length']} tokens"
+    table = Table(title=title)
     for col in ("model", "max |diff|", "agreement", "accuracy", "latency", "good"):
         table.add_column(col)
 
@@ -460,7 +463,8 @@ def export(
         table.add_row(
             f"{name} ({v.file})",
             f"{v.max_abs_diff:.2e}",
-            f"{v.agreement:.4f}",
+            f"{v.agreement:.4f}"
+            + (f" (generated: {v.generation_agreement:.0%} equal)" if v.generation_agreement is not None else ""),
             f"{v.accuracy:.4f}" if v.accuracy is not None else "-",
             f"{latency(v.latency_ms)} (speed-up {speedup})",
             "[green]yes[/]" if v.good else "[red]NO[/]",
