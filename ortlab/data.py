@@ -164,7 +164,7 @@ def propose_mapping(dataset: Dataset) -> dict[str, str | None]:
         label = next((c for c in columns if c != text and _looks_like_labels(sample[c])), None)
     pair = _pick([c for c in columns if c not in (text, label)], PAIR_NAMES)
     source, target = _seq2seq_columns(dataset)
-    if source is not None and target is not None:
+    if source is not None and target is not None and _is_string(features[source]) and _is_string(features[target]):
         # A text column and a target column of free text (not a few repeated classes): text in, text out.
         sample = dataset.select(range(min(1000, len(dataset))))
         if not _looks_like_labels(sample[target]):
@@ -193,11 +193,11 @@ def propose_mapping(dataset: Dataset) -> dict[str, str | None]:
 
 
 def _seq2seq_columns(dataset: Dataset) -> tuple[str | None, str | None]:
-    """(source, target) text columns guessed from their names, or None for what none of the names fits."""
-    features = dataset.features
-    texts = [c for c in features if _is_string(features[c])]
-    target = _pick(texts, TARGET_NAMES)
-    source = _pick([c for c in texts if c != target], SOURCE_NAMES)
+    """(source, target) columns guessed from their names, or None for what none of the names fits. Their types are
+    checked by whoever uses them: a 'target' column of numbers is reported as not text, not as missing."""
+    columns = list(dataset.features)
+    target = _pick(columns, TARGET_NAMES)
+    source = _pick([c for c in columns if c != target], SOURCE_NAMES)
     return source, target
 
 
