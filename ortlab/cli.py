@@ -186,9 +186,13 @@ def train(
     ] = None,
     model: Annotated[str | None, typer.Option(help="Hub model id or local folder")] = None,
     data: Annotated[str | None, typer.Option(help="Hub dataset id, local file/folder, or embedded:NAME")] = None,
-    task: Annotated[str | None, typer.Option(help="the task: sequence- or token-classification, or causal-lm")] = None,
+    task: Annotated[
+        str | None, typer.Option(help="the task: sequence- or token-classification, causal-lm, or seq2seq")
+    ] = None,
     text_column: Annotated[str | None, typer.Option()] = None,
     label_column: Annotated[str | None, typer.Option()] = None,
+    source_column: Annotated[str | None, typer.Option(help="seq2seq: the input text column")] = None,
+    target_column: Annotated[str | None, typer.Option(help="seq2seq: the output text column")] = None,
     max_train_samples: Annotated[int | None, typer.Option()] = None,
     max_eval_samples: Annotated[int | None, typer.Option()] = None,
     epochs: Annotated[float | None, typer.Option()] = None,
@@ -196,6 +200,7 @@ def train(
     learning_rate: Annotated[float | None, typer.Option("--lr", "--learning-rate")] = None,
     batch_size: Annotated[int | None, typer.Option()] = None,
     max_length: Annotated[int | None, typer.Option()] = None,
+    max_target_length: Annotated[int | None, typer.Option(help="seq2seq: target tokens (default: max length)")] = None,
     ort: Annotated[bool | None, typer.Option("--ort/--no-ort", help="ONNX Runtime training (default: auto)")] = None,
     fused_adam: Annotated[bool | None, typer.Option("--fused-adam/--no-fused-adam", help="(default: auto)")] = None,
     zero_stage: Annotated[int | None, typer.Option(help="DeepSpeed ZeRO stage")] = None,
@@ -230,6 +235,8 @@ def train(
         ("task",): task,
         ("data", "text_column"): text_column,
         ("data", "label_column"): label_column,
+        ("data", "source_column"): source_column,
+        ("data", "target_column"): target_column,
         ("data", "max_train_samples"): max_train_samples,
         ("data", "max_eval_samples"): max_eval_samples,
         ("hyper", "epochs"): epochs,
@@ -237,6 +244,7 @@ def train(
         ("hyper", "learning_rate"): learning_rate,
         ("hyper", "batch_size"): batch_size,
         ("hyper", "max_length"): max_length,
+        ("hyper", "max_target_length"): max_target_length,
         ("accel", "ort"): ort,
         ("accel", "fused_adam"): fused_adam,
         ("accel", "zero_stage"): zero_stage,
@@ -570,7 +578,10 @@ def export(
     except ExportError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
-    table = Table(title=f"{run.id}: ONNX vs PyTorch on {report.samples} eval samples ({report.task})")
+    title = f"{run.id}: ONNX vs PyTorch on {report.samples} eval samples ({report.task})"
+    if report.generation:  # seq2seq: latency is that of greedy generation, in both columns
+        title += f"; latency = greedy generation up to {report.generation['max_length']} tokens"
+    table = Table(title=title)
     for col in ("model", "max |diff|", "agreement", "accuracy", "latency", "good"):
         table.add_column(col)
 
@@ -584,7 +595,8 @@ def export(
         table.add_row(
             f"{name} ({v.file})",
             f"{v.max_abs_diff:.2e}",
-            f"{v.agreement:.4f}",
+            f"{v.agreement:.4f}"
+            + (f" (generated: {v.generation_agreement:.0%} equal)" if v.generation_agreement is not None else ""),
             f"{v.accuracy:.4f}" if v.accuracy is not None else "-",
             f"{latency(v.latency_ms)} (speed-up {speedup})",
             "[green]yes[/]" if v.good else "[red]NO[/]",

@@ -30,6 +30,9 @@ SUFFIX_FORMATS = {
 TEXT_NAMES = ("text", "sentence", "review", "content", "document", "question", "sentence1", "tokens", "words")
 LABEL_NAMES = ("label", "labels", "category", "class", "sentiment", "ner_tags", "tags", "target")
 PAIR_NAMES = ("text_pair", "sentence2", "hypothesis", "context")
+# seq2seq: the names summarization, translation and question-answering data sets give their input and output
+SOURCE_NAMES = ("source", "src", "input", "inputs", "document", "article", "text", "question", "prompt", "sentence")
+TARGET_NAMES = ("target", "tgt", "output", "outputs", "summary", "highlights", "translation", "answer", "response")
 
 
 class DataError(ValueError):
@@ -47,6 +50,7 @@ class Prepared:
     label_column: str | None
     label_names: list[str] = field(default_factory=list)
     source_files: list[str] = field(default_factory=list)
+    target_column: str | None = None  # seq2seq: the text to produce (text_column is its source)
 
     @property
     def num_labels(self) -> int:
@@ -159,13 +163,42 @@ def propose_mapping(dataset: Dataset) -> dict[str, str | None]:
         sample = dataset.select(range(min(1000, len(dataset))))
         label = next((c for c in columns if c != text and _looks_like_labels(sample[c])), None)
     pair = _pick([c for c in columns if c not in (text, label)], PAIR_NAMES)
+    source, target = _seq2seq_columns(dataset)
+    if source is not None and target is not None and _is_string(features[source]) and _is_string(features[target]):
+        # A text column and a target column of free text (not a few repeated classes): text in, text out.
+        sample = dataset.select(range(min(1000, len(dataset))))
+        if not _looks_like_labels(sample[target]):
+            return {
+                "text_column": None,
+                "text_pair_column": None,
+                "label_column": None,
+                "task": "seq2seq",
+                "source_column": source,
+                "target_column": target,
+            }
     if text is not None and _is_string_list(features[text]):
         task = "token-classification"
     elif label is None:
         task = "causal-lm"
     else:
         task = "sequence-classification"
-    return {"text_column": text, "text_pair_column": pair, "label_column": label, "task": task}
+    return {
+        "text_column": text,
+        "text_pair_column": pair,
+        "label_column": label,
+        "task": task,
+        "source_column": None,
+        "target_column": None,
+    }
+
+
+def _seq2seq_columns(dataset: Dataset) -> tuple[str | None, str | None]:
+    """(source, target) columns guessed from their names, or None for what none of the names fits. Their types are
+    checked by whoever uses them: a 'target' column of numbers is reported as not text, not as missing."""
+    columns = list(dataset.features)
+    target = _pick(columns, TARGET_NAMES)
+    source = _pick([c for c in columns if c != target], SOURCE_NAMES)
+    return source, target
 
 
 def check(raw: dict[str, Dataset], spec: DataSpec, task: str) -> tuple[str, str | None, str | None]:
@@ -205,6 +238,49 @@ def check(raw: dict[str, Dataset], spec: DataSpec, task: str) -> tuple[str, str 
     return text, pair, label
 
 
+def check_seq2seq(raw: dict[str, Dataset], spec: DataSpec) -> tuple[str, str]:
+    """The (source, target) text columns of a seq2seq run, or a DataError naming the columns found and the fix."""
+    if spec.train_split not in raw:
+        raise DataError(f"data.train_split: no split {spec.train_split!r}; the data has {sorted(raw)}")
+    train = raw[spec.train_split]
+    if len(train) == 0:
+        raise DataError(f"data.source: the {spec.train_split!r} split of {spec.source!r} is empty")
+    if spec.eval_split is not None and spec.eval_split not in raw:
+        raise DataError(f"data.eval_split: no split {spec.eval_split!r}; the data has {sorted(raw)}")
+    features = train.features
+    columns = list(features)
+    guess_source, guess_target = _seq2seq_columns(train)
+    source = spec.source_column or guess_source
+    target = spec.target_column or guess_target
+    for role, col in (("source_column", source), ("target_column", target)):
+        if col is not None and col not in columns:
+            raise DataError(f"data.{role}: no column {col!r}; the data has columns {columns}")
+    for role, col, names in (("source_column", source, SOURCE_NAMES), ("target_column", target, TARGET_NAMES)):
+        if col is None:
+            raise DataError(
+                f"data.{role}: found no {role.split('_')[0]} column among {columns} (looked for "
+                f"{', '.join(names[:6])}, ...); set data.{role} (CLI: --{role.replace('_', '-')})"
+            )
+        if not _is_string(features[col]):
+            raise DataError(f"data.{role}: column {col!r} is not text (it holds {features[col]}); name a text column")
+    if source == target:
+        raise DataError(f"data.target_column: {target!r} is also the source column; name two different columns")
+    splits = [(spec.train_split, train)]
+    if spec.eval_split is not None:
+        splits.append((spec.eval_split, raw[spec.eval_split]))
+    for split, ds in splits:
+        for role, col in (("source_column", source), ("target_column", target)):
+            if col not in ds.column_names:
+                raise DataError(f"data.{role}: the {split!r} split has no column {col!r} (it has {ds.column_names})")
+            missing = [i for i, v in enumerate(ds[col]) if v is None]
+            if missing:
+                raise DataError(
+                    f"data.{role}: {len(missing)} row(s) of the {split!r} split have no {col!r} (first: row "
+                    f"{missing[0]}); fill or drop them"
+                )
+    return source, target
+
+
 def label_names(train: Dataset, label: str, task: str) -> list[str]:
     """Sorted label names; checks the labels fit the task (several classes, no regression targets)."""
     feature = train.features[label]
@@ -237,7 +313,11 @@ def label_names(train: Dataset, label: str, task: str) -> list[str]:
 def load_and_check(spec: DataSpec, task: str, seed: int) -> Prepared:
     """Load the data, check it against the task, split and cap it. No model, no tokenizer needed."""
     raw, files = load_raw(spec)
-    text, pair, label = check(raw, spec, task)
+    target = None
+    if task == "seq2seq":
+        (text, target), pair, label = check_seq2seq(raw, spec), None, None
+    else:
+        text, pair, label = check(raw, spec, task)
     train = raw[spec.train_split]
     if spec.eval_split is not None:
         evaluation = raw[spec.eval_split]
@@ -253,7 +333,7 @@ def load_and_check(spec: DataSpec, task: str, seed: int) -> Prepared:
     names = label_names(train, label, task) if label else []
     if label:
         _check_labels_known(evaluation, label, task, names, "eval split")
-    return Prepared(train, evaluation, text, pair, label, names, files)
+    return Prepared(train, evaluation, text, pair, label, names, files, target)
 
 
 def _check_labels_known(ds: Dataset, label: str, task: str, names: list[str], where: str) -> None:
@@ -283,8 +363,11 @@ def _check_labels_known(ds: Dataset, label: str, task: str, names: list[str], wh
 # --- tokenizing --------------------------------------------------------------------------------------------------
 
 
-def tokenize(prepared: Prepared, tokenizer: Any, task: str, max_length: int) -> tuple[Dataset, Dataset]:
-    """Token ids (and label ids) for both splits; the original columns are dropped."""
+def tokenize(
+    prepared: Prepared, tokenizer: Any, task: str, max_length: int, max_target_length: int | None = None
+) -> tuple[Dataset, Dataset]:
+    """Token ids (and label ids) for both splits; the original columns are dropped. For seq2seq, `max_length`
+    cuts the source and `max_target_length` (default: `max_length`) the target."""
     index = {name: i for i, name in enumerate(prepared.label_names)}
     text, pair, label = prepared.text_column, prepared.text_pair_column, prepared.label_column
 
@@ -314,6 +397,16 @@ def tokenize(prepared: Prepared, tokenizer: Any, task: str, max_length: int) -> 
             out["labels"] = all_labels
             return out
 
+    elif task == "seq2seq":
+        target = prepared.target_column
+
+        def fn(batch: dict) -> dict:
+            out = tokenizer(batch[text], truncation=True, max_length=max_length)
+            # text_target: tokenizers with a separate target vocabulary (Marian) switch to it for the labels
+            labels = tokenizer(text_target=batch[target], truncation=True, max_length=max_target_length or max_length)
+            out["labels"] = labels["input_ids"]
+            return out
+
     else:  # causal-lm: concatenate and cut into blocks of max_length
 
         def fn(batch: dict) -> dict:
@@ -336,9 +429,18 @@ def tokenize(prepared: Prepared, tokenizer: Any, task: str, max_length: int) -> 
     return train, evaluation
 
 
-def collator(task: str, tokenizer: Any) -> Any:
-    from transformers import DataCollatorForTokenClassification, DataCollatorWithPadding, default_data_collator
+def collator(task: str, tokenizer: Any, model: Any = None) -> Any:
+    from transformers import (
+        DataCollatorForSeq2Seq,
+        DataCollatorForTokenClassification,
+        DataCollatorWithPadding,
+        default_data_collator,
+    )
 
+    if task == "seq2seq":
+        # Labels padded with -100 (left out of the loss); with the model, decoder_input_ids are built from the
+        # labels here, as the model would shift them itself.
+        return DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
     if task == "sequence-classification":
         return DataCollatorWithPadding(tokenizer)
     if task == "token-classification":

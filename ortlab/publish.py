@@ -107,6 +107,7 @@ def model_card(run: Any) -> str:
         "sequence-classification": "text-classification",
         "token-classification": "token-classification",
         "causal-lm": "text-generation",
+        "seq2seq": "text2text-generation",
     }[spec.task]
     data = spec.data.source
     front = ["---", "library_name: transformers", f"pipeline_tag: {pipeline}", "tags:", "- ortlab", "- onnxruntime"]
@@ -152,7 +153,13 @@ def model_card(run: Any) -> str:
         for name, v in exported["variants"].items():
             lines.append(
                 f"- `onnx/{v['file']}` ({name}): max |logit diff| vs PyTorch {v['max_abs_diff']:.2e}, prediction "
-                f"agreement {v['agreement']:.4f}, {'passed' if v['good'] else 'FAILED'} the parity check"
+                f"agreement {v['agreement']:.4f}"
+                + (
+                    f", greedy generation equal to PyTorch's on {v['generation_agreement']:.0%} of inputs"
+                    if v.get("generation_agreement") is not None
+                    else ""
+                )
+                + f", {'passed' if v['good'] else 'FAILED'} the parity check"
             )
     lines.append("")
     return "\n".join(lines)

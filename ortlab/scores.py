@@ -4,12 +4,17 @@
   does not look good on imbalanced data);
 - token classification: entity-level precision, recall and F1 over BIO spans (an entity counts only if its
   type and its exact span are right, as in seqeval/CoNLL), plus token accuracy;
-- causal LM: perplexity, exp(mean token cross-entropy) = exp(eval_loss).
+- causal LM: perplexity, exp(mean token cross-entropy) = exp(eval_loss);
+- seq2seq: with generation, exact match and token F1 of the generated text against the target (both decoded by
+  the run's tokenizer, so casing and spacing are compared as the tokenizer gives them back); without, the
+  teacher-forced token accuracy. The eval loss always. Scores such as ROUGE, BLEU or chrF would need extra packages
+  and a language-aware tokenization; these two are cheap, exact and say whether the model learnt the mapping.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -70,8 +75,54 @@ def entities(pred_rows: list[list[str]], gold_rows: list[list[str]]) -> dict[str
     }
 
 
-def compute_metrics_for(task: str, label_names: list[str]) -> Callable[[Any], dict[str, float]] | None:
+def token_f1(prediction: str, reference: str) -> float:
+    """F1 of the whitespace tokens two texts share (as a bag: a word counts as often as both have it)."""
+    pred, ref = prediction.split(), reference.split()
+    if not pred or not ref:
+        return float(pred == ref)
+    common = sum((Counter(pred) & Counter(ref)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(pred), common / len(ref)
+    return 2 * precision * recall / (precision + recall)
+
+
+def text_match(predictions: list[str], references: list[str]) -> dict[str, float]:
+    """Exact match (after collapsing whitespace) and mean token F1 over pairs of texts."""
+    pairs = [(" ".join(p.split()), " ".join(r.split())) for p, r in zip(predictions, references, strict=True)]
+    if not pairs:
+        return {"exact_match": 0.0, "token_f1": 0.0}
+    return {
+        "exact_match": sum(p == r for p, r in pairs) / len(pairs),
+        "token_f1": sum(token_f1(p, r) for p, r in pairs) / len(pairs),
+    }
+
+
+def seq2seq_metrics(tokenizer: Any, generated: bool) -> Callable[[Any], dict[str, float]]:
+    """`compute_metrics` for seq2seq: predictions are generated ids (`generated`) or argmaxed logits."""
+    import numpy as np
+
+    def compute(p: Any) -> dict[str, float]:
+        preds, labels = np.asarray(p.predictions), np.asarray(p.label_ids)
+        if not generated:  # teacher forcing: position i predicts label i
+            keep = labels != -100
+            return {"token_accuracy": float((preds[keep] == labels[keep]).mean()) if keep.any() else 0.0}
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        # -100 marks padding in labels, and in generated ids padded across batches; neither is text
+        preds = np.where((preds < 0) | (preds >= len(tokenizer)), pad, preds)
+        labels = np.where(labels < 0, pad, labels)
+        decode = tokenizer.batch_decode
+        return text_match(decode(preds, skip_special_tokens=True), decode(labels, skip_special_tokens=True))
+
+    return compute
+
+
+def compute_metrics_for(
+    task: str, label_names: list[str], tokenizer: Any = None, generated: bool = False
+) -> Callable[[Any], dict[str, float]] | None:
     """The Trainer `compute_metrics` for a task (None for causal LM: perplexity comes from the eval loss)."""
+    if task == "seq2seq":
+        return seq2seq_metrics(tokenizer, generated)
     if task == "sequence-classification":
         return lambda p: classification(p.predictions, p.label_ids, len(label_names))
     if task == "token-classification":

@@ -17,8 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from ortlab.assets import EMBEDDED_MODEL_ID
 
-Task = Literal["sequence-classification", "token-classification", "causal-lm"]
-TASKS: tuple[str, ...] = ("sequence-classification", "token-classification", "causal-lm")
+Task = Literal["sequence-classification", "token-classification", "causal-lm", "seq2seq"]
+TASKS: tuple[str, ...] = ("sequence-classification", "token-classification", "causal-lm", "seq2seq")
 
 
 class _Strict(BaseModel):
@@ -47,6 +47,10 @@ class DataSpec(_Strict):
     text_column: str | None = Field(None, description="Column with the text (tokens for token classification).")
     text_pair_column: str | None = Field(None, description="Optional second text column (sentence pairs).")
     label_column: str | None = Field(None, description="Column with the labels (tags for token classification).")
+    source_column: str | None = Field(None, description="seq2seq: column with the input text (the encoder reads it).")
+    target_column: str | None = Field(
+        None, description="seq2seq: column with the text to produce (summary, translation, answer)."
+    )
     max_train_samples: int | None = Field(None, gt=0, description="Train on at most this many rows.")
     max_eval_samples: int | None = Field(None, gt=0, description="Evaluate on at most this many rows.")
 
@@ -59,7 +63,12 @@ class HyperSpec(_Strict):
     max_steps: int | None = Field(None, gt=0, description="Stop after this many optimizer steps.")
     batch_size: int = Field(16, gt=0, description="Training batch size per process.")
     eval_batch_size: int = Field(32, gt=0, description="Evaluation batch size per process.")
-    max_length: int = Field(128, gt=0, le=8192, description="Tokens per example (longer ones are truncated).")
+    max_length: int = Field(
+        128, gt=0, le=8192, description="Tokens per example, the source's for seq2seq (longer ones are truncated)."
+    )
+    max_target_length: int | None = Field(
+        None, gt=0, le=8192, description="seq2seq: tokens per target (longer ones are truncated); default max_length."
+    )
     warmup_ratio: float = Field(0.06, ge=0, lt=1, description="Share of steps with a linearly rising learning rate.")
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay (not applied to biases and norms).")
     gradient_accumulation_steps: int = Field(1, gt=0, description="Micro-batches per optimizer step.")
@@ -68,6 +77,22 @@ class HyperSpec(_Strict):
     save_steps: int | None = Field(
         None, gt=0, description="Save a checkpoint every N steps (default: only when the run is stopped)."
     )
+
+
+class GenerationSpec(_Strict):
+    """How a seq2seq model is evaluated. Training never generates (teacher forcing: the loss on the target);
+    evaluation can also generate, which is what the model will do in use, and is slower (one decoder pass per
+    token). Generation runs in PyTorch on the trained weights, as transformers' Seq2SeqTrainer does."""
+
+    predict_with_generate: bool = Field(
+        True,
+        description="seq2seq: generate at evaluation and score the text (exact match, token F1) besides the loss; "
+        "off: the loss and the teacher-forced token accuracy only (faster).",
+    )
+    max_length: int | None = Field(
+        None, gt=0, le=8192, description="seq2seq: longest generated output in tokens (default: max_target_length)."
+    )
+    num_beams: int = Field(1, ge=1, le=64, description="seq2seq: beams for generation (1 = greedy).")
 
 
 class AccelSpec(_Strict):
@@ -141,6 +166,9 @@ class RunSpec(_Strict):
         description="The data (the default caps the embedded dataset to a few minutes of CPU training).",
     )
     hyper: HyperSpec = Field(default_factory=HyperSpec)
+    generation: GenerationSpec = Field(
+        default_factory=GenerationSpec, description="Evaluation by generation (seq2seq only)."
+    )
     accel: AccelSpec = Field(default_factory=AccelSpec)
     target: TargetSpec = Field(default_factory=TargetSpec)
     output_dir: str = Field("ortlab-runs", description="Folder in which the run's own folder is created.")
@@ -166,7 +194,38 @@ class RunSpec(_Strict):
             mix.validate(self.mix(), launched=True)
         if self.task == "causal-lm" and self.data.label_column:
             raise ValueError("data.label_column: a causal LM learns from the text alone; remove label_column")
+        self._columns_fit_the_task()
         return self
+
+    def _columns_fit_the_task(self) -> None:
+        """seq2seq maps a source column to a target column; the other tasks a text to a label. A field of the other
+        kind is a mistake (it would be ignored): say which field to use instead."""
+        d = self.data
+        if self.task == "seq2seq":
+            for name, use in (("text_column", "source_column"), ("label_column", "target_column")):
+                if getattr(d, name) is not None:
+                    raise ValueError(
+                        f"data.{name}: a seq2seq task maps data.source_column to data.target_column; "
+                        f"set {use} instead of {name}"
+                    )
+            if d.text_pair_column is not None:
+                raise ValueError("data.text_pair_column: seq2seq reads one source column; join the texts into it")
+            if d.source_column is not None and d.source_column == d.target_column:
+                raise ValueError(
+                    f"data.target_column: {d.target_column!r} is also the source column; a seq2seq "
+                    "model learns to produce one column from another"
+                )
+            return
+        for name in ("source_column", "target_column"):
+            if getattr(d, name) is not None:
+                raise ValueError(
+                    f"data.{name}: only task seq2seq has source and target columns; "
+                    f"use text_column/label_column for {self.task}, or set task: seq2seq"
+                )
+        if self.hyper.max_target_length is not None:
+            raise ValueError(f"hyper.max_target_length: only task seq2seq has targets; remove it for {self.task}")
+        if self.generation != GenerationSpec():
+            raise ValueError(f"generation: only task seq2seq generates; remove the generation settings for {self.task}")
 
     def mix(self):
         from ortlab.accel.mix import Mix

@@ -26,6 +26,9 @@ FEATURES = {
         Feature("causal-lm", "AutoModelForCausalLM", ("ForCausalLM", "LMHeadModel")),
         Feature("masked-lm", "AutoModelForMaskedLM", ("ForMaskedLM",)),
         Feature("question-answering", "AutoModelForQuestionAnswering", ("ForQuestionAnswering",)),
+        # encoder-decoder LMs: T5ForConditionalGeneration, BartForConditionalGeneration, MarianMTModel, ...
+        # (ortlab.train.compat checks this one by config.is_encoder_decoder: the class names vary too much)
+        Feature("seq2seq-lm", "AutoModelForSeq2SeqLM", ("ForConditionalGeneration", "MTModel")),
     )
 }
 
@@ -118,7 +121,28 @@ TASK_FEATURES = {
     "sequence-classification": "sequence-classification",
     "token-classification": "token-classification",
     "causal-lm": "causal-lm",
+    "seq2seq": "seq2seq-lm",
 }
+
+
+def check_model_fits_task(path: str, task: str) -> None:
+    """A seq2seq run needs an encoder-decoder model: said from the model folder's config.json (plain JSON, no
+    torch, no weights), not by a transformers error after the weights have loaded. transformers writes
+    `is_encoder_decoder: true` into the config of every encoder-decoder model (T5, BART, Marian, ...); a Hub id not
+    downloaded yet is checked when it loads."""
+    import json
+    from pathlib import Path
+
+    config_file = Path(path) / "config.json"
+    if task != "seq2seq" or not config_file.is_file():
+        return
+    config = json.loads(config_file.read_text(encoding="utf-8"))  # valid: resolve_model checked it
+    if not config.get("is_encoder_decoder", False):
+        raise ModelError(
+            f"model.name: task seq2seq needs an encoder-decoder model (T5, BART, Marian, mT5, Pegasus, ...), but "
+            f"{path!r} is a {config.get('model_type')!r} model without a decoder of its own; choose an encoder-decoder "
+            "model, or a task this model has a head for (sequence-classification, token-classification, causal-lm)"
+        )
 
 
 def load_tokenizer(path: str, revision: str | None = None):

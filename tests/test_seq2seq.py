@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import tiny_bart
+from tiny_models import tiny_bart, tiny_t5
 
 PARITY = 2e-3
 
@@ -24,25 +24,6 @@ class Pairs(torch.utils.data.Dataset):
         src = torch.randint(10, self.vocab, (length,), generator=g).tolist()
         tgt = list(reversed(src[: 2 + i % 4]))
         return {"input_ids": src, "attention_mask": [1] * length, "labels": tgt}
-
-
-def tiny_t5(tokenizer):
-    from transformers import T5Config, T5ForConditionalGeneration
-
-    torch.manual_seed(0)
-    config = T5Config(
-        vocab_size=len(tokenizer),
-        d_model=32,
-        d_kv=8,
-        d_ff=64,
-        num_layers=2,
-        num_heads=2,
-        dropout_rate=0.0,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.sep_token_id,
-        decoder_start_token_id=tokenizer.pad_token_id,
-    )
-    return T5ForConditionalGeneration(config)
 
 
 @pytest.fixture(scope="module")

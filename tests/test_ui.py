@@ -379,7 +379,7 @@ def test_check_this_machine_probes_in_the_background_and_updates_the_notes(tmp_p
     from ortlab.ui import Workbench
 
     monkeypatch.setattr(ortlab.probe, "cached_report", lambda python=None: None)  # never probed here
-    wb = Workbench(root=str(tmp_path))
+    wb = Workbench(spec={"accel": {"ort": True}}, root=str(tmp_path))
     assert not wb.probed
     assert "(not probed)" not in "".join(n.value for n in wb.notes.values())  # said once, above the toggles
     assert "installed:" in wb.notes["zero1"].value and "ok:" not in wb.notes["zero1"].value
@@ -404,7 +404,7 @@ def test_check_this_machine_probes_in_the_background_and_updates_the_notes(tmp_p
         )
 
     monkeypatch.setattr(ortlab.probe, "doctor", fake_doctor)
-    assert wb.toggles["ort"].value is True  # the default spec asks for ORT
+    assert wb.toggles["ort"].value is True  # the spec asks for ORT
     wb.check_machine().join(10)
     assert asked == [False] and wb.probed
     assert "ok: zero1 tried" in wb.notes["zero1"].value

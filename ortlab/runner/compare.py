@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-EVAL_KEYS = ("eval_accuracy", "eval_f1", "eval_perplexity", "eval_loss")
+EVAL_KEYS = ("eval_accuracy", "eval_f1", "eval_exact_match", "eval_token_f1", "eval_perplexity", "eval_loss")
 
 
 def summarize(records: list[dict[str, Any]], warmup_steps: int = 2) -> dict[str, Any]:

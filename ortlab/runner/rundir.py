@@ -54,7 +54,7 @@ START_GRACE_S = 120.0
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 NAME_RULE = "1-100 characters of letters, digits, '.', '_' and '-', starting with a letter or digit"
-TASK_SHORT = {"sequence-classification": "cls", "token-classification": "tok", "causal-lm": "clm"}
+TASK_SHORT = {"sequence-classification": "cls", "token-classification": "tok", "causal-lm": "clm", "seq2seq": "s2s"}
 
 
 class RunStateError(RuntimeError):

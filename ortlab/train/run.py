@@ -30,7 +30,19 @@ def training_arguments(spec: RunSpec, run: RunDir, progress: bool, choice: dict[
     from ortlab.train.args import ORTTrainingArguments
 
     a, h = spec.accel.resolved(choice), spec.hyper
-    return ORTTrainingArguments(
+    arguments_class, extra = ORTTrainingArguments, {}
+    if spec.task == "seq2seq":
+        from ortlab.train.seq2seq import ORTSeq2SeqTrainingArguments
+
+        g = spec.generation
+        arguments_class = ORTSeq2SeqTrainingArguments
+        extra = {
+            "predict_with_generate": g.predict_with_generate,
+            "generation_max_length": g.max_length or h.max_target_length or h.max_length,
+            "generation_num_beams": g.num_beams,
+        }
+    return arguments_class(
+        **extra,
         output_dir=str(run.checkpoints),
         metrics_path=str(run.metrics_path),
         use_ort=bool(a.ort),
@@ -64,14 +76,18 @@ def training_arguments(spec: RunSpec, run: RunDir, progress: bool, choice: dict[
 def check(spec: RunSpec, log: Callable[[str], None] = print):
     """The cheap checks: where the model is, and whether the data fits the task. Returns what they found."""
     from ortlab.data import load_and_check
-    from ortlab.tasks import resolve_model
+    from ortlab.tasks import check_model_fits_task, resolve_model
 
     model_path = resolve_model(spec.model.name)
+    check_model_fits_task(model_path, spec.task)
     prepared = load_and_check(spec.data, spec.task, spec.seed)
-    log(
-        f"data: {len(prepared.train)} train / {len(prepared.eval)} eval rows, text={prepared.text_column!r}"
+    columns = (
+        f"source={prepared.text_column!r} -> target={prepared.target_column!r}"
+        if prepared.target_column
+        else f"text={prepared.text_column!r}"
         + (f", label={prepared.label_column!r} ({prepared.num_labels} classes)" if prepared.label_column else "")
     )
+    log(f"data: {len(prepared.train)} train / {len(prepared.eval)} eval rows, {columns}")
     return model_path, prepared
 
 
@@ -238,20 +254,27 @@ def _train(spec, run, model_path, prepared, resume, stop, progress, on_metrics, 
     note = _new_head_note(model_path, spec, prepared.label_names)
     if note:
         log(note)
-    train_ds, eval_ds = tokenize(prepared, tokenizer, spec.task, spec.hyper.max_length)
-    classify = spec.task != "causal-lm"
-    collate = collator(spec.task, tokenizer)
+    train_ds, eval_ds = tokenize(prepared, tokenizer, spec.task, spec.hyper.max_length, spec.hyper.max_target_length)
+    generated = spec.task == "seq2seq" and spec.generation.predict_with_generate
+    # Only ids are needed to score; generated ids already are ids, and a causal LM is scored by its loss.
+    argmax = spec.task != "causal-lm" and not generated
+    collate = collator(spec.task, tokenizer, model)
     # A resumed run keeps the mix it started with; a new one decides what 'auto' means here (maybe measuring).
     choice = _stored_choice(run) if resume else _auto_mix(spec, run, model_path, prepared, train_ds, collate, log)
-    trainer = ORTTrainer(
+    trainer_class = ORTTrainer
+    if spec.task == "seq2seq":
+        from ortlab.train.seq2seq import ORTSeq2SeqTrainer
+
+        trainer_class = ORTSeq2SeqTrainer
+    trainer = trainer_class(
         model=model,
         args=training_arguments(spec, run, progress and (terminal is None or terminal.verbose), choice),
         train_dataset=train_ds,
         eval_dataset=eval_ds,
         data_collator=collate,
         processing_class=tokenizer,
-        compute_metrics=compute_metrics_for(spec.task, prepared.label_names),
-        preprocess_logits_for_metrics=argmax_logits if classify else None,
+        compute_metrics=compute_metrics_for(spec.task, prepared.label_names, tokenizer, generated),
+        preprocess_logits_for_metrics=argmax_logits if argmax else None,
         feature=TASK_FEATURES[spec.task],
         on_metrics=_both(terminal.on_record, on_metrics) if terminal is not None else on_metrics,
         callbacks=[_stop_callback(stop), *([terminal.callback()] if terminal is not None else [])],
@@ -388,7 +411,8 @@ def _summary(run: RunDir, trainer: Any) -> dict[str, Any]:
 
 
 def _headline(metrics: dict[str, float]) -> str:
-    keys = ("eval_accuracy", "eval_f1", "eval_perplexity", "eval_loss")
+    keys = ("eval_accuracy", "eval_f1", "eval_exact_match", "eval_token_f1", "eval_token_accuracy")
+    keys += ("eval_perplexity", "eval_loss")
     return ", ".join(f"{k[5:]} {metrics[k]:.4f}" for k in keys if k in metrics)
 
 

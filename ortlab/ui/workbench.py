@@ -23,6 +23,9 @@ ACCELS = ("ort", "fused_adam", "zero1", "bf16", "fp16", "torch_compile")
 WIDE = widgets.Layout(width="420px")
 # Labels such as "learning rate" are wider than ipywidgets' default label column: size it to fit them whole.
 LABEL = {"description_width": "100px"}
+# The two column fields: a text and its label, or (seq2seq) a source and the target text to produce from it.
+COLUMN_LABELS = {"seq2seq": ("source col", "target col")}
+TEXT_LABEL_COLUMNS = ("text col", "label col")
 
 
 def _availability() -> tuple[dict[str, Any], Any]:
@@ -143,7 +146,7 @@ class Workbench(RefreshedDisplay, widgets.VBox):
     embedded default; `root` is the runs folder (default ./ortlab-runs)."""
 
     def __init__(self, spec: Any = None, root: str | None = None, **kwargs: Any):
-        from ortlab.spec import RunSpec
+        from ortlab.spec import TASKS, RunSpec
 
         self.root = root
         start = spec if isinstance(spec, RunSpec) else RunSpec.parse(spec or {})
@@ -171,15 +174,15 @@ class Workbench(RefreshedDisplay, widgets.VBox):
         )
         self.data_inspect = widgets.Button(description="inspect", layout=widgets.Layout(width="80px"))
         self.data_preview = widgets.HTML()
-        self.task = widgets.Dropdown(
-            options=["sequence-classification", "token-classification", "causal-lm"],
-            value=start.task,
-            description="task",
+        self.task = widgets.Dropdown(options=list(TASKS), value=start.task, description="task")
+        d = start.data
+        # One pair of column fields for every task; for seq2seq they name the source and the target column.
+        first, second = (
+            (d.source_column, d.target_column) if start.task == "seq2seq" else (d.text_column, d.label_column)
         )
-        self.text_column = widgets.Text(value=start.data.text_column or "", description="text col", placeholder="auto")
-        self.label_column = widgets.Text(
-            value=start.data.label_column or "", description="label col", placeholder="auto"
-        )
+        self.text_column = widgets.Text(value=first or "", placeholder="auto")
+        self.label_column = widgets.Text(value=second or "", placeholder="auto")
+        self._label_columns()
 
         # the acceleration mix: a toggle each, with what the doctor says
         resolved = start.accel.resolved()
@@ -288,6 +291,7 @@ class Workbench(RefreshedDisplay, widgets.VBox):
             *self.toggles.values(),
         ):
             w.observe(lambda _change: self.validate(), names="value")
+        self.task.observe(lambda _change: self._label_columns(), names="value")
         self.baseline.observe(lambda _change: self.refresh_comparison(), names="value")
         self.model_search.on_click(lambda _b: self.search_models())
         self.data_inspect.on_click(lambda _b: self.inspect_data())
@@ -397,17 +401,26 @@ class Workbench(RefreshedDisplay, widgets.VBox):
 
     # --- the spec ------------------------------------------------------------------------------------------
 
+    def _label_columns(self) -> None:
+        """Name the two column fields for the chosen task."""
+        first, second = COLUMN_LABELS.get(self.task.value, TEXT_LABEL_COLUMNS)
+        self.text_column.description, self.label_column.description = first, second
+
     def spec_dict(self) -> dict[str, Any]:
         t = self.toggles
         spec = {**self._base}
         spec["name"] = self.name.value.strip() or None
         spec["task"] = self.task.value
         spec["model"] = {**self._base["model"], "name": self.model.value.strip()}
+        first, second = self.text_column.value.strip() or None, self.label_column.value.strip() or None
+        seq2seq = self.task.value == "seq2seq"
         spec["data"] = {
             **self._base["data"],
             "source": self.data.value.strip(),
-            "text_column": self.text_column.value.strip() or None,
-            "label_column": self.label_column.value.strip() or None,
+            "text_column": None if seq2seq else first,
+            "label_column": None if seq2seq else second,
+            "source_column": first if seq2seq else None,
+            "target_column": second if seq2seq else None,
             "max_train_samples": self.max_train_samples.value or None,
         }
         spec["hyper"] = {
@@ -418,6 +431,9 @@ class Workbench(RefreshedDisplay, widgets.VBox):
             "batch_size": self.batch_size.value,
             "max_length": self.max_length.value,
         }
+        if not seq2seq:  # a seq2seq start's generation settings do not follow into another task
+            spec["hyper"]["max_target_length"] = None
+            spec["generation"] = {}
         precision = "fp16" if t["fp16"].value else "bf16" if t["bf16"].value else "fp32"
         spec["accel"] = {
             **self._base["accel"],
@@ -477,8 +493,9 @@ class Workbench(RefreshedDisplay, widgets.VBox):
             return
         p = info.proposal
         self.task.value = p["task"] or self.task.value
-        self.text_column.value = p["text_column"] or ""
-        self.label_column.value = p["label_column"] or ""
+        seq2seq = p["task"] == "seq2seq"
+        self.text_column.value = (p["source_column"] if seq2seq else p["text_column"]) or ""
+        self.label_column.value = (p["target_column"] if seq2seq else p["label_column"]) or ""
         preview = [{k: str(v)[:80] for k, v in row.items()} for row in info.rows]
         labels = f", labels: {', '.join(map(str, info.label_names[:12]))}" if info.label_names else ""
         # Split, column and label names come from the data: escaped, like every value in the preview table.

@@ -1,4 +1,5 @@
-"""Tiny BERT and GPT-2 models with tokenizers trained here, saved as ordinary Hugging Face folders.
+"""Tiny BERT and GPT-2 models with tokenizers trained here, saved as ordinary Hugging Face folders; tiny T5, BART
+and Marian encoder-decoders over the tiny BERT's tokenizer.
 
 Built in about a second from text that ships with ortlab's embedded assets, so tests never download.
 """
@@ -108,3 +109,104 @@ def tiny_bart(tokenizer, layers: int = 2, positions: int = 64):
         forced_eos_token_id=None,
     )
     return BartForConditionalGeneration(config)
+
+
+def tiny_t5(tokenizer):
+    """A T5 encoder-decoder (2 layers each side) over `tokenizer`'s vocabulary, dropout off, seeded. T5 starts
+    decoding from the pad token, as the real ones do."""
+    import torch
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(0)
+    config = T5Config(
+        vocab_size=len(tokenizer),
+        d_model=32,
+        d_kv=8,
+        d_ff=64,
+        num_layers=2,
+        num_heads=2,
+        dropout_rate=0.0,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.sep_token_id,
+        decoder_start_token_id=tokenizer.pad_token_id,
+    )
+    return T5ForConditionalGeneration(config)
+
+
+def tiny_marian(tokenizer):
+    """A MarianMT model (2 layers each side) over `tokenizer`'s vocabulary. Marian's own tokenizer needs
+    sentencepiece, which this environment does not have: the model is tested with the WordPiece one."""
+    import torch
+    from transformers import MarianConfig, MarianMTModel
+
+    torch.manual_seed(0)
+    config = MarianConfig(
+        vocab_size=len(tokenizer),
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.sep_token_id,
+        decoder_start_token_id=tokenizer.pad_token_id,
+        forced_eos_token_id=None,
+    )
+    return MarianMTModel(config)
+
+
+SEQ2SEQ_BUILDERS = {"t5": tiny_t5, "bart": tiny_bart, "marian": tiny_marian}
+
+
+def build_tiny_seq2seq(folder: Path, kind: str, tokenizer_folder: Path) -> Path:
+    """A model folder (config, weights, tokenizer) of a tiny `kind` ('t5', 'bart', 'marian') encoder-decoder,
+    with the tokenizer of `tokenizer_folder` (the tiny BERT's)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder)
+    SEQ2SEQ_BUILDERS[kind](tokenizer).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+# Words that are whole tokens of the tiny BERT's vocabulary (it is trained on movie reviews).
+TOY_WORDS = [
+    "the",
+    "good",
+    "bad",
+    "movie",
+    "film",
+    "story",
+    "love",
+    "time",
+    "life",
+    "great",
+    "funny",
+    "best",
+    "world",
+    "people",
+    "family",
+    "heart",
+]
+
+
+def write_reverse_pairs(path: Path, n: int = 200, seed: int = 0) -> Path:
+    """A CSV of a toy seq2seq task a tiny model learns a little of in a few dozen steps: `source` is 2-4 words,
+    `target` the same words in reverse order."""
+    import csv
+    import random
+
+    rng = random.Random(seed)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(["source", "target"])
+        for _ in range(n):
+            words = [rng.choice(TOY_WORDS) for _ in range(rng.randint(2, 4))]
+            writer.writerow([" ".join(words), " ".join(reversed(words))])
+    return path
