@@ -594,7 +594,7 @@ def decide(
     if spec.target.processes > 1:
         return None, None, "not measured: ortlab tunes single-process runs only; the conservative default applies"
     if a.tune == "off":
-        return None, None, "accel.tune is 'off': the conservative default (plain PyTorch; fused AdamW on CUDA)"
+        return None, None, "accel.tune is 'off': the conservative default (PyTorch with fused AdamW, fp32)"
     steps = planned_steps(spec, len(train_dataset))
     measure = a.tune == "measure" or steps >= AUTO_MIN_STEPS
     batches = batches_from(train_dataset, collate, spec.hyper.batch_size, spec.seed)
@@ -617,7 +617,7 @@ def decide(
             None,
             (
                 f"not measured ({steps} steps; accel.tune='auto' measures runs of {AUTO_MIN_STEPS}+ steps): the "
-                "conservative default (plain PyTorch; fused AdamW on CUDA). `ortlab tune` or accel.tune='measure' "
+                "conservative default (PyTorch with fused AdamW, fp32). `ortlab tune` or accel.tune='measure' "
                 "measures which mix is fastest here"
             ),
         )

@@ -71,14 +71,14 @@ def test_errors_name_the_field_and_the_fix(data, field, text):
 @pytest.mark.parametrize("cuda", [True, False])
 @pytest.mark.parametrize("fused_here", [True, False])
 def test_auto_without_a_measurement_is_what_never_loses(monkeypatch, cuda, fused_here):
-    # 'auto' is "measured faster here" (ortlab.tune); with nothing measured it is plain PyTorch, plus fused AdamW on
-    # CUDA where the doctor has it, whatever else is installed. Explicit choices are never changed.
+    # 'auto' is "measured faster here" (ortlab.tune); with nothing measured it is PyTorch with fused AdamW where the
+    # doctor has it, whatever else is installed (ORT too). Explicit choices are never changed.
     from ortlab.accel import Availability, fused_adam, mix, ort
 
     monkeypatch.setattr(ort, "check", lambda probe=False: Availability("ort", True, "forced", "-"))
     monkeypatch.setattr(fused_adam, "check", lambda probe=False: Availability("fused_adam", fused_here, "forced", "-"))
     monkeypatch.setattr(mix, "_cuda_available", lambda: cuda)
     auto = AccelSpec().resolved()
-    assert (auto.ort, auto.fused_adam, auto.precision) == (False, fused_here and cuda, "fp32")
+    assert (auto.ort, auto.fused_adam, auto.precision) == (False, fused_here, "fp32")
     explicit = AccelSpec(ort=True, fused_adam=False, precision="bf16").resolved()
     assert (explicit.ort, explicit.fused_adam, explicit.precision) == (True, False, "bf16")

@@ -80,12 +80,12 @@ def test_plan_names_why_a_mix_is_not_measured(monkeypatch):
 
 
 def test_auto_fields_take_the_measured_choice_and_nothing_else(monkeypatch):
-    from ortlab.accel import mix
+    from ortlab.accel import Availability, fused_adam
 
-    monkeypatch.setattr(mix, "_cuda_available", lambda: False)
+    monkeypatch.setattr(fused_adam, "check", lambda probe=False: Availability("fused_adam", True, "forced", "-"))
     conservative = AccelSpec().resolved()
-    assert (conservative.ort, conservative.fused_adam, conservative.precision) == (False, False, "fp32"), (
-        "without a measurement 'auto' is what never loses to plain PyTorch on CPU"
+    assert (conservative.ort, conservative.fused_adam, conservative.precision) == (False, True, "fp32"), (
+        "without a measurement 'auto' is what never loses to plain PyTorch"
     )
     choice = {"ort": True, "fused_adam": True, "precision": "bf16", "torch_compile": False}
     assert AccelSpec().resolved(choice).model_dump(include={"ort", "fused_adam", "precision"}) == {
@@ -211,7 +211,7 @@ def test_a_run_records_why_auto_resolved_as_it_did(tmp_path, tiny_bert, monkeypa
     run = RunDir(Path(result["run_dir"]))
     auto = next(r for r in run.metrics() if r.get("event") == "auto")
     assert auto["tuned"] is False and "not measured (6 steps" in auto["why"], auto
-    assert auto["resolved"] == {"ort": False, "fused_adam": False, "precision": "fp32"}
+    assert auto["resolved"] == {"ort": False, "fused_adam": True, "precision": "fp32"}
     assert not result["accelerations"]["ort"]["requested"]
     assert not (run.path / "tune.json").exists()
 
