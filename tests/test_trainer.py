@@ -135,11 +135,16 @@ def test_zero1_two_processes_partition_optimizer_state(runs, tmp_path):
     assert [r["rank"] for r in ranks] == [0, 1]
     total = single["opt_state_numel"]
     assert total == single["params_numel"], "one process holds the whole optimizer state"
+    alone = single["accelerations"]["zero1"]["details"]
+    assert alone["optimizer_state_share"] == 1.0 and alone["label"] == "ZeRO-1"
+    assert alone["note"].startswith("one process shards nothing")
     for r in ranks:
         share = r["opt_state_numel"] / total
         assert 0.45 < share < 0.55, f"rank {r['rank']} holds {share:.1%} of the optimizer state"
         assert r["accelerations"]["zero1"]["applied"]
-        assert r["accelerations"]["zero1"]["details"]["world_size"] == 2
+        details = r["accelerations"]["zero1"]["details"]
+        assert details["world_size"] == 2 and "note" not in details
+        assert abs(details["optimizer_state_share"] - share) < 1e-9, "ortlab measures what the test counts"
         assert r["accelerations"]["ort"]["applied"]
     assert ranks[0]["weights_sha256"] == ranks[1]["weights_sha256"], "ranks must end with identical weights"
     # Each rank trained on its own shard of the data (so the per-rank losses differ) ...
