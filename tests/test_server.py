@@ -270,6 +270,23 @@ def test_metrics_offset_returns_only_new_complete_records(api, runs):
         assert code == 400 and "offset" in body["message"], (bad, body)
 
 
+def test_a_long_history_comes_in_bounded_chunks(runs, monkeypatch):
+    """From offset 0 on a long run, one answer is at most METRICS_CHUNK_BYTES; the next goes on from its offset."""
+    from ortlab.server import runs as server_runs
+
+    monkeypatch.setattr(server_runs, "METRICS_CHUNK_BYTES", 1000)
+    run, offset, steps = RunDir(runs["done"]), 0, []
+    for _ in range(100):
+        answer = server_runs.metrics_since(run, offset)
+        if not answer["records"]:
+            break
+        assert answer["offset"] - offset <= 1000
+        steps += [r["step"] for r in answer["records"] if r["event"] == "step"]
+        offset = answer["offset"]
+    assert steps == list(range(1, 21)), "every record once, in order"
+    assert offset == run.metrics_path.stat().st_size
+
+
 def test_run_rows_say_what_applied_and_follow_new_metrics(api, runs):
     code, body, _ = api("GET", "runs")
     rows = {r["id"]: r for r in body["runs"]}

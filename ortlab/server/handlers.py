@@ -21,7 +21,7 @@ from jupyter_server.base.handlers import APIHandler
 from tornado import web
 from tornado.ioloop import IOLoop
 
-from ortlab.runner.rundir import TERMINAL, RunDir, resolve
+from ortlab.runner.rundir import RunDir, resolve
 from ortlab.server.runs import metrics_since
 
 T = TypeVar("T")
@@ -133,7 +133,7 @@ class StopHandler(OrtlabHandler):
         """Ask for a graceful stop (the run finishes its step, saves a checkpoint, ends `stopped`): 202 at once."""
         run = self.run_dir(run_id)
         status = await self.io(run.status)
-        if status["state"] in TERMINAL or status["state"] not in ("pending", "running"):
+        if status["state"] not in ("pending", "running"):
             raise web.HTTPError(409, f"run {run.id} is {status['state']}: only a pending or running run can stop")
         await self.io(run.request_stop)
         self.reply(202, {"id": run.id, "state": status["state"], "stop_requested": True})
