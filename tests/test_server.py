@@ -23,6 +23,7 @@ from fake_runs import append, make_fake_run, step_record
 from jupyter_server.utils import url_path_join
 from pytest_jupyter.jupyter_server import *  # noqa: F403 (fixtures, for this module only: see the docstring)
 
+import ortlab
 from ortlab.runner.rundir import RunDir
 
 # Every route, with a run id that exists in the `runs` fixture (a running run).
@@ -100,6 +101,7 @@ def test_every_route_answers_with_the_token(api, runs, runs_root):
     code, body, _ = api("GET", "runs")
     assert code == 200, body
     assert body["root"] == str(runs_root.resolve())
+    assert body["version"] == ortlab.__version__
     assert [r["id"] for r in body["runs"]] == ["live", "stopped", "done"], "newest first"
 
     code, body, _ = api("GET", "runs/done")
@@ -384,6 +386,7 @@ def test_the_server_side_never_imports_torch(runs, runs_root):
 import json, sys
 from pathlib import Path
 import ortlab.server, ortlab.server.handlers
+import ortlab
 from ortlab.runner.rundir import RunDir
 from ortlab.server.handlers import doctor_summary
 from ortlab.server.runs import RunIndex, metrics_since

@@ -69,9 +69,11 @@ class RunsHandler(OrtlabHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        """Every run under the root, newest first."""
+        """Every run under the root, newest first; `version` lets the sidebar check it talks to its own server."""
+        from ortlab._version import __version__
+
         rows = await self.io(self.ortlab.index.rows)
-        self.reply(200, {"root": str(self.ortlab.root), "runs": rows})
+        self.reply(200, {"root": str(self.ortlab.root), "version": __version__, "runs": rows})
 
     @web.authenticated
     @authorized
