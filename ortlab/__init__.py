@@ -68,6 +68,12 @@ if TYPE_CHECKING:  # pragma: no cover
 _SUBMODULES = ("ui", "runner", "export", "publish", "discover", "spec", "notebooks")
 
 
+def _jupyter_server_extension_points() -> list[dict[str, str]]:
+    """jupyter_server finds the extension `ortlab` (enabled by the installed jupyter_server_config.d/ortlab.json)
+    here, and loads `ortlab.server` only then: importing ortlab itself stays light."""
+    return [{"module": "ortlab.server"}]
+
+
 def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
         return import_module(f"ortlab.{name}")

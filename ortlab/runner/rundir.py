@@ -130,17 +130,18 @@ def process_create_time(pid: int) -> float | None:
         return None
 
 
-def read_metrics(path: Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+def read_metrics(path: Path, offset: int = 0, max_bytes: int | None = None) -> tuple[list[dict[str, Any]], int]:
     """Complete JSON lines from byte `offset` on, and the offset after the last complete line.
 
     A line still being written (no newline yet), or cut short by a killed process, is not returned; a reader
-    following the file picks it up on its next call once it is complete.
+    following the file picks it up on its next call once it is complete. `max_bytes` bounds one read (a server
+    answering from offset 0 on a long run); the rest comes on the next call, from the offset returned.
     """
     if not path.exists():
         return [], offset
     with path.open("rb") as f:
         f.seek(offset)
-        data = f.read()
+        data = f.read() if max_bytes is None else f.read(max_bytes)
     records, consumed = [], 0
     for raw in data.splitlines(keepends=True):
         if not raw.endswith(b"\n"):

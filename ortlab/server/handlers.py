@@ -1,0 +1,201 @@
+"""The REST routes under `<base_url>/ortlab/api`: a thin adapter over `ortlab.runner` and `ortlab.spec`.
+
+Every route is an `APIHandler` method behind `@tornado.web.authenticated` (jupyter_server's token or login
+cookie; an API request without one is answered 403) and `@authorized` (the server's authorizer, resource
+"ortlab"). jupyter_server checks XSRF on every POST that is not token-authenticated, so a page on another site
+cannot make a logged-in browser start or stop runs.
+
+Run ids come from URLs: each goes through `rundir.resolve`, which refuses `..`, absolute paths, odd characters
+and symbolic links out of the runs root; anything that is not a run folder there is a 404. Disk reads run in
+the executor and launch/resume in a helper process (`ortlab.server.actions`), so no request holds the event loop.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from jupyter_server.auth.decorator import authorized
+from jupyter_server.base.handlers import APIHandler
+from tornado import web
+from tornado.ioloop import IOLoop
+
+from ortlab.runner.rundir import RunDir, resolve
+from ortlab.server.runs import metrics_since
+
+T = TypeVar("T")
+
+API = "ortlab/api"
+ID = r"(?P<run_id>[^/]+)"
+
+
+class OrtlabHandler(APIHandler):
+    """Shared plumbing: the extension's state, JSON replies, run ids confined to the runs root."""
+
+    auth_resource = "ortlab"
+
+    @property
+    def ortlab(self) -> Any:
+        return self.settings["ortlab"]
+
+    async def io(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a blocking (disk) call in the executor: a slow disk or a big folder never stalls other requests."""
+        return await IOLoop.current().run_in_executor(None, fn, *args)
+
+    def reply(self, status: int, body: dict[str, Any]) -> None:
+        self.set_status(status)
+        self.finish(json.dumps(body, default=str))
+
+    def run_dir(self, run_id: str) -> RunDir:
+        """The run folder for `run_id`, or 404: an id that is not a safe name inside the root, or not a run."""
+        root = self.ortlab.root
+        try:
+            path = resolve(root, run_id)
+        except ValueError:
+            raise web.HTTPError(404, f"no run {run_id!r}: a run id is a folder name inside the runs root") from None
+        if not (path / "status.json").is_file():
+            raise web.HTTPError(404, f"no run {run_id!r} under the runs root {str(root)!r}")
+        return RunDir(path)
+
+    def json_body(self) -> Any:
+        try:
+            return json.loads(self.request.body or b"null")
+        except ValueError as e:
+            raise web.HTTPError(400, f"the request body is not JSON: {e}") from None
+
+
+class RunsHandler(OrtlabHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        """Every run under the root, newest first; `version` lets the sidebar check it talks to its own server."""
+        from ortlab._version import __version__
+
+        rows = await self.io(self.ortlab.index.rows)
+        self.reply(200, {"root": str(self.ortlab.root), "version": __version__, "runs": rows})
+
+    @web.authenticated
+    @authorized
+    async def post(self) -> None:
+        """Launch a RunSpec (JSON body) in the runs root: 201 with the new run's id, or 400 with the problems."""
+        from ortlab.server.actions import HelperFailed, run_helper
+        from ortlab.spec import RunSpec, SpecError
+
+        data = self.json_body()
+        if not isinstance(data, dict):
+            problems = [f"a run spec is a JSON object of fields (got {type(data).__name__})"]
+            return self.reply(400, {"message": "invalid run spec", "problems": problems})
+        # Runs go to the server's runs root, whatever the spec says: a request cannot choose where to write.
+        spec = {**data, "output_dir": str(self.ortlab.root)}
+        try:
+            # The fields, without torch (the mix against this machine is checked in the helper, as by ortlab.launch).
+            await self.io(lambda: RunSpec.parse(spec, stored=True))
+        except SpecError as e:
+            return self.reply(400, {"message": "invalid run spec", "problems": e.problems})
+        try:
+            answer = await run_helper(["launch", str(self.ortlab.root)], spec, self.ortlab.cwd)
+        except HelperFailed as e:
+            raise web.HTTPError(500, str(e)) from None
+        if "problems" in answer:
+            return self.reply(400, {"message": "invalid run spec", "problems": answer["problems"]})
+        if "error" in answer:
+            return self.reply(400, {"message": answer["error"], "problems": [answer["error"]]})
+        self.reply(201, {"id": answer["id"], "path": answer["path"]})
+
+
+class RunHandler(OrtlabHandler):
+    @web.authenticated
+    @authorized
+    async def get(self, run_id: str) -> None:
+        """One run: its row, plus status.json, the spec as run, and result.json once completed."""
+        run = self.run_dir(run_id)
+        self.reply(200, await self.io(self.ortlab.index.detail, run))
+
+
+class MetricsHandler(OrtlabHandler):
+    @web.authenticated
+    @authorized
+    async def get(self, run_id: str) -> None:
+        """Metrics records after byte `offset` (complete lines only) and the offset to ask from next."""
+        run = self.run_dir(run_id)
+        raw = self.get_argument("offset", "0")
+        if not raw.isdigit():
+            raise web.HTTPError(400, f"offset must be a byte offset (an integer >= 0), got {raw!r}")
+        try:
+            self.reply(200, await self.io(metrics_since, run, int(raw)))
+        except ValueError as e:
+            raise web.HTTPError(400, str(e)) from None
+
+
+class StopHandler(OrtlabHandler):
+    @web.authenticated
+    @authorized
+    async def post(self, run_id: str) -> None:
+        """Ask for a graceful stop (the run finishes its step, saves a checkpoint, ends `stopped`): 202 at once."""
+        run = self.run_dir(run_id)
+        status = await self.io(run.status)
+        if status["state"] not in ("pending", "running"):
+            raise web.HTTPError(409, f"run {run.id} is {status['state']}: only a pending or running run can stop")
+        await self.io(run.request_stop)
+        self.reply(202, {"id": run.id, "state": status["state"], "stop_requested": True})
+
+
+class ResumeHandler(OrtlabHandler):
+    @web.authenticated
+    @authorized
+    async def post(self, run_id: str) -> None:
+        """Continue a stopped or failed run from its last checkpoint in a new process: 202, or 409 if it cannot."""
+        from ortlab.server.actions import HelperFailed, run_helper
+
+        run = self.run_dir(run_id)
+        status = await self.io(run.status)
+        if status["state"] not in ("stopped", "failed"):
+            raise web.HTTPError(409, f"run {run.id} is {status['state']}: only a stopped or failed run can resume")
+        try:
+            answer = await run_helper(["resume", str(self.ortlab.root), run.id], None, self.ortlab.cwd)
+        except HelperFailed as e:
+            raise web.HTTPError(500, str(e)) from None
+        if "refused" in answer:
+            raise web.HTTPError(409, answer["refused"])
+        self.reply(202, {"id": answer["id"], "state": answer["state"]})
+
+
+class DoctorHandler(OrtlabHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        """What this environment can run, from the doctor's cache only: never waits for a probe."""
+        self.reply(200, await self.io(doctor_summary))
+
+
+def doctor_summary() -> dict[str, Any]:
+    from ortlab.probe import cached_report
+
+    report = cached_report()
+    if report is None:
+        return {
+            "probed": False,
+            "accelerations": {},
+            "remedy": "run `ortlab doctor` once (about a minute); its report is cached for this environment",
+        }
+    keys = ("available", "reason", "remedy", "slow")
+    return {
+        "probed": True,
+        "probed_at": report.probed_at,
+        "python": report.python,
+        "torch": report.torch,
+        "accelerations": {name: {k: getattr(a, k) for k in keys} for name, a in report.accelerations.items()},
+    }
+
+
+def handlers() -> list[tuple[str, type[OrtlabHandler]]]:
+    """The routes, relative to the server's base_url."""
+    return [
+        (f"{API}/runs", RunsHandler),
+        (f"{API}/runs/{ID}", RunHandler),
+        (f"{API}/runs/{ID}/metrics", MetricsHandler),
+        (f"{API}/runs/{ID}/stop", StopHandler),
+        (f"{API}/runs/{ID}/resume", ResumeHandler),
+        (f"{API}/doctor", DoctorHandler),
+    ]

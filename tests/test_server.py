@@ -1,0 +1,492 @@
+"""The jupyter_server extension's REST API (`ortlab.server`), against a real Jupyter server in the test process.
+
+jupyter_server's pytest plugin starts the server (`jp_serverapp`, with a token and a base_url of `/a%40b/`).
+Its fixtures are imported into this module only, not registered as a plugin for the session: the plugin's
+autouse fixtures (a fresh event loop per test) would otherwise run around every other test of the suite. The
+tests are plain functions that drive the server's event loop with `run_until_complete`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import PYTHON, ROOT
+from fake_runs import append, make_fake_run, step_record
+from jupyter_server.utils import url_path_join
+from pytest_jupyter.jupyter_server import *  # noqa: F403 (fixtures, for this module only: see the docstring)
+
+import ortlab
+from ortlab.runner.rundir import RunDir
+
+# Every route, with a run id that exists in the `runs` fixture (a running run).
+ROUTES = [
+    ("GET", "runs"),
+    ("POST", "runs"),
+    ("GET", "runs/live"),
+    ("GET", "runs/live/metrics"),
+    ("POST", "runs/live/stop"),
+    ("POST", "runs/live/resume"),
+    ("GET", "doctor"),
+]
+
+
+@pytest.fixture
+def runs_root(tmp_path: Path) -> Path:
+    root = tmp_path / "runs"
+    root.mkdir()
+    return root
+
+
+@pytest.fixture
+def jp_server_config(runs_root: Path) -> dict[str, Any]:
+    return {"ServerApp": {"jpserver_extensions": {"ortlab": True}}, "Ortlab": {"runs_root": str(runs_root)}}
+
+
+@pytest.fixture
+def runs(runs_root: Path) -> dict[str, Path]:
+    """Three runs: `done` (completed), `stopped`, and `live` (running, this process as its worker)."""
+    return {
+        "done": make_fake_run(runs_root, "done", "completed", steps=20),
+        "stopped": make_fake_run(runs_root, "stopped", "stopped", steps=7),
+        "live": make_fake_run(runs_root, "live", "running", steps=3),
+    }
+
+
+class Api:
+    """Synchronous calls to the test server: `api("GET", "runs")` -> (status code, JSON body, response)."""
+
+    def __init__(self, client: Any, loop: Any, base_url: str, auth: dict[str, str]):
+        self.client, self.loop, self.base_url, self.auth = client, loop, base_url, auth
+
+    def url(self, path: str) -> str:
+        return url_path_join(self.base_url, "ortlab/api", path)
+
+    def __call__(
+        self, method: str, path: str, body: Any = None, token: bool = True, headers: dict | None = None
+    ) -> tuple[int, Any, Any]:
+        hdrs = {**(self.auth if token else {}), **(headers or {})}
+        if body is None and method == "POST":
+            body = b""
+        elif body is not None and not isinstance(body, (str, bytes)):
+            body = json.dumps(body)
+        response = self.loop.run_until_complete(
+            self.client.fetch(
+                self.url(path), method=method, body=body, headers=hdrs, raise_error=False, request_timeout=330
+            )
+        )
+        try:
+            data = json.loads(response.body) if response.body else None
+        except ValueError:
+            data = response.body.decode(errors="replace")
+        return response.code, data, response
+
+
+@pytest.fixture
+def api(jp_serverapp, http_server_client, jp_asyncio_loop, jp_base_url, jp_auth_header) -> Api:
+    return Api(http_server_client, jp_asyncio_loop, jp_base_url, jp_auth_header)
+
+
+# --- authentication and confinement ------------------------------------------------------------------------
+
+
+def test_every_route_answers_with_the_token(api, runs, runs_root):
+    code, body, _ = api("GET", "runs")
+    assert code == 200, body
+    assert body["root"] == str(runs_root.resolve())
+    assert body["version"] == ortlab.__version__
+    assert [r["id"] for r in body["runs"]] == ["live", "stopped", "done"], "newest first"
+
+    code, body, _ = api("GET", "runs/done")
+    assert code == 200, body
+    assert body["state"] == "completed" and body["status"]["state"] == "completed"
+    assert body["spec"]["name"] == "done" and body["spec"]["hyper"]["max_steps"] == 100
+    assert body["result"]["summary"]["steps"] == 20
+
+    code, body, _ = api("GET", "runs/done/metrics")
+    assert code == 200, body
+    assert [r["step"] for r in body["records"] if r["event"] == "step"] == list(range(1, 21))
+    assert body["offset"] == runs["done"].joinpath("metrics.jsonl").stat().st_size
+
+    code, body, _ = api("GET", "doctor")
+    assert code == 200, body
+    assert isinstance(body["probed"], bool) and isinstance(body["accelerations"], dict)
+
+    code, body, _ = api("POST", "runs/live/stop")
+    assert (code, body) == (202, {"id": "live", "state": "running", "stop_requested": True})
+    assert RunDir(runs["live"]).stop_requested()
+
+    code, body, _ = api("POST", "runs/done/resume")
+    assert code == 409 and "completed" in body["message"], body
+
+    code, body, _ = api("POST", "runs", {"hyper": {"batch_size": 0}})
+    assert code == 400 and body["problems"], body
+
+
+def test_every_route_refuses_a_request_without_a_token(api, runs, runs_root):
+    before = sorted(p.name for p in runs_root.iterdir())
+    for method, path in ROUTES:
+        body = {"name": "sneaky"} if (method, path) == ("POST", "runs") else None
+        code, answer, _ = api(method, path, body, token=False)
+        assert code in (401, 403), f"{method} {path} answered {code} without a token: {answer}"
+        assert "live" not in json.dumps(answer or "") or method == "POST", "no run data without a token"
+    assert sorted(p.name for p in runs_root.iterdir()) == before, "nothing launched"
+    assert not RunDir(runs["live"]).stop_requested(), "nothing stopped"
+    # A wrong token is no token.
+    code, _, _ = api("GET", "runs", token=False, headers={"Authorization": "token not-the-token"})
+    assert code in (401, 403)
+
+
+def _login_cookie(api: Api) -> str:
+    """The login cookie the server sets for a token-authenticated request: what a browser session carries."""
+    _, _, response = api("GET", "runs")
+    cookies = [c.split(";", 1)[0] for c in response.headers.get_list("Set-Cookie")]
+    login = [c for c in cookies if c.startswith("username-")]
+    assert login, f"no login cookie in {cookies}"
+    return login[0]
+
+
+def test_xsrf_is_enforced_on_post_for_cookie_sessions(api, runs):
+    cookie = _login_cookie(api)
+    live = RunDir(runs["live"])
+
+    # The cookie alone authenticates GETs (a browser session) ...
+    code, body, _ = api("GET", "runs", token=False, headers={"Cookie": cookie})
+    assert code == 200, body
+    # ... but a POST with the cookie and no XSRF token is what a page on another site could send: refused.
+    for path in ("runs/live/stop", "runs/stopped/resume", "runs"):
+        code, body, _ = api("POST", path, token=False, headers={"Cookie": cookie})
+        assert code == 403, (path, code, body)
+        assert "xsrf" in json.dumps(body).lower(), body
+    assert not live.stop_requested()
+    # A mismatched pair is refused too.
+    headers = {"Cookie": f"{cookie}; _xsrf=aaaa", "X-XSRFToken": "bbbb"}
+    code, _, _ = api("POST", "runs/live/stop", token=False, headers=headers)
+    assert code == 403
+    assert not live.stop_requested()
+    # The pair JupyterLab sends (the _xsrf cookie echoed in the X-XSRFToken header) passes.
+    headers = {"Cookie": f"{cookie}; _xsrf=abcd1234", "X-XSRFToken": "abcd1234"}
+    code, body, _ = api("POST", "runs/live/stop", token=False, headers=headers)
+    assert code == 202, body
+    assert live.stop_requested()
+
+
+@pytest.mark.parametrize(
+    "run_id",
+    [
+        "nope",  # unknown
+        "..",  # the parent folder
+        "%2E%2E",  # the same, encoded
+        "%2Fetc",  # an absolute path
+        "outside",  # a symbolic link to a real run folder outside the root
+        "not-a-run",  # a folder in the root that is not a run (no status.json)
+        "done%2F..%2F..%2Foutside-run",  # a path that climbs out
+        "-rf",  # not a name ortlab accepts
+    ],
+)
+def test_ids_outside_the_runs_root_are_404(api, runs, runs_root, tmp_path, run_id):
+    outside = make_fake_run(tmp_path, "outside-run", "stopped", steps=3)
+    (runs_root / "outside").symlink_to(outside, target_is_directory=True)
+    (runs_root / "not-a-run").mkdir()
+    (runs_root / "not-a-run" / "metrics.jsonl").write_text('{"event": "step", "step": 1}\n')
+    for method, suffix in (("GET", ""), ("GET", "/metrics"), ("POST", "/stop"), ("POST", "/resume")):
+        code, body, _ = api(method, f"runs/{run_id}{suffix}")
+        assert code == 404, (method, run_id, suffix, code, body)
+        assert set(body) == {"message", "reason"}, "an error says why, and nothing of any run"
+    assert not RunDir(outside).stop_requested()
+    code, body, _ = api("GET", "runs")
+    assert "outside" not in [r["id"] for r in body["runs"]], "a symbolic link is not listed either"
+
+
+def test_an_absolute_path_to_a_real_run_is_404(api, runs, tmp_path):
+    outside = make_fake_run(tmp_path / "elsewhere", "far", "stopped", steps=2)
+    encoded = str(outside).replace("/", "%2F")
+    for path in (f"runs/{encoded}", f"runs/{encoded}/metrics"):
+        code, body, _ = api("GET", path)
+        assert code == 404, (path, body)
+
+
+# --- launch validation -------------------------------------------------------------------------------------
+
+
+def test_a_bad_spec_is_400_with_the_same_problems_as_everywhere(api, runs_root):
+    from ortlab.spec import RunSpec, SpecError
+
+    bad = {"hyper": {"batch_size": 0, "learning_rate": -1}, "colour": "blue", "name": "../escape"}
+    code, body, _ = api("POST", "runs", bad)
+    assert code == 400, body
+    with pytest.raises(SpecError) as expected:
+        RunSpec.parse({**bad, "output_dir": str(runs_root)})
+    assert body["problems"] == expected.value.problems
+    assert any(p.startswith("hyper.batch_size:") for p in body["problems"])
+    assert any(p.startswith("colour: unknown field") for p in body["problems"])
+    assert any(p.startswith("name:") for p in body["problems"])
+    assert body["message"] == "invalid run spec"
+
+    code, body, _ = api("POST", "runs", "{not json")
+    assert code == 400 and "not JSON" in body["message"], body
+    code, body, _ = api("POST", "runs", [1, 2])
+    assert code == 400 and "JSON object" in body["problems"][0], body
+    code, body, _ = api("POST", "runs", b"")
+    assert code == 400, body
+    assert list(runs_root.iterdir()) == [], "no run folder for a refused spec"
+
+
+# --- metrics and rows --------------------------------------------------------------------------------------
+
+
+def test_metrics_offset_returns_only_new_complete_records(api, runs):
+    path = runs["live"] / "metrics.jsonl"
+    code, first, _ = api("GET", "runs/live/metrics?offset=0")
+    assert code == 200
+    assert [r.get("step") for r in first["records"] if r["event"] == "step"] == [1, 2, 3]
+    offset = first["offset"]
+    assert offset == path.stat().st_size
+
+    code, again, _ = api("GET", f"runs/live/metrics?offset={offset}")
+    assert (code, again) == (200, {"records": [], "offset": offset}), "nothing new: nothing returned"
+
+    append(path, step_record(4), step_record(5))
+    half = json.dumps(step_record(6))
+    with path.open("a") as f:
+        f.write(half[:25])  # a line still being written
+    code, new, _ = api("GET", f"runs/live/metrics?offset={offset}")
+    assert [r["step"] for r in new["records"]] == [4, 5], "only the new complete lines"
+    assert new["offset"] == path.stat().st_size - 25, "the offset stops before the unfinished line"
+
+    with path.open("a") as f:
+        f.write(half[25:] + "\n")
+    code, last, _ = api("GET", f"runs/live/metrics?offset={new['offset']}")
+    assert [r["step"] for r in last["records"]] == [6]
+    assert last["offset"] == path.stat().st_size
+
+    for bad in ("-1", "abc", "1.5", str(path.stat().st_size + 10)):
+        code, body, _ = api("GET", f"runs/live/metrics?offset={bad}")
+        assert code == 400 and "offset" in body["message"], (bad, body)
+
+
+def test_a_long_history_comes_in_bounded_chunks(runs, monkeypatch):
+    """From offset 0 on a long run, one answer is at most METRICS_CHUNK_BYTES; the next goes on from its offset."""
+    from ortlab.server import runs as server_runs
+
+    monkeypatch.setattr(server_runs, "METRICS_CHUNK_BYTES", 1000)
+    run, offset, steps = RunDir(runs["done"]), 0, []
+    for _ in range(100):
+        answer = server_runs.metrics_since(run, offset)
+        if not answer["records"]:
+            break
+        assert answer["offset"] - offset <= 1000
+        steps += [r["step"] for r in answer["records"] if r["event"] == "step"]
+        offset = answer["offset"]
+    assert steps == list(range(1, 21)), "every record once, in order"
+    assert offset == run.metrics_path.stat().st_size
+
+
+def test_run_rows_say_what_applied_and_follow_new_metrics(api, runs):
+    code, body, _ = api("GET", "runs")
+    rows = {r["id"]: r for r in body["runs"]}
+    done, live = rows["done"], rows["live"]
+    assert set(done) >= {
+        "id", "state", "step", "max_steps", "samples_per_s", "loss", "requested", "applied", "not_applied", "updated"
+    }  # fmt: skip
+    assert (done["state"], done["step"], done["max_steps"]) == ("completed", 20, 100)
+    assert done["samples_per_s"] == 41.5, "an ended run shows its steady-state throughput"
+    assert done["loss"] == pytest.approx(1 / 20)
+    assert sorted(done["requested"]) == ["fused_adam", "ort"]
+    assert done["applied"] == ["fused_adam"]
+    assert done["not_applied"] == ["ort"]
+    assert isinstance(done["updated"], float)
+    assert rows["stopped"]["state"] == "stopped" and rows["stopped"]["step"] == 7
+
+    assert (live["state"], live["step"], live["samples_per_s"]) == ("running", 3, 40.0)
+    append(runs["live"] / "metrics.jsonl", step_record(4, loss=0.125, samples_per_s=55.0))
+    code, body, _ = api("GET", "runs")
+    live = {r["id"]: r for r in body["runs"]}["live"]
+    assert (live["step"], live["loss"], live["samples_per_s"]) == (4, 0.125, 55.0), "rows follow new lines"
+
+    code, detail, _ = api("GET", "runs/live")
+    assert code == 200, detail
+    assert detail["step"] == 4 and detail["status"]["state"] == "running" and detail["result"] is None
+
+
+def test_a_replaced_metrics_file_is_read_afresh(api, runs):
+    api("GET", "runs")
+    path = runs["live"] / "metrics.jsonl"
+    tmp = path.with_name("new.jsonl")
+    tmp.write_text(json.dumps(step_record(1, loss=9.0)) + "\n")
+    os.replace(tmp, path)
+    code, body, _ = api("GET", "runs/live")
+    assert (code, body["step"], body["loss"]) == (200, 1, 9.0)
+
+
+def test_a_damaged_spec_is_reported_not_a_500(api, runs):
+    (runs["done"] / "spec.yaml").write_text("hyper: [not, a, mapping]\n")
+    code, body, _ = api("GET", "runs/done")
+    assert code == 200, body
+    assert body["spec"] is None and "hyper" in body["spec_error"]
+
+
+def test_stop_of_an_ended_run_is_409(api, runs):
+    for run_id in ("done", "stopped"):
+        code, body, _ = api("POST", f"runs/{run_id}/stop")
+        assert code == 409 and "only a pending or running run can stop" in body["message"], body
+    code, body, _ = api("POST", "runs/live/resume")
+    assert code == 409 and "running" in body["message"], body
+
+
+# --- settings, install, weight -----------------------------------------------------------------------------
+
+
+def test_the_runs_root_setting_and_its_defaults(tmp_path, monkeypatch):
+    from ortlab.server import runs_root_for
+
+    monkeypatch.delenv("ORTLAB_RUNS", raising=False)
+    assert runs_root_for("", tmp_path) == (tmp_path / "ortlab-runs").resolve()
+    assert runs_root_for("mine", tmp_path) == (tmp_path / "mine").resolve()
+    assert runs_root_for(str(tmp_path / "abs"), "/elsewhere") == (tmp_path / "abs").resolve()
+    monkeypatch.setenv("ORTLAB_RUNS", str(tmp_path / "env"))
+    assert runs_root_for("", tmp_path / "x") == (tmp_path / "env").resolve()
+    assert runs_root_for("setting-wins", tmp_path) == (tmp_path / "setting-wins").resolve()
+
+
+def test_installing_ortlab_enables_the_extension(tmp_path):
+    """The wheel ships the config file that enables `ortlab`; with it, the server lists the extension as OK."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    shared = project["tool"]["hatch"]["build"]["targets"]["wheel"]["shared-data"]
+    source = "jupyter-config/jupyter_server_config.d/ortlab.json"
+    assert shared[source] == "etc/jupyter/jupyter_server_config.d/ortlab.json"
+    config_dir = tmp_path / "jupyter-config"
+    (config_dir / "jupyter_server_config.d").mkdir(parents=True)
+    shutil.copy(ROOT / source, config_dir / "jupyter_server_config.d" / "ortlab.json")
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(config_dir), "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [PYTHON, "-m", "jupyter_server.extension.serverextension", "list"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    text = re.sub(r"\x1b\[[0-9;]*m", "", out.stdout + out.stderr)
+    assert re.search(r"^\s*ortlab enabled\s*$", text, re.M), text
+    assert re.search(r"^\s*ortlab \S+ OK\s*$", text, re.M), text
+
+
+def test_the_server_side_never_imports_torch(runs, runs_root):
+    """Listing, details, metrics, spec checks and the doctor: all without torch (seconds and ~300 MB)."""
+    code = f"""
+import json, sys
+from pathlib import Path
+import ortlab.server, ortlab.server.handlers
+import ortlab
+from ortlab.runner.rundir import RunDir
+from ortlab.server.handlers import doctor_summary
+from ortlab.server.runs import RunIndex, metrics_since
+from ortlab.spec import RunSpec
+index = RunIndex({str(runs_root)!r})
+rows = index.rows()
+detail = index.detail(RunDir({str(runs["done"])!r}))
+metrics_since(RunDir({str(runs["live"])!r}), 0)
+RunSpec.parse({{"accel": {{"ort": True, "precision": "bf16"}}}}, stored=True)
+doctor_summary()
+print(json.dumps({{"rows": len(rows), "torch": "torch" in sys.modules, "spec": detail["spec"] is not None}}))
+"""
+    out = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"rows": 3, "torch": False, "spec": True}
+
+
+# --- real runs through the API -----------------------------------------------------------------------------
+
+
+def _wait(api: Api, run_id: str, until: Any, timeout: float = 300, what: str = "") -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        code, body, _ = api("GET", f"runs/{run_id}")
+        assert code == 200, body
+        if until(body):
+            return body
+        assert time.monotonic() < deadline, f"{what}: still {body['state']} after {timeout} s: {body['status']}"
+        time.sleep(0.3)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_launch_stop_resume_through_the_api(api, runs_root, tiny_bert, tmp_path):
+    from ortlab.runner import Run
+
+    spec = {
+        "name": "api-run",
+        "output_dir": str(tmp_path / "not-here"),  # a request cannot choose where to write
+        "model": {"name": str(tiny_bert)},
+        "data": {"source": "embedded:rotten-tomatoes", "max_train_samples": 2000, "max_eval_samples": 16},
+        "hyper": {"learning_rate": 1e-3, "batch_size": 8, "max_length": 32, "max_steps": 30},
+        "accel": {"ort": False, "fused_adam": False},
+    }
+    code, body, _ = api("POST", "runs", spec)
+    assert code == 201, body
+    run_id = body["id"]
+    assert run_id == "api-run" and Path(body["path"]) == runs_root.resolve() / "api-run"
+    assert not (tmp_path / "not-here").exists()
+    run = Run(body["path"])
+    run.pause(at_step=3)  # hold it there (the worker is still importing torch), so it is running when we stop it
+    try:
+        row = _wait(api, run_id, lambda b: b["paused"] or b["state"] in ("failed", "completed"), what="reach step 3")
+        assert row["state"] == "running", row["status"]
+        assert row["step"] >= 3 and row["max_steps"] == 30
+        assert isinstance(row["loss"], float) and isinstance(row["samples_per_s"], float)
+        assert row["requested"] == [] and row["not_applied"] == []
+        _, metrics, _ = api("GET", f"runs/{run_id}/metrics?offset=0")
+        seen = metrics["offset"]
+        assert [r["step"] for r in metrics["records"] if r["event"] == "step"][:3] == [1, 2, 3]
+
+        code, body, _ = api("POST", f"runs/{run_id}/stop")
+        assert (code, body["state"]) == (202, "running"), body
+        stopped = _wait(api, run_id, lambda b: b["state"] in ("stopped", "failed", "completed"), what="stop")
+        assert stopped["state"] == "stopped", stopped["status"]
+        at = stopped["status"]["step"]
+        assert 3 <= at < 30
+        code, body, _ = api("POST", f"runs/{run_id}/stop")
+        assert code == 409, body
+
+        code, body, _ = api("POST", f"runs/{run_id}/resume")
+        assert (code, body) == (202, {"id": run_id, "state": "pending"})
+        code, body, _ = api("POST", f"runs/{run_id}/resume")
+        assert code == 409, "a second resume of a resumed run is refused"
+        done = _wait(api, run_id, lambda b: b["state"] in ("completed", "failed"), what="finish")
+        assert done["state"] == "completed", done["status"]
+        assert done["step"] == 30 and done["result"]["summary"]["steps"] == 30
+
+        _, later, _ = api("GET", f"runs/{run_id}/metrics?offset={seen}")
+        steps = [r["step"] for r in later["records"] if r["event"] == "step"]
+        assert steps == list(range(steps[0], 31)) and steps[0] > 3, "only what came after the offset"
+        assert [r["step"] for r in later["records"] if r["event"] == "resume"] == [at]
+        code, body, _ = api("POST", f"runs/{run_id}/resume")
+        assert code == 409 and "completed" in body["message"]
+    finally:
+        run.unpause()
+        if run.state in ("pending", "running"):
+            run.stop(timeout=60)
+
+
+@pytest.mark.slow
+def test_a_mix_this_machine_cannot_run_is_400_with_the_mix_problems(api, runs_root):
+    from ortlab.spec import RunSpec, SpecError
+
+    try:
+        RunSpec.parse({"accel": {"precision": "fp16"}})
+        pytest.skip("this machine has CUDA: fp16 is a valid mix here")
+    except SpecError as e:
+        expected = e.problems
+    code, body, _ = api("POST", "runs", {"accel": {"precision": "fp16"}})
+    assert code == 400, body
+    assert body["problems"] == expected and body["problems"][0].startswith("accel: fp16")
+    assert list(runs_root.iterdir()) == []
