@@ -195,6 +195,13 @@ def test_sidebar_launches_watches_and_stops_a_run(lab_with_ortlab, tiny_bert):
             problems.first.wait_for(timeout=60_000)
             assert any("max_steps" in t for t in problems.all_inner_texts()), problems.all_inner_texts()
             assert not run_dir.exists()
+            # For eyes: the form with its problems, the mix toggles with the doctor's reasons, and those reasons.
+            details = panel.locator(".ortlab-Doctor-details")
+            if details.count():
+                details.locator("summary").click()
+            _screenshot(page, "sidebar-form.png")
+            if details.count():
+                details.locator("summary").click()
 
             # A tiny run with far more steps than the test waits for: it is running whenever the checks look.
             launched_at = time.time()
@@ -255,12 +262,18 @@ def test_sidebar_launches_watches_and_stops_a_run(lab_with_ortlab, tiny_bert):
 
             # Stop from the panel: the run finishes its step, saves a checkpoint and ends `stopped`.
             _run_card(page).locator("button.ortlab-Stop").click()
-            _wait_for(
-                lambda: json.loads((run_dir / "status.json").read_text())["state"] == "stopped", 300, "the stop"
-            )
+            _wait_for(lambda: json.loads((run_dir / "status.json").read_text())["state"] == "stopped", 300, "the stop")
             _wait_for(lambda: _state_shown(page) == "stopped", 60, "the sidebar to show 'stopped'")
             assert _run_card(page).locator("button.ortlab-Resume").count() == 1
             _screenshot(page, "sidebar-stopped-dark.png")
+
+            # "Open in a notebook": a notebook attached to the run, with its live charts, opens in the main area.
+            _run_card(page).locator("button.ortlab-OpenNotebook").click()
+            page.wait_for_selector(".jp-NotebookPanel", timeout=60_000)
+            notebook = json.loads((folder / f"ortlab-{RUN}.ipynb").read_text())
+            source = "".join(notebook["cells"][0]["source"])
+            assert f'ortlab.attach("{RUN}", root="{(folder / "runs").resolve()}")' in source
+            assert "RunMonitor(run)" in source
         except Exception:
             page.screenshot(path=str(ARTIFACTS / "sidebar-failure.png"))
             raise
