@@ -28,6 +28,19 @@ def test_binder_uses_the_project_setup_on_python_3_11():
     assert _scripts_dev_apt() - {"git"} <= binder_apt  # git is in every Binder image
 
 
+def test_binder_serves_jupyter_from_the_venv_so_the_sidebar_shows():
+    """The sidebar's REST API imports ortlab: Binder's Jupyter server must be the venv's, not the image's."""
+    start = ROOT / "binder" / "start"
+    assert start.stat().st_mode & 0o111, "binder/start must be executable"
+    text = start.read_text()
+    assert '.venv/bin:$PATH"' in text
+    assert text.rstrip().endswith('exec "$@"')
+    post = (ROOT / "binder" / "postBuild").read_text()
+    assert "jupyterhub==$JUPYTERHUB_VERSION" in post  # the single-user entry point BinderHub starts, in the venv
+    # The prebuilt sidebar is committed, so Binder (no node) installs it with the package.
+    assert (ROOT / "ortlab" / "labextension" / "package.json").is_file()
+
+
 def test_readme_badges_point_at_notebooks_that_exist():
     readme = (ROOT / "README.md").read_text()
     binder = re.findall(r"mybinder\.org/v2/gh/[^)\s]+urlpath=lab/tree/(notebooks/[\w.-]+\.ipynb)", readme)

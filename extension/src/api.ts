@@ -1,0 +1,115 @@
+/**
+ * The REST contract of ortlab's server extension (`<base_url>/ortlab/api/...`), typed, and one helper that
+ * calls it. Every request goes through `ServerConnection.makeRequest`, which adds the token and the XSRF
+ * header that jupyter_server checks: the sidebar never handles credentials itself.
+ */
+import { URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+
+/** One run as the runs list gives it. */
+export interface IRunRow {
+  id: string;
+  state: string;
+  step: number;
+  max_steps: number | null;
+  samples_per_s: number | null;
+  loss: number | null;
+  requested: string[];
+  applied: string[];
+  not_applied: string[];
+  updated: number | string | null;
+}
+
+export interface IRunsList {
+  root: string;
+  runs: IRunRow[];
+}
+
+/** One record of a run's metrics.jsonl (only the fields the sidebar draws are typed). */
+export interface IMetricRecord {
+  event?: string;
+  step?: number;
+  loss?: number;
+  samples_per_s?: number;
+  [key: string]: unknown;
+}
+
+export interface IMetricsPage {
+  records: IMetricRecord[];
+  offset: number;
+}
+
+export interface IAcceleration {
+  available: boolean;
+  reason?: string | null;
+  remedy?: string | null;
+  slow?: boolean | null;
+}
+
+export interface IDoctor {
+  probed: boolean;
+  accelerations: { [name: string]: IAcceleration };
+}
+
+export interface ILaunched {
+  id: string;
+  path: string;
+}
+
+/** A refused request: the server's message, and for a bad RunSpec the field-by-field problems. */
+export class ApiError extends Error {
+  constructor(
+    readonly status: number,
+    message: string,
+    readonly problems: string[] = []
+  ) {
+    super(message);
+  }
+}
+
+/** The prefix of every route; the server extension registers its handlers under it. */
+export const API_PREFIX = 'ortlab/api';
+
+/**
+ * Call one route. Answers the parsed JSON body, or throws an ApiError with the server's message
+ * (a 404 on the runs list means the server extension is not enabled: the message says so).
+ */
+export async function requestAPI<T>(
+  endPoint: string,
+  init: RequestInit = {},
+  settings: ServerConnection.ISettings = ServerConnection.makeSettings()
+): Promise<T> {
+  const url = URLExt.join(settings.baseUrl, API_PREFIX, endPoint);
+  let response: Response;
+  try {
+    response = await ServerConnection.makeRequest(url, init, settings);
+  } catch (error) {
+    throw new ApiError(0, `the Jupyter server cannot be reached (${String(error)})`);
+  }
+  const text = await response.text();
+  let body: unknown = null;
+  if (text.length > 0) {
+    try {
+      body = JSON.parse(text);
+    } catch {
+      body = null;
+    }
+  }
+  if (!response.ok) {
+    const data = (body ?? {}) as { message?: unknown; problems?: unknown };
+    const problems = Array.isArray(data.problems) ? data.problems.map(p => String(p)) : [];
+    let message = typeof data.message === 'string' ? data.message : response.statusText;
+    if (response.status === 404 && endPoint === 'runs' && !init.method) {
+      message =
+        "ortlab's server extension does not answer: enable it with " +
+        '`jupyter server extension enable ortlab` and restart JupyterLab';
+    }
+    throw new ApiError(response.status, message || `HTTP ${response.status}`, problems);
+  }
+  return body as T;
+}
+
+/** A run id as one URL path segment (ids are folder names; the server refuses anything else anyway). */
+export function runPath(id: string, ...rest: string[]): string {
+  return ['runs', encodeURIComponent(id), ...rest].join('/');
+}

@@ -1,0 +1,233 @@
+/**
+ * The sidebar's state: the runs list, the doctor, and for each running run the points of its sparklines.
+ * It polls the server: every `liveInterval` ms while a run is pending or running (metrics are read from
+ * the last offset, so each poll carries only new records), every `idleInterval` ms otherwise, and not at
+ * all while the panel is hidden. Views read the state and redraw on `changed`.
+ */
+import { ISignal, Signal } from '@lumino/signaling';
+
+import {
+  ApiError,
+  IDoctor,
+  ILaunched,
+  IMetricRecord,
+  IMetricsPage,
+  IRunRow,
+  IRunsList,
+  requestAPI,
+  runPath
+} from './api';
+
+/** A run is live while its process may still write metrics. */
+export const LIVE_STATES = new Set(['pending', 'running']);
+
+export interface ISeries {
+  steps: number[];
+  loss: number[];
+  samplesPerS: number[];
+}
+
+interface IFollowed {
+  offset: number;
+  series: ISeries;
+  lastStep: number | null;
+}
+
+export interface IModelOptions {
+  /** Poll period while something runs (ms). */
+  liveInterval: number;
+  /** Poll period when nothing runs (ms). */
+  idleInterval: number;
+  /** Points kept per sparkline. */
+  maxPoints: number;
+}
+
+export class RunsModel {
+  constructor(options: IModelOptions) {
+    this.options = { ...options };
+  }
+
+  readonly options: IModelOptions;
+  root = '';
+  runs: IRunRow[] = [];
+  doctor: IDoctor | null = null;
+  /** Why the last refresh failed (shown at the top of the panel), or null. */
+  error: string | null = null;
+  loaded = false;
+
+  get changed(): ISignal<this, void> {
+    return this._changed;
+  }
+
+  get anyLive(): boolean {
+    return this.runs.some(r => LIVE_STATES.has(r.state));
+  }
+
+  series(id: string): ISeries | null {
+    return this._followed.get(id)?.series ?? null;
+  }
+
+  /** The newest step the metrics have shown (the runs list may lag it by a poll). */
+  latestStep(run: IRunRow): number {
+    const seen = this._followed.get(run.id)?.lastStep;
+    return seen !== null && seen !== undefined && seen > run.step ? seen : run.step;
+  }
+
+  configure(options: Partial<IModelOptions>): void {
+    Object.assign(this.options, options);
+    this.kick();
+  }
+
+  /** Start polling (idempotent). `visible()` tells whether the panel is shown. */
+  start(visible: () => boolean): void {
+    this._visible = visible;
+    if (!this._started) {
+      this._started = true;
+      void this.loadDoctor();
+      this.kick();
+    }
+  }
+
+  dispose(): void {
+    this._disposed = true;
+    window.clearTimeout(this._timer);
+    Signal.clearData(this);
+  }
+
+  /** Poll now (after an action, or when the panel is shown), then carry on at the usual pace. */
+  kick(): void {
+    window.clearTimeout(this._timer);
+    this._timer = window.setTimeout(() => void this.tick(), 0);
+  }
+
+  async loadDoctor(): Promise<void> {
+    try {
+      this.doctor = await requestAPI<IDoctor>('doctor');
+    } catch (error) {
+      this.doctor = null;
+      this.error = describe(error);
+    }
+    this._changed.emit();
+  }
+
+  async launch(spec: unknown): Promise<ILaunched> {
+    const launched = await requestAPI<ILaunched>('runs', {
+      method: 'POST',
+      body: JSON.stringify(spec)
+    });
+    this.kick();
+    return launched;
+  }
+
+  async stop(id: string): Promise<void> {
+    await requestAPI(runPath(id, 'stop'), { method: 'POST' });
+    this.kick();
+  }
+
+  async resume(id: string): Promise<void> {
+    await requestAPI(runPath(id, 'resume'), { method: 'POST' });
+    this.kick();
+  }
+
+  private async tick(): Promise<void> {
+    if (this._disposed || this._busy) {
+      return;
+    }
+    const shown = this._visible();
+    if (shown) {
+      this._busy = true;
+      try {
+        await this.refresh();
+      } finally {
+        this._busy = false;
+      }
+    }
+    if (!this._disposed) {
+      const wait = shown && this.anyLive ? this.options.liveInterval : this.options.idleInterval;
+      this._timer = window.setTimeout(() => void this.tick(), Math.max(100, wait));
+    }
+  }
+
+  private async refresh(): Promise<void> {
+    try {
+      const list = await requestAPI<IRunsList>('runs');
+      this.root = list.root;
+      this.runs = list.runs;
+      this.error = null;
+      this.loaded = true;
+      const live = this.runs.filter(r => LIVE_STATES.has(r.state));
+      // Forget runs that went away; the history of a run that ended stays drawn (it is cheap).
+      const ids = new Set(this.runs.map(r => r.id));
+      for (const id of [...this._followed.keys()]) {
+        if (!ids.has(id)) {
+          this._followed.delete(id);
+        }
+      }
+      await Promise.all(live.map(r => this.readMetrics(r.id)));
+    } catch (error) {
+      this.error = describe(error);
+    }
+    this._changed.emit();
+  }
+
+  private async readMetrics(id: string): Promise<void> {
+    let followed = this._followed.get(id);
+    if (!followed) {
+      followed = { offset: 0, series: { steps: [], loss: [], samplesPerS: [] }, lastStep: null };
+      this._followed.set(id, followed);
+    }
+    // A long history comes in several pages: read until the server has nothing new (bounded per tick).
+    for (let page = 0; page < 20; page++) {
+      const got = await requestAPI<IMetricsPage>(
+        `${runPath(id, 'metrics')}?offset=${encodeURIComponent(String(followed.offset))}`
+      );
+      const before = followed.offset;
+      followed.offset = got.offset;
+      for (const record of got.records) {
+        this.consume(followed, record);
+      }
+      if (got.records.length === 0 || got.offset === before) {
+        break;
+      }
+    }
+  }
+
+  private consume(followed: IFollowed, record: IMetricRecord): void {
+    if (record.event !== 'step' || typeof record.step !== 'number') {
+      return;
+    }
+    const s = followed.series;
+    // A resumed run starts again from its checkpoint's step: keep the curve monotonic in steps.
+    while (s.steps.length > 0 && s.steps[s.steps.length - 1] >= record.step) {
+      s.steps.pop();
+      s.loss.pop();
+      s.samplesPerS.pop();
+    }
+    s.steps.push(record.step);
+    s.loss.push(typeof record.loss === 'number' ? record.loss : NaN);
+    s.samplesPerS.push(typeof record.samples_per_s === 'number' ? record.samples_per_s : NaN);
+    const extra = s.steps.length - this.options.maxPoints;
+    if (extra > 0) {
+      s.steps.splice(0, extra);
+      s.loss.splice(0, extra);
+      s.samplesPerS.splice(0, extra);
+    }
+    followed.lastStep = record.step;
+  }
+
+  private _changed = new Signal<this, void>(this);
+  private _followed = new Map<string, IFollowed>();
+  private _timer = 0;
+  private _busy = false;
+  private _started = false;
+  private _disposed = false;
+  private _visible: () => boolean = () => true;
+}
+
+/** One line for the panel from anything a request threw. */
+export function describe(error: unknown): string {
+  if (error instanceof ApiError) {
+    return error.message;
+  }
+  return error instanceof Error ? error.message : String(error);
+}

@@ -1,0 +1,293 @@
+"""The JupyterLab sidebar in a real browser: JupyterLab with ortlab's server extension and the prebuilt sidebar
+(from this checkout's ortlab/labextension), driven by Debian's chromium.
+
+The test opens the sidebar from the command palette, sends a bad run from the New run form (the server's
+field-by-field problems show inline), then launches a tiny BERT run with 100000 steps from the same form, watches
+its step count and its loss sparkline grow while the run folder says "running", measures how long a metrics
+record takes from being written to being drawn, stops the run with its Stop button and sees `stopped`.
+Screenshots in the light and the dark theme go to test-artifacts/; docs/sidebar.png, the README's picture, is a
+copy of the light one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import PYTHON, ROOT
+from test_browser import CHROMIUM, _free_port, _wait_for
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+ARTIFACTS = ROOT / "test-artifacts"
+LABEXTENSION = ROOT / "ortlab" / "labextension"
+TOKEN = "ortlab-sidebar-test"
+RUN = "sidebar-run"
+BROWSER_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-dev-shm-usage",
+]
+
+
+@pytest.fixture
+def lab_with_ortlab(tmp_path):
+    """JupyterLab on a free loopback port with ortlab's server extension on (runs root: tmp_path/runs) and this
+    checkout's prebuilt sidebar first on the labextensions path (JUPYTER_PATH wins over the installed copy)."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail("chromium is missing: run scripts/dev setup (it installs Debian's chromium)")
+    assert (LABEXTENSION / "package.json").is_file(), "the sidebar is not built: run scripts/dev setup"
+    # The doctor's report, cached for this environment (the server answers from the cache only): the panel's
+    # doctor line and the New run form's mix toggles show what it found. Seconds when cached, about a minute not.
+    from ortlab.probe import doctor
+
+    doctor()
+    data = tmp_path / "jupyter-data" / "labextensions"
+    data.mkdir(parents=True)
+    (data / "ortlab-sidebar").symlink_to(LABEXTENSION, target_is_directory=True)
+    config = tmp_path / "jupyter-config"
+    config.mkdir()
+    (config / "jupyter_server_config.json").write_text(
+        json.dumps({"ServerApp": {"jpserver_extensions": {"ortlab": True}}})
+    )
+    settings = tmp_path / "lab-settings"
+    notification = settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+    notification.parent.mkdir(parents=True)
+    notification.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    port = _free_port()
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "JUPYTER_PATH": str(tmp_path / "jupyter-data"),
+        "JUPYTER_CONFIG_DIR": str(config),
+        "JUPYTER_RUNTIME_DIR": str(tmp_path / "jupyter-runtime"),
+        "JUPYTERLAB_SETTINGS_DIR": str(settings),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    log_path = tmp_path / "jupyter.log"
+    log = log_path.open("w")
+    server = subprocess.Popen(
+        [
+            PYTHON,
+            "-m",
+            "jupyterlab",
+            "--no-browser",
+            f"--port={port}",
+            "--ip=127.0.0.1",
+            f"--IdentityProvider.token={TOKEN}",
+            f"--ServerApp.root_dir={tmp_path}",
+            "--ServerApp.allow_root=True",
+            f"--Ortlab.runs_root={tmp_path / 'runs'}",
+            "--LabApp.news_url=",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/api/status?token={TOKEN}", timeout=2) as r:
+                json.load(r)
+            break
+        except OSError:
+            if time.monotonic() > deadline or server.poll() is not None:
+                server.kill()
+                raise AssertionError("JupyterLab did not start:\n" + log_path.read_text()[-3000:]) from None
+            time.sleep(0.5)
+    # The sidebar talks to the server extension: without it the test would only see the panel's error line.
+    with urllib.request.urlopen(f"{url}/ortlab/api/runs?token={TOKEN}", timeout=30) as r:
+        assert "runs" in json.load(r), "ortlab's server extension does not answer"
+    yield url, tmp_path
+    server.terminate()
+    try:
+        server.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        server.kill()
+    log.close()
+
+
+def _run_card(page):
+    return page.locator(f'.ortlab-Run[data-run-id="{RUN}"]')
+
+
+def _step_shown(page) -> int:
+    card = _run_card(page)
+    if card.count() == 0:
+        return 0
+    m = re.search(r"(\d+)", card.locator(".ortlab-Run-step").inner_text())
+    return int(m.group(1)) if m else 0
+
+
+def _loss_points(page) -> int:
+    spark = _run_card(page).locator(".ortlab-Sparkline-loss")
+    return int(spark.get_attribute("data-points") or 0) if spark.count() else 0
+
+
+def _state_shown(page) -> str:
+    card = _run_card(page)
+    return (card.get_attribute("data-state") or "") if card.count() else ""
+
+
+def _fill_form(page, model: str, max_steps: str) -> None:
+    form = page.locator("form.ortlab-NewRun")
+    form.locator('input[name="name"]').fill(RUN)
+    form.locator('input[name="model"]').fill(model)
+    form.locator('input[name="data"]').fill("embedded:rotten-tomatoes")
+    form.locator('input[name="max_steps"]').fill(max_steps)
+    form.locator('input[name="batch_size"]').fill("8")
+    # An explicit mix (plain PyTorch): 'auto' would measure the mixes first on a 100000-step run.
+    auto = form.locator('input[name="auto"]')
+    if auto.is_checked():
+        auto.uncheck()
+    form.locator("button.ortlab-Launch").click()
+
+
+def _screenshot(page, name: str) -> Path:
+    path = ARTIFACTS / name
+    page.screenshot(path=str(path))
+    return path
+
+
+def test_sidebar_launches_watches_and_stops_a_run(lab_with_ortlab, tiny_bert):
+    from playwright.sync_api import sync_playwright
+
+    url, folder = lab_with_ortlab
+    run_dir = folder / "runs" / RUN
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        try:
+            page.goto(f"{url}/lab?token={TOKEN}", timeout=90_000)
+            page.wait_for_selector(".jp-LabShell", timeout=90_000)
+            page.wait_for_function("() => !document.querySelector('#jupyterlab-splash')", timeout=90_000)
+            # The tab is there with its own icon; the palette entry opens the panel.
+            page.wait_for_selector('.jp-SideBar [data-id="ortlab-runs"]', timeout=60_000)
+            page.keyboard.press("Control+Shift+C")
+            page.locator(".lm-CommandPalette-input").fill("ortlab: Show runs")
+            page.keyboard.press("Enter")
+            panel = page.locator("#ortlab-runs")
+            panel.wait_for(state="visible", timeout=30_000)
+            page.wait_for_selector("#ortlab-runs .ortlab-Doctor-line", timeout=60_000)
+            assert panel.locator(".ortlab-Error").count() == 0, panel.locator(".ortlab-Error").all_inner_texts()
+
+            # A bad spec: the server's field-by-field problems show inline, and no run folder is made.
+            page.locator("#ortlab-runs .ortlab-NewRunButton").click()
+            _fill_form(page, str(tiny_bert), "0")
+            problems = page.locator("form.ortlab-NewRun .ortlab-Problems li")
+            problems.first.wait_for(timeout=60_000)
+            assert any("max_steps" in t for t in problems.all_inner_texts()), problems.all_inner_texts()
+            assert not run_dir.exists()
+            # For eyes: the form with its problems, the mix toggles with the doctor's reasons, and those reasons.
+            details = panel.locator(".ortlab-Doctor-details")
+            if details.count():
+                details.locator("summary").click()
+            _screenshot(page, "sidebar-form.png")
+            if details.count():
+                details.locator("summary").click()
+
+            # A tiny run with far more steps than the test waits for: it is running whenever the checks look.
+            launched_at = time.time()
+            _fill_form(page, str(tiny_bert), "100000")
+            page.wait_for_selector("form.ortlab-NewRun .ortlab-Ok", timeout=120_000)
+            page.locator("form.ortlab-NewRun button.jp-mod-reject").click()  # close the form
+            _run_card(page).wait_for(timeout=60_000)
+            _wait_for(lambda: _state_shown(page) == "running", 300, "the sidebar to show the run running")
+            # Record when each step is drawn (page clock, epoch seconds) to compare with the metrics' times.
+            page.evaluate(
+                """(run) => {
+                    window.__ortlabDrawn = [];
+                    const seen = new Set();
+                    new MutationObserver(() => {
+                        const el = document.querySelector(`.ortlab-Run[data-run-id="${run}"] .ortlab-Run-step`);
+                        const m = el && el.textContent.match(/(\\d+)/);
+                        if (m && !seen.has(m[1])) {
+                            seen.add(m[1]);
+                            window.__ortlabDrawn.push([Number(m[1]), Date.now() / 1000]);
+                        }
+                    }).observe(document.querySelector('#ortlab-runs'),
+                               {subtree: true, childList: true, characterData: true});
+                }""",
+                RUN,
+            )
+            first_points = _wait_for(lambda: _loss_points(page), 300, "the first point of the loss sparkline")
+            first_step = _step_shown(page)
+            assert json.loads((run_dir / "status.json").read_text())["state"] == "running"
+            _wait_for(lambda: _loss_points(page) >= first_points + 10, 300, "the loss sparkline to grow")
+            assert _step_shown(page) > first_step, "the step count grows"
+            assert _run_card(page).locator(".ortlab-Sparkline-speed").get_attribute("data-points") not in (None, "0")
+            assert json.loads((run_dir / "status.json").read_text())["state"] == "running", "it grew while running"
+
+            # From metric written to drawn: each step record's own time against the moment its step was drawn.
+            drawn = page.evaluate("() => window.__ortlabDrawn")
+            written = {}
+            for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+                record = json.loads(line)
+                if record.get("event") == "step":
+                    written.setdefault(record["step"], record["time"])
+            latencies = [t - written[s] for s, t in drawn if s in written and written[s] > launched_at]
+            (ARTIFACTS / "sidebar-latency.json").write_text(
+                json.dumps({"latencies_s": latencies, "drawn": drawn}, indent=1)
+            )
+            assert len(latencies) >= 5, drawn
+            assert statistics.median(latencies) <= 1.0, latencies
+
+            assert page.get_by_text("official Jupyter news").count() == 0, "the news toast covers the page"
+            light = _screenshot(page, "sidebar.png")
+            page.click("text=Settings >> nth=0")
+            page.hover("text=Theme")
+            page.get_by_text("JupyterLab Dark", exact=True).click()
+            page.wait_for_function("() => document.body.dataset.jpThemeLight === 'false'", timeout=30_000)
+            page.wait_for_function("() => !document.querySelector('#jupyterlab-splash')", timeout=30_000)
+            _wait_for(lambda: _state_shown(page) == "running", 60, "the panel after the theme change")
+            _screenshot(page, "sidebar-dark.png")
+            shutil.copyfile(light, ROOT / "docs" / "sidebar.png")
+
+            # Stop from the panel: the run finishes its step, saves a checkpoint and ends `stopped`.
+            _run_card(page).locator("button.ortlab-Stop").click()
+            _wait_for(lambda: json.loads((run_dir / "status.json").read_text())["state"] == "stopped", 300, "the stop")
+            _wait_for(lambda: _state_shown(page) == "stopped", 60, "the sidebar to show 'stopped'")
+            assert _run_card(page).locator("button.ortlab-Resume").count() == 1
+            _screenshot(page, "sidebar-stopped-dark.png")
+
+            # "Open in a notebook": a notebook attached to the run, with its live charts, opens in the main area.
+            _run_card(page).locator("button.ortlab-OpenNotebook").click()
+            page.wait_for_selector(".jp-NotebookPanel", timeout=60_000)
+            notebook = json.loads((folder / f"ortlab-{RUN}.ipynb").read_text())
+            source = "".join(notebook["cells"][0]["source"])
+            assert f'ortlab.attach("{RUN}", root="{(folder / "runs").resolve()}")' in source
+            assert "RunMonitor(run)" in source
+        except Exception:
+            page.screenshot(path=str(ARTIFACTS / "sidebar-failure.png"))
+            raise
+        finally:
+            browser.close()
+            _stop_if_running(run_dir)
+
+
+def _stop_if_running(run_dir: Path) -> None:
+    """Whatever happened above, leave no run behind: this one has 100000 steps."""
+    if not (run_dir / "status.json").exists():
+        return
+    from ortlab.runner import attach
+
+    run = attach(run_dir)
+    if run.state in ("pending", "running"):
+        run.stop(timeout=120)
