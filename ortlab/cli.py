@@ -322,6 +322,8 @@ def tune_cmd(
     task: Annotated[str | None, typer.Option(help="the task")] = None,
     text_column: Annotated[str | None, typer.Option()] = None,
     label_column: Annotated[str | None, typer.Option()] = None,
+    source_column: Annotated[str | None, typer.Option(help="seq2seq: the input text column")] = None,
+    target_column: Annotated[str | None, typer.Option(help="seq2seq: the output text column")] = None,
     batch_size: Annotated[int | None, typer.Option()] = None,
     max_length: Annotated[int | None, typer.Option()] = None,
     cache: Annotated[bool, typer.Option("--cache/--no-cache", help="reuse an earlier measurement")] = True,
@@ -341,6 +343,8 @@ def tune_cmd(
         ("task",): task,
         ("data", "text_column"): text_column,
         ("data", "label_column"): label_column,
+        ("data", "source_column"): source_column,
+        ("data", "target_column"): target_column,
         ("hyper", "batch_size"): batch_size,
         ("hyper", "max_length"): max_length,
     }

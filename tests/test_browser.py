@@ -10,17 +10,14 @@ cannot end before the checks see it running, however fast the machine. A screens
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
-import subprocess
 import time
-import urllib.request
 from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import PYTHON, ROOT
+from conftest import ROOT
+from lab_server import start_lab
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -41,12 +38,6 @@ wb = ortlab.Workbench(
 wb"""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def jupyter_lab(tmp_path):
     """A real JupyterLab server on a free loopback port, serving tmp_path, with the venv's kernel."""
@@ -56,60 +47,8 @@ def jupyter_lab(tmp_path):
     nb.cells = [nbformat.v4.new_code_cell(NOTEBOOK_SOURCE)]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, tmp_path / "workbench.ipynb")
-    # JupyterLab's own settings for this server: no "get notified about official Jupyter news?" toast over the
-    # page, no update check (the machine is offline anyway).
-    settings = tmp_path / "lab-settings"
-    notification = settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
-    notification.parent.mkdir(parents=True)
-    notification.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
-    port = _free_port()
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter-config"),
-        "JUPYTER_RUNTIME_DIR": str(tmp_path / "jupyter-runtime"),
-        "JUPYTERLAB_SETTINGS_DIR": str(settings),
-    }
-    log = (tmp_path / "jupyter.log").open("w")
-    server = subprocess.Popen(
-        [
-            PYTHON,
-            "-m",
-            "jupyterlab",
-            "--no-browser",
-            f"--port={port}",
-            "--ip=127.0.0.1",
-            f"--IdentityProvider.token={TOKEN}",
-            f"--ServerApp.root_dir={tmp_path}",
-            "--ServerApp.allow_root=True",
-            "--LabApp.news_url=",
-            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-        ],
-        cwd=tmp_path,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/api/status?token={TOKEN}", timeout=2) as r:
-                json.load(r)
-            break
-        except OSError:
-            if time.monotonic() > deadline or server.poll() is not None:
-                server.kill()
-                log_text = (tmp_path / "jupyter.log").read_text()[-3000:]
-                raise AssertionError("JupyterLab did not start:\n" + log_text) from None
-            time.sleep(0.5)
-    yield url, tmp_path
-    server.terminate()
-    try:
-        server.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        server.kill()
-    log.close()
+    with start_lab(tmp_path, TOKEN) as url:
+        yield url, tmp_path
 
 
 def _points(page) -> int:

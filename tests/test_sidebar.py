@@ -16,14 +16,14 @@ import os
 import re
 import shutil
 import statistics
-import subprocess
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, ROOT
-from test_browser import CHROMIUM, _free_port, _wait_for
+from conftest import ROOT
+from lab_server import start_lab
+from test_browser import CHROMIUM, _wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -63,64 +63,15 @@ def lab_with_ortlab(tmp_path):
     (config / "jupyter_server_config.json").write_text(
         json.dumps({"ServerApp": {"jpserver_extensions": {"ortlab": True}}})
     )
-    settings = tmp_path / "lab-settings"
-    notification = settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
-    notification.parent.mkdir(parents=True)
-    notification.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
-    port = _free_port()
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
+    extra_env = {
         "JUPYTER_PATH": str(tmp_path / "jupyter-data"),
-        "JUPYTER_CONFIG_DIR": str(config),
-        "JUPYTER_RUNTIME_DIR": str(tmp_path / "jupyter-runtime"),
-        "JUPYTERLAB_SETTINGS_DIR": str(settings),
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
-    log_path = tmp_path / "jupyter.log"
-    log = log_path.open("w")
-    server = subprocess.Popen(
-        [
-            PYTHON,
-            "-m",
-            "jupyterlab",
-            "--no-browser",
-            f"--port={port}",
-            "--ip=127.0.0.1",
-            f"--IdentityProvider.token={TOKEN}",
-            f"--ServerApp.root_dir={tmp_path}",
-            "--ServerApp.allow_root=True",
-            f"--Ortlab.runs_root={tmp_path / 'runs'}",
-            "--LabApp.news_url=",
-            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-        ],
-        cwd=tmp_path,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/api/status?token={TOKEN}", timeout=2) as r:
-                json.load(r)
-            break
-        except OSError:
-            if time.monotonic() > deadline or server.poll() is not None:
-                server.kill()
-                raise AssertionError("JupyterLab did not start:\n" + log_path.read_text()[-3000:]) from None
-            time.sleep(0.5)
-    # The sidebar talks to the server extension: without it the test would only see the panel's error line.
-    with urllib.request.urlopen(f"{url}/ortlab/api/runs?token={TOKEN}", timeout=30) as r:
-        assert "runs" in json.load(r), "ortlab's server extension does not answer"
-    yield url, tmp_path
-    server.terminate()
-    try:
-        server.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        server.kill()
-    log.close()
+    with start_lab(tmp_path, TOKEN, (f"--Ortlab.runs_root={tmp_path / 'runs'}",), extra_env) as url:
+        # The sidebar talks to the server extension: without it the test would only see the panel's error line.
+        with urllib.request.urlopen(f"{url}/ortlab/api/runs?token={TOKEN}", timeout=30) as r:
+            assert "runs" in json.load(r), "ortlab's server extension does not answer"
+        yield url, tmp_path
 
 
 def _run_card(page):

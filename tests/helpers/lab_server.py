@@ -1,0 +1,86 @@
+"""A real JupyterLab server for the browser tests: loopback, a free port, a token, no news toasts."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def start_lab(
+    folder: Path, token: str, extra_args: tuple[str, ...] = (), extra_env: dict[str, str] | None = None
+) -> Iterator[str]:
+    """Start JupyterLab serving `folder` and yield its URL once it answers; stop it afterwards.
+
+    JupyterLab's own settings for this server: no "get notified about official Jupyter news?" toast over the page,
+    no update check (the machine is offline anyway). Its output goes to folder/jupyter.log, shown if it fails.
+    """
+    settings = folder / "lab-settings"
+    notification = settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+    notification.parent.mkdir(parents=True, exist_ok=True)
+    notification.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    port = free_port()
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "JUPYTER_CONFIG_DIR": str(folder / "jupyter-config"),
+        "JUPYTER_RUNTIME_DIR": str(folder / "jupyter-runtime"),
+        "JUPYTERLAB_SETTINGS_DIR": str(settings),
+        **(extra_env or {}),
+    }
+    log_path = folder / "jupyter.log"
+    log = log_path.open("w")
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jupyterlab",
+            "--no-browser",
+            f"--port={port}",
+            "--ip=127.0.0.1",
+            f"--IdentityProvider.token={token}",
+            f"--ServerApp.root_dir={folder}",
+            "--ServerApp.allow_root=True",
+            "--LabApp.news_url=",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+            *extra_args,
+        ],
+        cwd=folder,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    try:
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2) as r:
+                    json.load(r)
+                break
+            except OSError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise AssertionError("JupyterLab did not start:\n" + log_path.read_text()[-3000:]) from None
+                time.sleep(0.5)
+        yield url
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
