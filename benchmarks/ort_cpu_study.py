@@ -45,6 +45,7 @@ VARIANTS: dict[str, dict] = {
     "eager-sdpa@2": {"ort": False, "attn": "sdpa", "why": "the same again: the noise floor"},
     "eager-attn": {"ort": False, "attn": "eager", "why": "PyTorch with the eager attention ORT runs"},
     "ort": {"ort": True, "session": {}, "why": "ORTModule as ortlab created it before this study"},
+    "ort-ortlab": {"ort": True, "why": "ORTModule with ortlab's CPU session defaults (ortlab.accel.ort.CPU_SESSION)"},
     "ort-intra1": {"ort": True, "session": {"intra_op_num_threads": 1}, "why": "ORT intra-op pool: 1 thread"},
     "ort-intra2": {"ort": True, "session": {"intra_op_num_threads": 2}, "why": "ORT intra-op pool: 2 threads"},
     "ort-nospin": {

@@ -291,8 +291,26 @@ def wrap(model, options: ORTOptions):
     return module
 
 
-# ONNX Runtime session settings ortlab applies when ORTModule runs on a CPU (see configure_session).
-CPU_SESSION: dict[str, Any] = {}
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+# ONNX Runtime session settings ortlab applies when ORTModule runs on a CPU (see configure_session; a callable is
+# read when the session is built). Measured in benchmarks/ort_cpu_study.py, docs/decisions.md "ORT on CPU":
+# - intra_op_num_threads: ORT's pool otherwise takes one thread per physical core whatever torch was told
+#   (torch.set_num_threads, OMP_NUM_THREADS), so ORT and eager PyTorch would not train on the same thread
+#   budget; now they do. On a 2-core machine both are 2: no speed change there, by construction.
+# - allow_spinning 0: ORT's idle pool threads sleep instead of busy-waiting, so they do not take the cores from
+#   torch's own threads (the optimizer step, autograd) and from the other processes of a shared machine.
+#   Measured 1.40x ORT as it was (median of 10 paired rounds, faster in 7; 95 % interval 0.89-1.89 on a
+#   machine whose noise floor was 0.94-1.26): not worse, not resolved as better.
+# Neither changes what is computed: per-step losses equal eager's to 1.2e-7 (dropout off; the study's --parity).
+CPU_SESSION: dict[str, Any] = {
+    "intra_op_num_threads": _torch_threads,
+    "session.intra_op.allow_spinning": "0",
+}
 
 
 def configure_session(ort_module, settings: dict[str, Any]) -> None:
@@ -317,12 +335,13 @@ def _session_config(manager, original, settings: dict[str, Any], ort_module):
     def get_session_config():
         session_options, providers, provider_options = original()
         if manager._device.type == "cpu":
-            for key, value in settings.items():
+            applied = {key: value() if callable(value) else value for key, value in settings.items()}
+            for key, value in applied.items():
                 if "." in key:
                     session_options.add_session_config_entry(key, str(value))
                 else:
                     setattr(session_options, key, value)
-            ort_module._ortlab_session = dict(settings)
+            ort_module._ortlab_session = applied
         return session_options, providers, provider_options
 
     return get_session_config
