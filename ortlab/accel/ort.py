@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from ortlab.accel import NOT_PROBED, Availability, package_version
 
@@ -286,7 +287,64 @@ def wrap(model, options: ORTOptions):
             Path(options.save_onnx_path).mkdir(parents=True, exist_ok=True)
         module = ORTModule(model, debug)
     _record_fallbacks(module)
+    configure_session(module, CPU_SESSION)
     return module
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+# ONNX Runtime session settings ortlab applies when ORTModule runs on a CPU (see configure_session; a callable is
+# read when the session is built). Measured in benchmarks/ort_cpu_study.py, docs/decisions.md "ORT on CPU":
+# - intra_op_num_threads: ORT's pool otherwise takes one thread per physical core whatever torch was told
+#   (torch.set_num_threads, OMP_NUM_THREADS), so ORT and eager PyTorch would not train on the same thread
+#   budget; now they do. On a 2-core machine both are 2: no speed change there, by construction.
+# - allow_spinning 0: ORT's idle pool threads sleep instead of busy-waiting, so they do not take the cores from
+#   torch's own threads (the optimizer step, autograd) and from the other processes of a shared machine.
+#   Measured 1.40x ORT as it was (median of 10 paired rounds, faster in 7; 95 % interval 0.89-1.89 on a
+#   machine whose noise floor was 0.94-1.26): not worse, not resolved as better.
+# Neither changes what is computed: per-step losses equal eager's to 1.2e-7 (dropout off; the study's --parity).
+CPU_SESSION: dict[str, Any] = {
+    "intra_op_num_threads": _torch_threads,
+    "session.intra_op.allow_spinning": "0",
+}
+
+
+def configure_session(ort_module, settings: dict[str, Any]) -> None:
+    """Apply `settings` to the ONNX Runtime sessions ORTModule builds for a CPU device (training and inference).
+
+    ORTModule builds its `SessionOptions` itself (`GraphExecutionManager._get_session_config`) and offers no way
+    to pass any: ortlab wraps that method on this module's two managers. Keys are `SessionOptions` attributes
+    (`intra_op_num_threads`, `enable_mem_reuse`, ...) or, with a dot in the name, session config entries
+    (`session.intra_op.allow_spinning`). What was applied is kept on the module as `_ortlab_session`.
+    """
+    from onnxruntime.training.ortmodule._torch_module_ort import TorchModuleORT
+
+    ort_module._ortlab_session = {}
+    if not settings or not isinstance(ort_module._torch_module, TorchModuleORT):
+        return
+    factory = ort_module._torch_module._execution_manager
+    for manager in (factory(True), factory(False)):
+        manager._get_session_config = _session_config(manager, manager._get_session_config, settings, ort_module)
+
+
+def _session_config(manager, original, settings: dict[str, Any], ort_module):
+    def get_session_config():
+        session_options, providers, provider_options = original()
+        if manager._device.type == "cpu":
+            applied = {key: value() if callable(value) else value for key, value in settings.items()}
+            for key, value in applied.items():
+                if "." in key:
+                    session_options.add_session_config_entry(key, str(value))
+                else:
+                    setattr(session_options, key, value)
+            ort_module._ortlab_session = applied
+        return session_options, providers, provider_options
+
+    return get_session_config
 
 
 def _record_fallbacks(ort_module) -> None:
