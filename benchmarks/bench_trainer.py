@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import random
@@ -36,6 +37,10 @@ from datetime import date
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+METHOD = (
+    "interleaved slices; each row's slice over the geometric mean of the two plain-Trainer processes' slices of the "
+    "same round; medians with bootstrap 95% intervals; noise floor = the second plain Trainer over the first"
+)
 ALL_MIXES = ["fused_adam", "ort", "ort+fused_adam", "bf16", "bf16+fused_adam", "zero1", "ort+zero1+fused_adam"]
 
 
@@ -175,10 +180,14 @@ def main() -> None:
     p.add_argument("--mixes", default="available", help="'available', 'all' or comma-separated, e.g. ort,bf16")
     p.add_argument("--no-tune", action="store_true", help="skip the autotuner's calibration")
     p.add_argument("--output", default=None, help="result JSON (default: benchmarks/results/<device>-<date>.json)")
+    p.add_argument("--reanalyze", default=None, help="recompute a saved result's ratios from its slices")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--mix", default=None, help=argparse.SUPPRESS)
     p.add_argument("--out", default=None, help=argparse.SUPPRESS)
     opts = p.parse_args()
+    if opts.reanalyze:
+        reanalyze(Path(opts.reanalyze))
+        return
     opts.model = opts.model or default_model()
     if opts.child:
         child(opts)
@@ -248,25 +257,13 @@ def main() -> None:
             for proc in procs.values():
                 proc.close()
 
-    base = results["baseline"]
-    base["samples_per_s"] = statistics.median(base["slices"])
-    for r in results.values():
-        if "error" in r or len(r.get("slices", [])) != len(base["slices"]):
-            r.setdefault("error", "did not finish every round")
-            continue
-        paired = [a / b for a, b in zip(r["slices"], base["slices"], strict=True)]
-        r["samples_per_s"] = statistics.median(r["slices"])
-        r["throughput_ratio"] = statistics.median(paired)
-        r["ratio_ci95"] = list(bootstrap_ci(paired))
-        if r.get("peak_mem_mb") and base.get("peak_mem_mb"):
-            r["peak_mem_ratio"] = r["peak_mem_mb"] / base["peak_mem_mb"]
-    noise = results["baseline@2"].get("ratio_ci95")
+    noise = analyze(results)
 
     from ortlab.accel import package_version
 
     report = {
         "benchmark": "bench_trainer",
-        "method": "interleaved slices, paired ratios to the plain Trainer, medians with bootstrap 95% intervals",
+        "method": METHOD,
         "date": date.today().isoformat(),
         "device": opts.device,
         "cpu": _cpu_name(),
@@ -289,6 +286,41 @@ def main() -> None:
     path.write_text(json.dumps(report, indent=2))
     print_table(report)
     print(f"\nwritten to {path}")
+
+
+def analyze(results: dict[str, dict]) -> list[float] | None:
+    """Ratios of every row to the plain Trainer; returns the noise floor (the 95 % interval of baseline@2 / baseline).
+
+    The reference of each round is the geometric mean of the two plain-Trainer processes' slices: one process can
+    run a few percent slower than an identical one for its whole life (where its memory and threads landed), and
+    two baselines halve that bias. The noise floor compares the two with each other.
+    """
+    a, b = results["baseline"], results["baseline@2"]
+    both = "error" not in b and len(b.get("slices", [])) == len(a["slices"])
+    reference = [math.sqrt(x * y) for x, y in zip(a["slices"], b["slices"], strict=True)] if both else a["slices"]
+    for r in results.values():
+        if "error" in r or len(r.get("slices", [])) != len(reference):
+            r.setdefault("error", "did not finish every round")
+            continue
+        paired = [x / y for x, y in zip(r["slices"], reference, strict=True)]
+        r["samples_per_s"] = statistics.median(r["slices"])
+        r["throughput_ratio"] = statistics.median(paired)
+        r["ratio_ci95"] = list(bootstrap_ci(paired))
+        if r.get("peak_mem_mb") and a.get("peak_mem_mb"):
+            r["peak_mem_ratio"] = r["peak_mem_mb"] / a["peak_mem_mb"]
+    if not both:
+        return None
+    return list(bootstrap_ci([y / x for x, y in zip(a["slices"], b["slices"], strict=True)]))
+
+
+def reanalyze(path: Path) -> None:
+    """`--reanalyze FILE`: recompute the ratios of a saved result from its slices (no training) and print them."""
+    report = json.loads(path.read_text())
+    results = {r["mix"]: r for r in report["results"]}
+    report["noise_floor_ci95"] = analyze(results)
+    report["method"] = METHOD
+    path.write_text(json.dumps(report, indent=2))
+    print_table(report)
 
 
 def calibrate(opts: argparse.Namespace) -> dict:
@@ -330,6 +362,7 @@ def print_table(report: dict) -> None:
     noise = report["noise_floor_ci95"]
     base = next(r for r in report["results"] if r["mix"] == "baseline")
     print(f"\nplain transformers.Trainer: {base['samples_per_s']:.2f} samples/s (median of {report['rounds']} slices)")
+    print("ratios: to the geometric mean of the two plain-Trainer processes, round by round")
     if noise:
         print(f"noise floor (a second plain Trainer, 95% interval of its ratio): {noise[0]:.3f} - {noise[1]:.3f}")
     print(f"{'row':26} {'samples/s':>9} {'ratio':>6} {'95% interval':>13} {'warm-up':>8} {'peak MB':>8}")
