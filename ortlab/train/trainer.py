@@ -216,7 +216,8 @@ class ORTTrainer(Trainer):
 
     def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None):
         self._count_inputs(inputs)
-        if self._precision_probe is None and self.state.global_step == 0:
+        # Not under torch.compile: hooks added and removed around the first step would make Inductor recompile.
+        if self._precision_probe is None and self.state.global_step == 0 and not self.args.torch_compile:
             from ortlab.accel.precision import PrecisionProbe
 
             self._precision_probe = PrecisionProbe(self.model)  # removed after the first step (_verify_precision)
@@ -408,6 +409,8 @@ class ORTTrainer(Trainer):
             how = "observed: the dtype the Linear layers computed in during the first step"
             if self._ort_module is not None:
                 how += " (under ORT: while ORT exported the forward it then runs)"
+        elif self.args.torch_compile:
+            active, how = configured, "from the configuration only: not observed under torch.compile"
         else:
             active, how = configured, "from the configuration only: no Linear layer's forward was observed"
         for name in ("fp16", "bf16"):
