@@ -150,11 +150,17 @@ def plan(processes: int = 1, use_cpu: bool = False, compile: bool = False) -> li
     ort_ok, fused_ok = ort.check(), fused_adam.check()
     out = [Candidate("plain")]
     out.append(Candidate("fused_adam", fused_adam=True, skipped=None if fused_ok.available else fused_ok.reason))
-    for name, fused in (("ort", False), ("ort+fused_adam", True)):
-        why = None if ort_ok.available else ort_ok.reason
-        if fused and not fused_ok.available:
-            why = why or fused_ok.reason
-        out.append(Candidate(name, ort=True, fused_adam=fused, skipped=why))
+    # ORT is measured with fused AdamW where that exists: the optimizer step is outside ORT's graph, so fused
+    # AdamW's gain adds to ORT's as it adds to plain PyTorch's, and one ORT export fewer keeps the calibration
+    # near its 60 s budget on 2 cores. Without fused AdamW, ORT is measured alone.
+    ort_why = None if ort_ok.available else ort_ok.reason
+    if fused_ok.available:
+        separately = "not measured: fused AdamW is independent of ORT's graph; ort+fused_adam measures ORT"
+        out.append(Candidate("ort", ort=True, skipped=ort_why or separately))
+        out.append(Candidate("ort+fused_adam", ort=True, fused_adam=True, skipped=ort_why))
+    else:
+        out.append(Candidate("ort", ort=True, skipped=ort_why))
+        out.append(Candidate("ort+fused_adam", ort=True, fused_adam=True, skipped=ort_why or fused_ok.reason))
     bf16 = precision.check_bf16()
     bf16_why = None
     if not bf16.available:

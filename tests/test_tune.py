@@ -72,6 +72,10 @@ def test_plan_names_why_a_mix_is_not_measured(monkeypatch):
     plan = {c.name: c for c in tune.plan()}
     assert plan["plain"].skipped is None and plan["fused_adam"].skipped is None
     assert plan["ort"].skipped == plan["ort+fused_adam"].skipped == "no ORT here"
+    monkeypatch.setattr(ort, "check", lambda probe=False: Availability("ort", True, "here", "-"))
+    with_ort = {c.name: c for c in tune.plan()}
+    assert with_ort["ort+fused_adam"].skipped is None, "ORT is measured with fused AdamW, one export fewer"
+    assert with_ort["ort"].skipped.startswith("not measured: fused AdamW is independent of ORT's graph")
     assert plan["bf16+fused_adam"].skipped == "not measured: emulated (no avx512_bf16)"
     assert plan["torch_compile"].skipped.startswith("not measured: its warm-up exceeds the calibration budget")
     many = {c.name: c for c in tune.plan(processes=2)}
