@@ -75,7 +75,7 @@ class RuntimeCreateError(RuntimeError):
     """Building a runtime failed; the message names the step, what it ran and what to do."""
 
 
-def _runtimes_dir() -> Path:
+def runtimes_dir() -> Path:
     """$ORTLAB_RUNTIMES_DIR, else ortlab's cache folder's `runtimes/` (see the module docstring for why)."""
     if os.environ.get("ORTLAB_RUNTIMES_DIR"):
         return Path(os.environ["ORTLAB_RUNTIMES_DIR"]).expanduser()
@@ -107,7 +107,7 @@ class _State:
 
 def _inspect(name: str) -> _State:
     _known(name)
-    path = _runtimes_dir() / name
+    path = runtimes_dir() / name
     python = path / "bin" / "python"
     remedy = f"`ortlab runtime create {name}`"
     try:
@@ -242,7 +242,7 @@ def create(name: str, progress: Callable[[str], None] | None = None) -> Path:
     if state.python is not None:
         say(f"the {name} runtime is ready: {state.python}")
         return state.python
-    root = _runtimes_dir()
+    root = runtimes_dir()
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -14,7 +14,12 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 # ortlab's cache (the doctor's report, measured mixes) is the test session's own: a mix measured by hand on this
-# machine must not change what a test's 'auto' run trains with.
+# machine must not change what a test's 'auto' run trains with. The runtimes stay where the set-up built them (the
+# set-up run by a test must find its compile runtime, not build another in the test cache).
+if "ORTLAB_RUNTIMES_DIR" not in os.environ:
+    from ortlab.runtimes import runtimes_dir
+
+    os.environ["ORTLAB_RUNTIMES_DIR"] = str(runtimes_dir())
 os.environ.setdefault("ORTLAB_CACHE_DIR", str(ROOT / "test-artifacts" / "ortlab-cache"))
 
 sys.path.insert(0, str(ROOT / "tests" / "helpers"))

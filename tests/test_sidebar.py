@@ -186,7 +186,11 @@ def test_sidebar_launches_watches_and_stops_a_run(lab_with_ortlab, tiny_bert):
             assert _run_card(page).locator(".ortlab-Sparkline-speed").get_attribute("data-points") not in (None, "0")
             assert json.loads((run_dir / "status.json").read_text())["state"] == "running", "it grew while running"
 
-            # From metric written to drawn: each step record's own time against the moment its step was drawn.
+            # From metric written to drawn: each step record's own time against the moment its step was drawn. A fast
+            # run draws only the newest of several steps per poll: wait for enough draws to take a median of.
+            _wait_for(
+                lambda: len(page.evaluate("() => window.__ortlabDrawn")) >= 6, 120, "six updates of the step count"
+            )
             drawn = page.evaluate("() => window.__ortlabDrawn")
             written = {}
             for line in (run_dir / "metrics.jsonl").read_text().splitlines():
