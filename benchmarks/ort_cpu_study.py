@@ -37,7 +37,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_trainer import bootstrap_ci, default_model  # noqa: E402
+from bench_trainer import bootstrap_ci, cpu_name, default_model, random_tokens  # noqa: E402
 
 # name: (ort, attention, session settings, environment, what it tests)
 VARIANTS: dict[str, dict] = {
@@ -143,18 +143,6 @@ def build_trainer(opts: argparse.Namespace, variant: dict, dropout: bool = True)
     )
     vocab = model.config.vocab_size
 
-    class Random(torch.utils.data.Dataset):
-        def __len__(self) -> int:
-            return 10**6
-
-        def __getitem__(self, i: int) -> dict:
-            g = torch.Generator().manual_seed(i % 997)
-            return {
-                "input_ids": torch.randint(1000, vocab, (opts.seq_len,), generator=g),
-                "attention_mask": torch.ones(opts.seq_len, dtype=torch.long),
-                "labels": i % 2,
-            }
-
     args = ORTTrainingArguments(
         output_dir=opts.out,
         use_ort=variant["ort"],
@@ -174,7 +162,7 @@ def build_trainer(opts: argparse.Namespace, variant: dict, dropout: bool = True)
         seed=0,
         metrics_path="",
     )
-    return ORTTrainer(model=model, args=args, train_dataset=Random())
+    return ORTTrainer(model=model, args=args, train_dataset=random_tokens(vocab, opts.seq_len))
 
 
 def child(opts: argparse.Namespace) -> None:
@@ -449,7 +437,7 @@ def main() -> None:
     header = {
         "benchmark": "ort_cpu_study",
         "date": date.today().isoformat(),
-        "cpu": _cpu(),
+        "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         "model": opts.model,
         "batch_size": opts.batch_size,
@@ -490,16 +478,6 @@ def main() -> None:
     else:
         print(json.dumps({k: v for k, v in report.items() if k not in header}, indent=1))
     print(f"\nwritten to {path}")
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "?"
 
 
 if __name__ == "__main__":
