@@ -33,6 +33,10 @@ PAIR_NAMES = ("text_pair", "sentence2", "hypothesis", "context")
 # seq2seq: the names summarization, translation and question-answering data sets give their input and output
 SOURCE_NAMES = ("source", "src", "input", "inputs", "document", "article", "text", "question", "prompt", "sentence")
 TARGET_NAMES = ("target", "tgt", "output", "outputs", "summary", "highlights", "translation", "answer", "response")
+# chat / instruction data for a causal LM (TRL's names first: messages; prompt + completion)
+MESSAGES_NAMES = ("messages", "conversations", "conversation", "chat", "dialog", "dialogue")
+PROMPT_NAMES = ("prompt", "instruction")
+RESPONSE_NAMES = ("completion", "response")
 
 
 class DataError(ValueError):
@@ -45,12 +49,32 @@ class Prepared:
 
     train: Dataset
     eval: Dataset
-    text_column: str
+    text_column: str | None
     text_pair_column: str | None
     label_column: str | None
     label_names: list[str] = field(default_factory=list)
     source_files: list[str] = field(default_factory=list)
     target_column: str | None = None  # seq2seq: the text to produce (text_column is its source)
+    messages_column: str | None = None  # causal-lm chat data: conversations
+    prompt_column: str | None = None  # causal-lm instruction data: prompt ...
+    response_column: str | None = None  # ... and the answer to learn
+    packing: bool = False
+
+    @property
+    def chat(self) -> bool:
+        return self.messages_column is not None or self.prompt_column is not None
+
+    def conversations(self, split: str = "eval", limit: int | None = None) -> list[list[dict[str, str]]]:
+        """The rows of a chat split as conversations ({role, content} turns)."""
+        from ortlab.chat import check_messages, from_pair
+
+        ds = self.eval if split == "eval" else self.train
+        if limit is not None:
+            ds = ds.select(range(min(limit, len(ds))))
+        if self.messages_column:
+            return [check_messages(m, f"{split} row {i}") for i, m in enumerate(ds[self.messages_column])]
+        prompts, responses = ds[self.prompt_column], ds[self.response_column]
+        return [from_pair(p, r, f"{split} row {i}") for i, (p, r) in enumerate(zip(prompts, responses, strict=True))]
 
     @property
     def num_labels(self) -> int:
@@ -155,6 +179,18 @@ def propose_mapping(dataset: Dataset) -> dict[str, str | None]:
     """Guess text / text pair / label columns and the task from column names, types and (a sample of) values."""
     features = dataset.features
     columns = list(features)
+    chat = _chat_columns(dataset)
+    if chat is not None:
+        return {
+            "text_column": None,
+            "text_pair_column": None,
+            "label_column": None,
+            "task": "causal-lm",
+            "source_column": None,
+            "target_column": None,
+            **chat,
+        }
+    none = {"messages_column": None, "prompt_column": None, "response_column": None}
     text = _pick(columns, TEXT_NAMES)
     if text is None:
         text = next((c for c in columns if _is_string(features[c]) or _is_string_list(features[c])), None)
@@ -175,6 +211,7 @@ def propose_mapping(dataset: Dataset) -> dict[str, str | None]:
                 "task": "seq2seq",
                 "source_column": source,
                 "target_column": target,
+                **none,
             }
     if text is not None and _is_string_list(features[text]):
         task = "token-classification"
@@ -189,7 +226,61 @@ def propose_mapping(dataset: Dataset) -> dict[str, str | None]:
         "task": task,
         "source_column": None,
         "target_column": None,
+        **none,
     }
+
+
+def _is_messages(feature: Any) -> bool:
+    """A column of conversations: a list of {role, content} structs (what datasets makes of JSON turns)."""
+    inner = getattr(feature, "feature", None)
+    if inner is None and isinstance(feature, list) and feature:
+        inner = feature[0]
+    return isinstance(inner, dict) and "role" in inner and "content" in inner
+
+
+def _chat_columns(dataset: Dataset) -> dict[str, str | None] | None:
+    """Chat columns by TRL's conventions: a `messages` column of turns, or `prompt` + `completion` (or a prompt /
+    instruction column with a response / answer one) of text. None when the data does not look like chat."""
+    features = dataset.features
+    columns = list(features)
+    messages = next((c for c in columns if _is_messages(features[c])), None)
+    if messages is not None:
+        return {"messages_column": messages, "prompt_column": None, "response_column": None}
+    prompt = _pick(columns, PROMPT_NAMES)
+    response = _pick([c for c in columns if c != prompt], RESPONSE_NAMES)
+    if prompt and response and _is_string(features[prompt]) and _is_string(features[response]):
+        return {"messages_column": None, "prompt_column": prompt, "response_column": response}
+    return None
+
+
+def check_chat(raw: dict[str, Dataset], spec: DataSpec) -> dict[str, str | None] | None:
+    """The chat columns of a causal-lm run ({messages_column} or {prompt_column, response_column}), or None for
+    raw text; every row of both splits checked (cheap: no tokenizer), naming the first bad row."""
+    from ortlab.chat import ChatDataError, check_messages, from_pair
+
+    if spec.text_column is not None:
+        return None
+    train = raw[spec.train_split]
+    columns = list(train.features)
+    given = {k: getattr(spec, k) for k in ("messages_column", "prompt_column", "response_column")}
+    chat = given if any(given.values()) else _chat_columns(train)
+    if chat is None:
+        return None
+    for role, col in chat.items():
+        if col is not None and col not in columns:
+            raise DataError(f"data.{role}: no column {col!r}; the data has columns {columns}")
+    splits = [(spec.train_split, train)] + ([(spec.eval_split, raw[spec.eval_split])] if spec.eval_split else [])
+    try:
+        for split, ds in splits:
+            if chat["messages_column"]:
+                for i, value in enumerate(ds[chat["messages_column"]]):
+                    check_messages(value, f"data.messages_column: {split!r} row {i}")
+            else:
+                for i, (p, r) in enumerate(zip(ds[chat["prompt_column"]], ds[chat["response_column"]], strict=True)):
+                    from_pair(p, r, f"data.prompt_column/response_column: {split!r} row {i}")
+    except ChatDataError as e:
+        raise DataError(str(e)) from None
+    return chat
 
 
 def _seq2seq_columns(dataset: Dataset) -> tuple[str | None, str | None]:
@@ -314,7 +405,21 @@ def load_and_check(spec: DataSpec, task: str, seed: int) -> Prepared:
     """Load the data, check it against the task, split and cap it. No model, no tokenizer needed."""
     raw, files = load_raw(spec)
     target = None
-    if task == "seq2seq":
+    chat = None
+    if task == "causal-lm":
+        if spec.train_split not in raw:
+            raise DataError(f"data.train_split: no split {spec.train_split!r}; the data has {sorted(raw)}")
+        if spec.eval_split is not None and spec.eval_split not in raw:
+            raise DataError(f"data.eval_split: no split {spec.eval_split!r}; the data has {sorted(raw)}")
+        chat = check_chat(raw, spec)
+    if spec.packing and chat is None:
+        raise DataError(
+            "data.packing: packing joins short chat examples into full rows, and this is raw text, which is already "
+            "cut into full blocks of hyper.max_length; remove data.packing (or name the chat columns)"
+        )
+    if chat is not None:
+        text, pair, label = None, None, None
+    elif task == "seq2seq":
         (text, target), pair, label = check_seq2seq(raw, spec), None, None
     else:
         text, pair, label = check(raw, spec, task)
@@ -333,7 +438,7 @@ def load_and_check(spec: DataSpec, task: str, seed: int) -> Prepared:
     names = label_names(train, label, task) if label else []
     if label:
         _check_labels_known(evaluation, label, task, names, "eval split")
-    return Prepared(train, evaluation, text, pair, label, names, files, target)
+    return Prepared(train, evaluation, text, pair, label, names, files, target, **(chat or {}), packing=spec.packing)
 
 
 def _check_labels_known(ds: Dataset, label: str, task: str, names: list[str], where: str) -> None:
@@ -368,6 +473,8 @@ def tokenize(
 ) -> tuple[Dataset, Dataset]:
     """Token ids (and label ids) for both splits; the original columns are dropped. For seq2seq, `max_length`
     cuts the source and `max_target_length` (default: `max_length`) the target."""
+    if prepared.chat:
+        return _tokenize_chat(prepared, tokenizer, max_length)
     index = {name: i for i, name in enumerate(prepared.label_names)}
     text, pair, label = prepared.text_column, prepared.text_pair_column, prepared.label_column
 
@@ -429,7 +536,45 @@ def tokenize(
     return train, evaluation
 
 
-def collator(task: str, tokenizer: Any, model: Any = None) -> Any:
+def _tokenize_chat(prepared: Prepared, tokenizer: Any, max_length: int) -> tuple[Dataset, Dataset]:
+    """Conversations rendered with the chat template; labels on the assistant's tokens only; packed on request
+    (training split only: evaluation scores each example on its own, so the same examples give the same loss)."""
+    from ortlab.chat import ChatDataError, check_messages, encode, from_pair, pack, strip_labels
+
+    if not tokenizer.is_fast:
+        raise DataError("chat data needs a fast tokenizer (it maps tokens to characters); this one is not")
+    messages, prompt, response = prepared.messages_column, prepared.prompt_column, prepared.response_column
+
+    def fn(batch: dict) -> dict:
+        if messages:
+            convs = [check_messages(m, "row") for m in batch[messages]]
+        else:
+            convs = [from_pair(p, r, "row") for p, r in zip(batch[prompt], batch[response], strict=True)]
+        rows = [encode(tokenizer, c, max_length) for c in convs]
+        return {"input_ids": [r["input_ids"] for r in rows], "labels": [r["labels"] for r in rows]}
+
+    def packed(batch: dict) -> dict:
+        return pack(batch["input_ids"], batch["labels"], max_length)
+
+    def run(ds: Dataset, what: str) -> Dataset:
+        try:
+            out = ds.map(fn, batched=True, remove_columns=ds.column_names, desc=f"formatting chat {what}")
+        except ChatDataError as e:
+            raise DataError(f"data: {e}") from None
+        return strip_labels(out)
+
+    train, evaluation = run(prepared.train, "train"), run(prepared.eval, "eval")
+    if len(train) == 0:
+        raise DataError(
+            f"data: no training example keeps an assistant token within hyper.max_length={max_length}; raise "
+            "hyper.max_length or shorten the prompts"
+        )
+    if prepared.packing:
+        train = train.map(packed, batched=True, batch_size=1000, desc="packing train")
+    return train, evaluation
+
+
+def collator(task: str, tokenizer: Any, model: Any = None, prepared: Prepared | None = None) -> Any:
     from transformers import (
         DataCollatorForSeq2Seq,
         DataCollatorForTokenClassification,
@@ -437,6 +582,13 @@ def collator(task: str, tokenizer: Any, model: Any = None) -> Any:
         default_data_collator,
     )
 
+    if prepared is not None and prepared.chat:
+        if prepared.packing:
+            from ortlab.chat import PackedCollator
+
+            return PackedCollator(tokenizer.pad_token_id)
+        # Examples of different lengths: ids padded with the pad token, labels with -100 (out of the loss).
+        return DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100)
     if task == "seq2seq":
         # Labels padded with -100 (left out of the loss); with the model, decoder_input_ids are built from the
         # labels here, as the model would shift them itself.

@@ -51,6 +51,20 @@ class DataSpec(_Strict):
     target_column: str | None = Field(
         None, description="seq2seq: column with the text to produce (summary, translation, answer)."
     )
+    messages_column: str | None = Field(
+        None, description="causal-lm chat data: column of conversations, lists of {role, content} turns (TRL's format)."
+    )
+    prompt_column: str | None = Field(
+        None, description="causal-lm instruction data: column with the user's prompt (TRL: prompt)."
+    )
+    response_column: str | None = Field(
+        None, description="causal-lm instruction data: column with the answer to learn (TRL: completion)."
+    )
+    packing: bool = Field(
+        False,
+        description="causal-lm chat data: pack short examples into rows of hyper.max_length tokens (no attention "
+        "across examples).",
+    )
     max_train_samples: int | None = Field(None, gt=0, description="Train on at most this many rows.")
     max_eval_samples: int | None = Field(None, gt=0, description="Evaluate on at most this many rows.")
 
@@ -93,6 +107,38 @@ class GenerationSpec(_Strict):
         None, gt=0, le=8192, description="seq2seq: longest generated output in tokens (default: max_target_length)."
     )
     num_beams: int = Field(1, ge=1, le=64, description="seq2seq: beams for generation (1 = greedy).")
+    prompts: list[str] | None = Field(
+        None,
+        description="causal-lm: prompts to answer at each evaluation and at the end (default: the first eval "
+        "conversations of chat data).",
+    )
+    num_prompts: int = Field(3, ge=0, le=50, description="causal-lm: generations kept and shown per evaluation.")
+    score_examples: int = Field(
+        16,
+        ge=0,
+        le=2000,
+        description="causal-lm chat data: eval conversations whose generated answer is scored by exact match.",
+    )
+    max_new_tokens: int = Field(
+        32, gt=0, le=2048, description="causal-lm: longest generated answer in tokens (greedy)."
+    )
+
+    def seq2seq_fields_set(self) -> bool:
+        d = GenerationSpec()
+        return (self.predict_with_generate, self.max_length, self.num_beams) != (
+            d.predict_with_generate,
+            d.max_length,
+            d.num_beams,
+        )
+
+    def causal_fields_set(self) -> bool:
+        d = GenerationSpec()
+        return (self.prompts, self.num_prompts, self.score_examples, self.max_new_tokens) != (
+            d.prompts,
+            d.num_prompts,
+            d.score_examples,
+            d.max_new_tokens,
+        )
 
 
 class AccelSpec(_Strict):
@@ -165,7 +211,8 @@ class RunSpec(_Strict):
     )
     hyper: HyperSpec = Field(default_factory=HyperSpec)
     generation: GenerationSpec = Field(
-        default_factory=GenerationSpec, description="Evaluation by generation (seq2seq only)."
+        default_factory=GenerationSpec,
+        description="Evaluation by generation: seq2seq scores generated text; causal-lm shows generations.",
     )
     accel: AccelSpec = Field(default_factory=AccelSpec)
     target: TargetSpec = Field(default_factory=TargetSpec)
@@ -199,6 +246,29 @@ class RunSpec(_Strict):
         """seq2seq maps a source column to a target column; the other tasks a text to a label. A field of the other
         kind is a mistake (it would be ignored): say which field to use instead."""
         d = self.data
+        chat = [n for n in ("messages_column", "prompt_column", "response_column") if getattr(d, n) is not None]
+        if chat and self.task != "causal-lm":
+            raise ValueError(
+                f"data.{chat[0]}: chat and instruction columns are for task causal-lm (set task: causal-lm)"
+            )
+        if d.packing and self.task != "causal-lm":
+            raise ValueError("data.packing: packing is for causal-lm chat data; remove it")
+        if d.messages_column is not None and (d.prompt_column or d.response_column):
+            raise ValueError("data.messages_column: give either a messages column or prompt/response columns, not both")
+        if (d.prompt_column is None) != (d.response_column is None):
+            raise ValueError("data.prompt_column: prompt_column and response_column go together; set both")
+        if chat and d.text_column is not None:
+            raise ValueError(f"data.text_column: chat data is read from data.{chat[0]}; remove text_column")
+        if self.task != "seq2seq" and self.generation.seq2seq_fields_set():
+            raise ValueError(
+                "generation: only task seq2seq generates with predict_with_generate, max_length and num_beams; remove "
+                f"them for {self.task} (causal-lm has prompts, num_prompts, score_examples, max_new_tokens)"
+            )
+        if self.task not in ("causal-lm",) and self.generation.causal_fields_set():
+            raise ValueError(
+                f"generation: prompts, num_prompts, score_examples and max_new_tokens are causal-lm settings; remove "
+                f"them for {self.task}"
+            )
         if self.task == "seq2seq":
             for name, use in (("text_column", "source_column"), ("label_column", "target_column")):
                 if getattr(d, name) is not None:
@@ -222,8 +292,6 @@ class RunSpec(_Strict):
                 )
         if self.hyper.max_target_length is not None:
             raise ValueError(f"hyper.max_target_length: only task seq2seq has targets; remove it for {self.task}")
-        if self.generation != GenerationSpec():
-            raise ValueError(f"generation: only task seq2seq generates; remove the generation settings for {self.task}")
 
     def mix(self):
         from ortlab.accel.mix import Mix

@@ -642,7 +642,9 @@ def tune_spec(
     model_path, prepared = check(spec, progress)
     tokenizer = load_tokenizer(model_path, spec.model.revision)
     train_ds, _ = tokenize(prepared, tokenizer, spec.task, spec.hyper.max_length, spec.hyper.max_target_length)
-    batches = batches_from(train_ds, collator(spec.task, tokenizer), spec.hyper.batch_size, spec.seed)
+    batches = batches_from(
+        train_ds, collator(spec.task, tokenizer, prepared=prepared), spec.hyper.batch_size, spec.seed
+    )
     result = tune_batches(
         batches,
         model_path=model_path,

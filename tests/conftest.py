@@ -41,3 +41,11 @@ def tiny_gpt2(tmp_path_factory) -> Path:
     from tiny_models import build_tiny_gpt2
 
     return build_tiny_gpt2(tmp_path_factory.mktemp("tiny-gpt2"))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> Path:
+    """A 2-layer Llama-architecture causal LM with a byte-level BPE tokenizer and a ChatML chat template."""
+    from tiny_models import build_tiny_llama
+
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))

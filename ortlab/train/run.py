@@ -81,8 +81,21 @@ def check(spec: RunSpec, log: Callable[[str], None] = print):
     model_path = resolve_model(spec.model.name)
     check_model_fits_task(model_path, spec.task)
     prepared = load_and_check(spec.data, spec.task, spec.seed)
+    if prepared.chat:  # the tokenizer alone (no weights) says whether the conversations can be laid out
+        from ortlab.chat import ChatDataError, require_template
+        from ortlab.data import DataError
+        from ortlab.tasks import load_tokenizer
+
+        try:
+            require_template(load_tokenizer(model_path, spec.model.revision), spec.model.name)
+        except ChatDataError as e:
+            raise DataError(str(e)) from None
     columns = (
-        f"source={prepared.text_column!r} -> target={prepared.target_column!r}"
+        f"chat: messages={prepared.messages_column!r}"
+        if prepared.messages_column
+        else f"chat: prompt={prepared.prompt_column!r} -> response={prepared.response_column!r}"
+        if prepared.prompt_column
+        else f"source={prepared.text_column!r} -> target={prepared.target_column!r}"
         if prepared.target_column
         else f"text={prepared.text_column!r}"
         + (f", label={prepared.label_column!r} ({prepared.num_labels} classes)" if prepared.label_column else "")
@@ -255,12 +268,24 @@ def _train(spec, run, model_path, prepared, resume, stop, progress, on_metrics, 
     if note:
         log(note)
     train_ds, eval_ds = tokenize(prepared, tokenizer, spec.task, spec.hyper.max_length, spec.hyper.max_target_length)
+    if prepared.chat:
+        log(
+            f"chat data: {len(train_ds)} train rows"
+            + (" (packed)" if prepared.packing else "")
+            + f", {len(eval_ds)} eval"
+        )
     generated = spec.task == "seq2seq" and spec.generation.predict_with_generate
     # Only ids are needed to score; generated ids already are ids, and a causal LM is scored by its loss.
     argmax = spec.task != "causal-lm" and not generated
-    collate = collator(spec.task, tokenizer, model)
+    collate = collator(spec.task, tokenizer, model, prepared)
     # A resumed run keeps the mix it started with; a new one decides what 'auto' means here (maybe measuring).
     choice = _stored_choice(run) if resume else _auto_mix(spec, run, model_path, prepared, train_ds, collate, log)
+    if prepared.packing and (choice or {}).get("ort") and spec.accel.ort == "auto":
+        # Packed rows carry no attention_mask (the examples' bounds are in position_ids), and ORTModule's export
+        # of decoder models needs an explicit one: 'auto' yields to packing, and says so.
+        choice = {**choice, "ort": False}
+        log("auto accelerations: ort=False (packing passes example bounds as position_ids, which ORT cannot export)")
+    generations = _generations(spec, run, prepared, log)
     trainer_class = ORTTrainer
     if spec.task == "seq2seq":
         from ortlab.train.seq2seq import ORTSeq2SeqTrainer
@@ -277,8 +302,15 @@ def _train(spec, run, model_path, prepared, resume, stop, progress, on_metrics, 
         preprocess_logits_for_metrics=argmax_logits if argmax else None,
         feature=TASK_FEATURES[spec.task],
         on_metrics=_both(terminal.on_record, on_metrics) if terminal is not None else on_metrics,
-        callbacks=[_stop_callback(stop), *([terminal.callback()] if terminal is not None else [])],
+        callbacks=[
+            _stop_callback(stop),
+            *([terminal.callback()] if terminal is not None else []),
+            *([generations] if generations is not None else []),
+        ],
     )
+    if generations is not None:
+        generations.trainer = trainer
+        generations.sink = trainer.metrics_sink if trainer.is_world_process_zero() else (lambda record: None)
     score = add_perplexity if spec.task == "causal-lm" else dict
     emit = trainer.metrics_sink if trainer.is_world_process_zero() else (lambda record: None)
     checkpoint = run.last_checkpoint() if resume else None
@@ -321,6 +353,23 @@ def _train(spec, run, model_path, prepared, resume, stop, progress, on_metrics, 
         "summary": _summary(run, trainer),
         "accelerations": {k: v.to_dict() for k, v in trainer.accelerations.items()},
     }
+
+
+def _generations(spec: RunSpec, run: RunDir, prepared: Any, log: Callable[[str], None]) -> Any:
+    """The callback that answers a few fixed prompts at each evaluation (causal-lm: chat data or the user's
+    prompts), or None when this run has nothing to ask."""
+    g = spec.generation
+    if spec.task != "causal-lm" or not (g.prompts or prepared.chat) or not (g.num_prompts or g.score_examples):
+        return None
+    from ortlab.chat import generations_callback, prompts_for
+
+    n = max(g.num_prompts, 0 if g.prompts else g.score_examples)
+    asked, references = prompts_for(g.prompts, prepared.conversations("eval", n) if prepared.chat else [], n)
+    log(
+        f"generations: {min(g.num_prompts, len(asked))} prompt(s) answered at each evaluation"
+        + (f", exact match over {sum(r is not None for r in references)} eval answers" if any(references) else "")
+    )
+    return generations_callback(run.path, asked, references, g.num_prompts, g.max_new_tokens, lambda record: None)
 
 
 def _auto_mix(spec, run, model_path, prepared, train_ds, collate, log) -> dict[str, Any] | None:

@@ -210,3 +210,56 @@ def write_reverse_pairs(path: Path, n: int = 200, seed: int = 0) -> Path:
             words = [rng.choice(TOY_WORDS) for _ in range(rng.randint(2, 4))]
             writer.writerow([" ".join(words), " ".join(reversed(words))])
     return path
+
+
+CHATML = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def build_tiny_llama(folder: Path, chat_template: str | None = CHATML) -> Path:
+    """A 2-layer Llama-architecture causal LM with a byte-level BPE tokenizer trained here, whose end-of-turn
+    token `<|im_end|>` is its EOS, and (by default) a ChatML chat template as SmolLM2's."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    texts = [*_texts()[:4000], "Is this review fresh or rotten?", "fresh", "rotten", "user", "assistant", "system"]
+    tok.train_from_iterator(
+        texts,
+        trainers.BpeTrainer(
+            vocab_size=1500, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+        model_max_length=256,
+    )
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
