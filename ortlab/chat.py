@@ -168,11 +168,34 @@ def strip_labels(dataset: Any) -> Any:
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069]")
 
 
+def strip_controls(text: str) -> str:
+    """Control characters other than newline and tab removed (escape sequences, bidi overrides)."""
+    return _CONTROL.sub("", text.replace("\t", " "))
+
+
 def for_terminal(text: str, limit: int = 200) -> str:
     """Model output made safe for a terminal: control characters (escape sequences, bidi overrides, carriage
     returns) become visible as '?', newlines become '⏎', and long text is cut."""
     clean = _CONTROL.sub("?", str(text).replace("\r\n", "\n").replace("\n", " ⏎ "))
     return clean if len(clean) <= limit else clean[: limit - 1] + "…"
+
+
+def generation_lines(record: dict[str, Any]) -> list[str]:
+    """A `generations` metrics record as terminal lines (`ortlab follow`, the train view), made safe to print."""
+    em = record.get("exact_match")
+    score = f", exact match {em:.3f} over {record.get('scored')}" if isinstance(em, (int, float)) else ""
+    lines = [f"generations {record.get('phase', '')} (step {record.get('step')}){score}:"]
+    for item in record.get("items") or []:
+        if not isinstance(item, dict):
+            continue
+        mark = (
+            ""
+            if "match" not in item
+            else ("  [match]" if item["match"] else f"  [expected {for_terminal(item.get('reference', ''), 40)}]")
+        )
+        lines.append(f"  > {for_terminal(item.get('prompt', ''), 80)}")
+        lines.append(f"    {for_terminal(item.get('output', ''))}{mark}")
+    return lines
 
 
 def normalize(text: str) -> str:

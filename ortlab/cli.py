@@ -508,6 +508,11 @@ def follow(
             print(f"eval {r.get('phase', '')} (step {r.get('step')}): {scores}", flush=True)
         elif r.get("event") in ("acceleration", "stopped", "resume"):
             print(f"{r['event']}: {r.get('message') or r.get('checkpoint', '')}", flush=True)
+        elif r.get("event") == "generations":
+            from ortlab.chat import generation_lines
+
+            for line in generation_lines(r):
+                print(line, flush=True)
     status = run.status()
     print(f"{run.id}: {status['state']}" + (f" ({status['error']})" if status.get("error") else ""))
     if status["state"] == "failed":

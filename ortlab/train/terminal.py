@@ -145,6 +145,13 @@ class Terminal:
             )
         elif event == "acceleration" and record.get("message"):
             self.say(f"[red]{record['message']}[/]")
+        elif event == "generations":
+            from rich.markup import escape
+
+            from ortlab.chat import generation_lines
+
+            for line in generation_lines(record):  # model output: control characters stripped, markup escaped
+                self.say(escape(line))
 
     def callback(self) -> Any:
         """A TrainerCallback that announces the long steps and draws the bars (imports transformers)."""

@@ -83,3 +83,30 @@ def static_summary(runs: list[Any], title: str = "ortlab runs") -> tuple[str, st
     charts = runs_chart_html(runs, labels) if runs else ""
     head = f"<b>{html.escape(title)}</b> <small>(static view: the live charts need a running kernel)</small>"
     return f"<div class='ortlab-static'>{head}{charts}{table_html(data)}</div>", "\n".join(text_lines)
+
+
+def generations_html(records: list[dict[str, Any]], run_id: str = "") -> str:
+    """The latest generations of a run (prompt, answer, reference) as a table. Everything is escaped: prompts come
+    from the data and answers from the model, both hostile."""
+    from ortlab.chat import latest
+
+    shown = latest(records)
+    if not shown:
+        return ""
+    first = shown[0]
+    where = f"{first.get('phase', '')} step {first.get('step', '?')}"
+    title = f"generations of {run_id} ({where})" if run_id else f"generations ({where})"
+    cell = "style='text-align:left;vertical-align:top;padding:2px 8px;white-space:pre-wrap;max-width:420px'"
+    body = ""
+    for r in shown:
+        mark = "" if "match" not in r else (" ✓" if r["match"] else " ✗")
+        body += (
+            f"<tr><td {cell}>{html.escape(str(r.get('prompt', ''))[:400])}</td>"
+            f"<td {cell}><b>{html.escape(str(r.get('output', ''))[:400])}</b>{mark}</td>"
+            f"<td {cell}>{html.escape(str(r.get('reference', '') or ''))[:400]}</td></tr>"
+        )
+    head = "".join(f"<th {cell}>{h}</th>" for h in ("prompt", "model says", "expected"))
+    return (
+        f"<div class='ortlab-generations'><b>{html.escape(title)}</b>"
+        f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
+    )

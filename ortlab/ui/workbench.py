@@ -17,7 +17,7 @@ import ipywidgets as widgets
 
 from ortlab.ui.charts import RunMonitor
 from ortlab.ui.display import RefreshedDisplay
-from ortlab.ui.summary import rows, static_summary, table_html
+from ortlab.ui.summary import generations_html, rows, static_summary, table_html
 
 ACCELS = ("ort", "fused_adam", "zero1", "bf16", "fp16", "torch_compile")
 WIDE = widgets.Layout(width="420px")
@@ -183,6 +183,12 @@ class Workbench(RefreshedDisplay, widgets.VBox):
         self.text_column = widgets.Text(value=first or "", placeholder="auto")
         self.label_column = widgets.Text(value=second or "", placeholder="auto")
         self._label_columns()
+        # causal-lm chat data: a messages column, or a prompt and a response column (TRL's formats)
+        self.messages_column = widgets.Text(value=d.messages_column or "", placeholder="auto", description="messages")
+        self.prompt_column = widgets.Text(value=d.prompt_column or "", placeholder="auto", description="prompt")
+        self.response_column = widgets.Text(value=d.response_column or "", placeholder="auto", description="response")
+        self.packing = widgets.Checkbox(value=d.packing, description="packing", indent=False)
+        self.chat_box = widgets.HBox([self.messages_column, self.prompt_column, self.response_column, self.packing])
 
         # the acceleration mix: a toggle each, with what the doctor says
         resolved = start.accel.resolved()
@@ -247,6 +253,7 @@ class Workbench(RefreshedDisplay, widgets.VBox):
         self.run_list = widgets.Select(options=[], description="runs", rows=5, layout=WIDE)
         self.baseline = widgets.Dropdown(options=[], description="baseline")
         self.comparison = widgets.HTML()
+        self.generations = widgets.HTML()  # what the selected run's model says (chat runs), next to the charts
         self.monitor = RunMonitor()
         self.monitor.on_change = self._refresh_soon
         self._last_refresh = 0.0
@@ -259,6 +266,7 @@ class Workbench(RefreshedDisplay, widgets.VBox):
                 widgets.HBox([self.data, self.data_inspect]),
                 self.data_preview,
                 widgets.HBox([self.task, self.text_column, self.label_column]),
+                self.chat_box,
                 widgets.HBox([widgets.HTML("<b>acceleration mix</b>"), self.check_button, self.check_note]),
                 *accel_rows,
                 widgets.HBox([self.tune_button, self.tune_note]),
@@ -270,7 +278,7 @@ class Workbench(RefreshedDisplay, widgets.VBox):
                 self.problems,
             ]
         )
-        runs_box = widgets.VBox([widgets.HBox([self.run_list, self.baseline]), self.comparison])
+        runs_box = widgets.VBox([widgets.HBox([self.run_list, self.baseline]), self.comparison, self.generations])
         super().__init__([form, runs_box, self.monitor], **kwargs)
 
         for w in (
@@ -279,6 +287,10 @@ class Workbench(RefreshedDisplay, widgets.VBox):
             self.task,
             self.text_column,
             self.label_column,
+            self.messages_column,
+            self.prompt_column,
+            self.response_column,
+            self.packing,
             self.learning_rate,
             self.epochs,
             self.max_steps,
@@ -293,6 +305,7 @@ class Workbench(RefreshedDisplay, widgets.VBox):
             w.observe(lambda _change: self.validate(), names="value")
         self.task.observe(lambda _change: self._label_columns(), names="value")
         self.baseline.observe(lambda _change: self.refresh_comparison(), names="value")
+        self.run_list.observe(lambda _change: self.refresh_generations(), names="value")
         self.model_search.on_click(lambda _b: self.search_models())
         self.data_inspect.on_click(lambda _b: self.inspect_data())
         self.launch_button.on_click(lambda _b: self.launch())
@@ -405,6 +418,8 @@ class Workbench(RefreshedDisplay, widgets.VBox):
         """Name the two column fields for the chosen task."""
         first, second = COLUMN_LABELS.get(self.task.value, TEXT_LABEL_COLUMNS)
         self.text_column.description, self.label_column.description = first, second
+        if hasattr(self, "chat_box"):
+            self.chat_box.layout.display = None if self.task.value == "causal-lm" else "none"
 
     def spec_dict(self) -> dict[str, Any]:
         t = self.toggles
@@ -423,6 +438,10 @@ class Workbench(RefreshedDisplay, widgets.VBox):
             "target_column": second if seq2seq else None,
             "max_train_samples": self.max_train_samples.value or None,
         }
+        causal = self.task.value == "causal-lm"
+        for field in ("messages_column", "prompt_column", "response_column"):
+            spec["data"][field] = (getattr(self, field).value.strip() or None) if causal else None
+        spec["data"]["packing"] = bool(self.packing.value) and causal
         spec["hyper"] = {
             **self._base["hyper"],
             "learning_rate": self.learning_rate.value,
@@ -433,7 +452,8 @@ class Workbench(RefreshedDisplay, widgets.VBox):
         }
         if not seq2seq:  # a seq2seq start's generation settings do not follow into another task
             spec["hyper"]["max_target_length"] = None
-            spec["generation"] = {}
+            kept = ("prompts", "num_prompts", "score_examples", "max_new_tokens") if causal else ()
+            spec["generation"] = {k: v for k, v in self._base["generation"].items() if k in kept}
         precision = "fp16" if t["fp16"].value else "bf16" if t["bf16"].value else "fp32"
         spec["accel"] = {
             **self._base["accel"],
@@ -496,6 +516,8 @@ class Workbench(RefreshedDisplay, widgets.VBox):
         seq2seq = p["task"] == "seq2seq"
         self.text_column.value = (p["source_column"] if seq2seq else p["text_column"]) or ""
         self.label_column.value = (p["target_column"] if seq2seq else p["label_column"]) or ""
+        for field in ("messages_column", "prompt_column", "response_column"):
+            getattr(self, field).value = p.get(field) or ""
         preview = [{k: str(v)[:80] for k, v in row.items()} for row in info.rows]
         labels = f", labels: {', '.join(map(str, info.label_names[:12]))}" if info.label_names else ""
         # Split, column and label names come from the data: escaped, like every value in the preview table.
@@ -550,6 +572,14 @@ class Workbench(RefreshedDisplay, widgets.VBox):
         self._last_refresh = time.monotonic()
         if self._runs:
             self.comparison.value = table_html(rows(list(self._runs.values()), baseline=self.baseline.value))
+        self.refresh_generations()
+
+    def refresh_generations(self) -> None:
+        """Show the latest generations of the selected run (escaped: model output is hostile)."""
+        from ortlab.chat import read_generations
+
+        run = self._runs.get(self.run_list.value)
+        self.generations.value = "" if run is None else generations_html(read_generations(run.dir.path), run.id)
 
     # --- where widgets cannot render -------------------------------------------------------------------------
 
@@ -558,6 +588,7 @@ class Workbench(RefreshedDisplay, widgets.VBox):
 
     def _summary(self) -> tuple[str, str]:
         summary_html, text = static_summary(list(self._runs.values()), title="ortlab workbench")
+        summary_html += self.generations.value
         try:
             spec_text = self.spec().to_yaml()
         except Exception as e:  # an invalid spec is still worth showing, with why
