@@ -41,3 +41,11 @@ def tiny_gpt2(tmp_path_factory) -> Path:
     from tiny_models import build_tiny_gpt2
 
     return build_tiny_gpt2(tmp_path_factory.mktemp("tiny-gpt2"))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_gpt2, tmp_path_factory) -> Path:
+    """A 2-layer Llama-architecture causal LM (GQA, tied embeddings) with the tiny GPT-2's tokenizer."""
+    from tiny_models import build_tiny_llama
+
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), tiny_gpt2)
