@@ -633,9 +633,12 @@ def push(
     include_checkpoints: Annotated[
         bool, typer.Option("--include-checkpoints", help="also upload checkpoints (optimizer states)")
     ] = False,
+    merged: Annotated[
+        bool, typer.Option("--merged", help="a LoRA run: publish the merged model instead of the adapter")
+    ] = False,
     root: RootOption = None,
 ) -> None:
-    """Publish a finished run: model, tokenizer, ONNX files (if exported) and a model card."""
+    """Publish a finished run: model (or a LoRA run's adapter), tokenizer, ONNX files (if exported), a model card."""
     from ortlab.publish import PublishError, push_to_folder, push_to_git, push_to_hub
 
     run = _attach(run_id, root)
@@ -645,12 +648,19 @@ def push(
     try:
         if repo:
             where = push_to_hub(
-                run.dir, repo, private=private, overwrite=overwrite, include_checkpoints=include_checkpoints
+                run.dir,
+                repo,
+                private=private,
+                overwrite=overwrite,
+                include_checkpoints=include_checkpoints,
+                merged=merged,
             )
         elif to_folder:
-            where = push_to_folder(run.dir, to_folder, overwrite=overwrite, include_checkpoints=include_checkpoints)
+            where = push_to_folder(
+                run.dir, to_folder, overwrite=overwrite, include_checkpoints=include_checkpoints, merged=merged
+            )
         else:
-            where = f"{git} @ {push_to_git(run.dir, git, include_checkpoints=include_checkpoints)}"
+            where = f"{git} @ {push_to_git(run.dir, git, include_checkpoints=include_checkpoints, merged=merged)}"
     except PublishError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # two tiny training runs (PyTorch, ORTModule) shared by the module: ~20 s
 STEPS = 6
 
 
@@ -181,3 +182,48 @@ def test_target_modules_are_checked_before_the_model_loads(tiny_llama, tmp_path)
     with pytest.raises(SpecError, match=r"adapter\.target_modules: .* is not a layer name"):
         RunSpec.parse(spec)
     assert not list(tmp_path.iterdir())  # nothing that looks like a run was created
+
+
+def test_merging_the_saved_adapter_gives_the_saved_merged_model(runs):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ortlab.adapters import load_merged
+
+    model_dir = Path(runs["eager"]["run_dir"]) / "model"
+    merged_here = load_merged(str(model_dir), "causal-lm").eval()
+    saved = AutoModelForCausalLM.from_pretrained(str(model_dir / "merged")).eval()
+    ids = torch.arange(2, 34).reshape(2, 16)
+    with torch.no_grad():
+        assert torch.allclose(merged_here(input_ids=ids).logits, saved(input_ids=ids).logits, atol=1e-5)
+
+
+def test_export_and_publish_an_adapter_run(runs, tmp_path):
+    """export: the merged model to ONNX, with the parity check; push: the adapter (default) or the merged model,
+    the card saying which and naming the base model."""
+    from ortlab.export import export_onnx
+    from ortlab.publish import PublishError, push_to_folder
+
+    run = Path(runs["ort"]["run_dir"])
+    report = export_onnx(run, samples=16, batch_sizes=(1,))
+    assert report.good, report.to_dict()
+    assert report.variants["fp32"].agreement == 1.0
+    adapter = push_to_folder(run, tmp_path / "adapter")
+    names = {p.name for p in adapter.iterdir()}
+    assert {"adapter_model.safetensors", "adapter_config.json", "tokenizer.json", "README.md"} <= names
+    assert "model.safetensors" not in names
+    card = (adapter / "README.md").read_text()
+    assert "library_name: peft" in card and "**LoRA adapter (rank 4" in card and "needs the base model" in card
+    assert "trainable parameters:" in card
+    merged = push_to_folder(run, tmp_path / "merged", merged=True)
+    names = {p.name for p in merged.iterdir()}
+    assert {"model.safetensors", "config.json", "tokenizer.json"} <= names and "adapter_config.json" not in names
+    card = (merged / "README.md").read_text()
+    assert "library_name: transformers" in card and "**merged model**" in card
+    full = tmp_path / "full"
+    shutil.copytree(run, full)
+    shutil.rmtree(full / "model")
+    (full / "model").mkdir()
+    (full / "model" / "config.json").write_text("{}")
+    with pytest.raises(PublishError, match="no adapter to merge"):
+        push_to_folder(full, tmp_path / "nothing", merged=True)
