@@ -215,6 +215,10 @@ def train(
             help="torch.compile the model (runs in ortlab's compile runtime when this one cannot compile)",
         ),
     ] = None,
+    lora: Annotated[
+        bool | None, typer.Option("--lora/--no-lora", help="train LoRA adapters (peft) instead of every weight")
+    ] = None,
+    adapter_rank: Annotated[int | None, typer.Option(help="LoRA rank (with --lora; default 8)")] = None,
     output_dir: Annotated[str | None, typer.Option(help="folder for run folders (default: ortlab-runs)")] = None,
     name: Annotated[str | None, typer.Option(help="run name")] = None,
     seed: Annotated[int | None, typer.Option()] = None,
@@ -251,12 +255,18 @@ def train(
         ("accel", "precision"): precision,
         ("accel", "tune"): "measure" if tune else None,
         ("accel", "torch_compile"): torch_compile,
+        ("adapter", "kind"): None if lora is None else "lora" if lora else "none",
+        ("adapter", "rank"): adapter_rank,
         ("output_dir",): output_dir,
         ("name",): name,
         ("seed",): seed,
     }
     try:
         spec = _build_spec(spec_file, overrides)
+        if adapter_rank is not None and spec.adapter.kind == "none":
+            from ortlab.spec import SpecError
+
+            raise SpecError(["adapter.rank: --adapter-rank sets the rank of a LoRA adapter; add --lora to train one"])
         # Another interpreter or several processes cannot train in this process: they are launched, and in the
         # foreground followed here, like a detached run.
         # So does a run that needs ortlab's compile runtime (torch_compile where this runtime cannot compile).
@@ -628,9 +638,12 @@ def push(
     include_checkpoints: Annotated[
         bool, typer.Option("--include-checkpoints", help="also upload checkpoints (optimizer states)")
     ] = False,
+    merged: Annotated[
+        bool, typer.Option("--merged", help="a LoRA run: publish the merged model instead of the adapter")
+    ] = False,
     root: RootOption = None,
 ) -> None:
-    """Publish a finished run: model, tokenizer, ONNX files (if exported) and a model card."""
+    """Publish a finished run: model (or a LoRA run's adapter), tokenizer, ONNX files (if exported), a model card."""
     from ortlab.publish import PublishError, push_to_folder, push_to_git, push_to_hub
 
     run = _attach(run_id, root)
@@ -640,12 +653,19 @@ def push(
     try:
         if repo:
             where = push_to_hub(
-                run.dir, repo, private=private, overwrite=overwrite, include_checkpoints=include_checkpoints
+                run.dir,
+                repo,
+                private=private,
+                overwrite=overwrite,
+                include_checkpoints=include_checkpoints,
+                merged=merged,
             )
         elif to_folder:
-            where = push_to_folder(run.dir, to_folder, overwrite=overwrite, include_checkpoints=include_checkpoints)
+            where = push_to_folder(
+                run.dir, to_folder, overwrite=overwrite, include_checkpoints=include_checkpoints, merged=merged
+            )
         else:
-            where = f"{git} @ {push_to_git(run.dir, git, include_checkpoints=include_checkpoints)}"
+            where = f"{git} @ {push_to_git(run.dir, git, include_checkpoints=include_checkpoints, merged=merged)}"
     except PublishError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None

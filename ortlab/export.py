@@ -181,12 +181,24 @@ def _export_onnx(run: Any, samples: int, optimize: bool, quantize: bool, batch_s
 
     run = RunDir(getattr(run, "path", run))
     status = run.status()
-    if status.get("state") != "completed" or not (run.model_dir / "config.json").exists():
+    adapter = (run.model_dir / "adapter_config.json").exists()
+    if status.get("state") != "completed" or not ((run.model_dir / "config.json").exists() or adapter):
         raise ExportError(f"run {run.id} is {status.get('state')}: only a completed run has a model to export")
     spec = run.spec()
     result = run.result() or {}
     tokenizer = load_tokenizer(str(run.model_dir))
-    model = load_model(str(run.model_dir), spec.task, result.get("label_names") or [])
+    if adapter:
+        # An adapter run exports the model it trained: the base with the adapter merged into its weights (ONNX
+        # Runtime has no notion of an adapter). model/merged/ when the run saved it, else merged here.
+        merged_dir = run.model_dir / "merged"
+        if (merged_dir / "config.json").exists():
+            model = load_model(str(merged_dir), spec.task, result.get("label_names") or [])
+        else:
+            from ortlab.adapters import load_merged
+
+            model = load_merged(str(run.model_dir), spec.task, result.get("label_names") or [])
+    else:
+        model = load_model(str(run.model_dir), spec.task, result.get("label_names") or [])
     model.eval()
     if hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation("eager")  # exports on every opset; SDPA's export varies with versions

@@ -9,6 +9,10 @@ results. Tokens, optimizer states and checkpoints are never included unless aske
   by `hf auth login`) or the `token` argument; offline mode and a missing token fail at once, before any upload.
 - `push_to_folder(run, path)`: the same files, for users without the Hub.
 - `push_to_git(run, remote)`: the same files committed with git-lfs (weights as LFS objects) and pushed.
+
+A LoRA run (`adapter.kind: lora`) publishes its adapter by default (adapter_model.safetensors, adapter_config.json,
+the tokenizer: a few MB that need the base model), or with `merged=True` the merged model (the adapter folded into
+the base weights: a plain transformers model); the card says which, and names the base model.
 """
 
 from __future__ import annotations
@@ -38,14 +42,23 @@ class PublishError(RuntimeError):
     """The run cannot be published as asked; the message says what to do."""
 
 
-def _completed(run: Any):
+def _completed(run: Any, merged: bool = False):
     from ortlab.runner.rundir import RunDir
 
     run = RunDir(getattr(run, "path", run))
     status = run.status()
-    if status.get("state") != "completed" or not (run.model_dir / "config.json").exists():
+    adapter = _is_adapter_run(run)
+    if status.get("state") != "completed" or not ((run.model_dir / "config.json").exists() or adapter):
         raise PublishError(f"run {run.id} is {status.get('state')}: only a completed run can be published")
+    if merged and not adapter:
+        raise PublishError(
+            f"run {run.id} trained every weight: it has no adapter to merge; publish it without merged/--merged"
+        )
     return run
+
+
+def _is_adapter_run(run: Any) -> bool:
+    return (run.model_dir / "adapter_config.json").is_file()
 
 
 def _public(location: str) -> str:
@@ -94,7 +107,7 @@ def _scrub_folder(stage: Path, local: list[str]) -> None:
             f.write_text(text, encoding="utf-8")
 
 
-def model_card(run: Any) -> str:
+def model_card(run: Any, merged: bool = False) -> str:
     """The README.md that goes with the model: what it is, how it was trained, what was measured."""
     spec = run.spec()
     result = run.result() or {}
@@ -110,7 +123,11 @@ def model_card(run: Any) -> str:
         "seq2seq": "text2text-generation",
     }[spec.task]
     data = spec.data.source
-    front = ["---", "library_name: transformers", f"pipeline_tag: {pipeline}", "tags:", "- ortlab", "- onnxruntime"]
+    adapter = result.get("adapter") if _is_adapter_run(run) else None
+    library = "peft" if adapter and not merged else "transformers"
+    front = ["---", f"library_name: {library}", f"pipeline_tag: {pipeline}", "tags:", "- ortlab", "- onnxruntime"]
+    if adapter:
+        front.append("- lora")
     if _public(spec.model.name) == spec.model.name:
         front.append(f"base_model: {spec.model.name}")
     if not data.startswith("embedded:") and _public(data) == data:
@@ -133,6 +150,16 @@ def model_card(run: Any) -> str:
         f"max length {spec.hyper.max_length}, seed {spec.seed}",
         f"- accelerations that applied (verified during the run): {', '.join(applied) or 'none'}",
     ]
+    if adapter:
+        at = lines.index("## Training")
+        lines[at:at] = _adapter_lines(spec, adapter, merged)
+    params = result.get("parameters") or {}
+    if params.get("total"):
+        lines.append(
+            f"- trainable parameters: {params['trainable']:,} of {params['total']:,} "
+            f"({100 * params['trainable'] / params['total']:.2f}%); optimizer state "
+            f"{params.get('optimizer_state_bytes', 0) / 2**20:.1f} MiB"
+        )
     if requested_not:
         lines.append(f"- requested but NOT applied: {', '.join(requested_not)}")
     lines += _tune_lines(run)
@@ -197,6 +224,25 @@ def _generation_lines(run: Any) -> list[str]:
     return lines
 
 
+def _adapter_lines(spec: Any, adapter: dict[str, Any], merged: bool) -> list[str]:
+    base = _public(spec.model.name)
+    what = (
+        f"LoRA adapter (rank {adapter.get('rank')}, alpha {adapter.get('alpha')}, on "
+        f"{', '.join(str(m) for m in adapter.get('target_modules', []))})"
+    )
+    if merged:
+        return [
+            f"This repository holds the **merged model**: a {what} trained on the base model `{base}` and folded "
+            "into its weights. It loads with transformers alone.",
+            "",
+        ]
+    return [
+        f"This repository holds a **{what}**, not a whole model: it needs the base model `{base}`. Load it with "
+        "`peft.AutoPeftModel.from_pretrained(...)`, or `PeftModel.from_pretrained(base_model, ...)`.",
+        "",
+    ]
+
+
 def _tune_lines(run: Any) -> list[str]:
     """The measurement that chose the mix (tune.json), as a table: every candidate and why it lost."""
     path = run.path / "tune.json"
@@ -226,14 +272,22 @@ def _tune_lines(run: Any) -> list[str]:
 
 
 @contextmanager
-def staged(run: Any, include_checkpoints: bool = False):
-    """A temporary folder with exactly the files to publish."""
-    run = _completed(run)
+def staged(run: Any, include_checkpoints: bool = False, merged: bool = False):
+    """A temporary folder with exactly the files to publish (an adapter run's merged model with `merged`)."""
+    run = _completed(run, merged)
     with tempfile.TemporaryDirectory(prefix="ortlab-publish-") as tmp:
         stage = Path(tmp)
-        for f in sorted(run.model_dir.iterdir()):
+        source = run.model_dir
+        if merged:
+            source = run.model_dir / "merged"
+            if not (source / "config.json").is_file():  # the run did not save it (adapter.save_merged): merge now
+                source = stage / ".merged"
+                _merge_into(run, source)
+        for f in sorted(source.iterdir()):
             if f.is_file() and any(f.match(p) for p in MODEL_PATTERNS) and not any(f.match(p) for p in NEVER):
                 shutil.copy2(f, stage / f.name)
+        if source.parent == stage:
+            shutil.rmtree(source)
         onnx = run.path / "onnx"
         if onnx.is_dir():
             shutil.copytree(onnx, stage / "onnx")
@@ -241,11 +295,21 @@ def staged(run: Any, include_checkpoints: bool = False):
             shutil.copytree(
                 run.checkpoints, stage / "checkpoints", ignore=shutil.ignore_patterns(*NEVER_IN_CHECKPOINTS)
             )
-        (stage / "README.md").write_text(model_card(run))
+        (stage / "README.md").write_text(model_card(run, merged))
         spec = run.spec()
         local = [str(run.path.resolve()), str(run.path), str(Path.home()), spec.model.name, spec.data.source]
         _scrub_folder(stage, [p for p in local if p.startswith("/") and len(p) > 1])
         yield stage
+
+
+def _merge_into(run: Any, folder: Path) -> None:
+    from ortlab.adapters import load_merged
+    from ortlab.tasks import load_tokenizer
+
+    result = run.result() or {}
+    model = load_merged(str(run.model_dir), run.spec().task, result.get("label_names") or [])
+    model.save_pretrained(str(folder))
+    load_tokenizer(str(run.model_dir)).save_pretrained(str(folder))
 
 
 def push_to_hub(
@@ -255,11 +319,12 @@ def push_to_hub(
     token: str | None = None,
     overwrite: bool = False,
     include_checkpoints: bool = False,
+    merged: bool = False,
 ) -> str:
     """Create `repo_id` on the Hub and upload the run; returns the commit URL. Checks come before uploading."""
     from ortlab.hub import offline
 
-    _completed(run)
+    _completed(run, merged)
     if offline():
         raise PublishError("offline mode is on (HF_HUB_OFFLINE=1): unset it to push, or use push_to_folder")
     from huggingface_hub import HfApi, get_token
@@ -274,7 +339,7 @@ def push_to_hub(
         if exists and not overwrite:
             raise PublishError(f"the repo {repo_id} already exists: pass overwrite=True (--overwrite) to push into it")
         api.create_repo(repo_id, private=private, exist_ok=overwrite)
-        with staged(run, include_checkpoints) as stage:
+        with staged(run, include_checkpoints, merged) as stage:
             info = api.upload_folder(
                 folder_path=str(stage),
                 repo_id=repo_id,
@@ -290,7 +355,9 @@ def push_to_hub(
     return str(getattr(info, "commit_url", info))
 
 
-def push_to_folder(run: Any, folder: str | Path, overwrite: bool = False, include_checkpoints: bool = False) -> Path:
+def push_to_folder(
+    run: Any, folder: str | Path, overwrite: bool = False, include_checkpoints: bool = False, merged: bool = False
+) -> Path:
     """Copy what would be published into `folder`."""
     target = Path(folder)
     if target.exists() and any(target.iterdir()):
@@ -303,14 +370,16 @@ def push_to_folder(run: Any, folder: str | Path, overwrite: bool = False, includ
                 f"{target} is not empty and was not written by ortlab (no ortlab model card in it): "
                 "overwrite only replaces an earlier ortlab publish; choose an empty or new folder"
             )
-    with staged(run, include_checkpoints) as stage:
+    with staged(run, include_checkpoints, merged) as stage:
         if target.exists():
             shutil.rmtree(target)
         shutil.copytree(stage, target)
     return target
 
 
-def push_to_git(run: Any, remote: str, branch: str = "main", include_checkpoints: bool = False) -> str:
+def push_to_git(
+    run: Any, remote: str, branch: str = "main", include_checkpoints: bool = False, merged: bool = False
+) -> str:
     """Commit what would be published (weights through git-lfs) and push it to `remote`; returns the commit."""
     for tool in ("git", "git-lfs"):
         if shutil.which(tool) is None:
@@ -324,7 +393,7 @@ def push_to_git(run: Any, remote: str, branch: str = "main", include_checkpoints
 
     if Path(remote).is_dir():
         remote = Path(remote).resolve().as_uri()  # git-lfs only talks to local repositories through file:// URLs
-    with staged(run, include_checkpoints) as stage:
+    with staged(run, include_checkpoints, merged) as stage:
         git("init", "-q", "-b", branch, cwd=stage)
         git("lfs", "install", "--local", cwd=stage)
         git("lfs", "track", *LFS_PATTERNS, cwd=stage)

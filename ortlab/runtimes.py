@@ -44,7 +44,7 @@ RUNTIMES: dict[str, str] = {
 STAMP = ".ortlab-runtime.json"
 BUILDING = ".ortlab-runtime-building"
 # Bump when the recipe below changes in a way that needs existing runtimes rebuilt.
-RECIPE = 1
+RECIPE = 2  # 2: peft (LoRA runs) and the local trackers (trackio, tensorboard) joined PACKAGES
 # torch for the compile runtime when no find-links folder offers a wheel: the version this project tested.
 DEFAULT_TORCH = "2.13.0"
 # Packages whose lock pins do not apply to the compile runtime: the ORT runtime's torch and what only that
@@ -68,6 +68,9 @@ PACKAGES = (
     "pyyaml",
     "packaging",
     "psutil",
+    "peft",
+    "trackio",
+    "tensorboard",
 )
 
 

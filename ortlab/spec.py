@@ -190,6 +190,46 @@ class AccelSpec(_Strict):
         return out.model_copy(update={"ort": bool(out.ort), "fused_adam": bool(out.fused_adam)})
 
 
+class AdapterSpec(_Strict):
+    """Train an adapter instead of every weight (see `ortlab.adapters`): LoRA through peft. The base model stays
+    frozen; the run folder keeps the adapter alone (a few MB), and with `save_merged` the merged model too."""
+
+    kind: Literal["none", "lora"] = Field(
+        "none", description="'lora': train LoRA adapters (peft) beside the frozen model; 'none': train every weight."
+    )
+    rank: int = Field(8, gt=0, le=1024, description="LoRA rank r: the width of the adapter matrices.")
+    alpha: int = Field(16, gt=0, le=4096, description="LoRA alpha: the adapter's output is scaled by alpha / rank.")
+    dropout: float = Field(0.05, ge=0, lt=1, description="Dropout on the adapter's input (training only).")
+    target_modules: list[str] | None = Field(
+        None,
+        description="Names of the Linear layers to adapt (e.g. q_proj, v_proj); default: the attention "
+        "projections found from the architecture.",
+    )
+    save_merged: bool = Field(
+        False, description="Also save the model with the adapter merged into its weights (model/merged/)."
+    )
+
+    @field_validator("target_modules")
+    @classmethod
+    def _module_names(cls, names: list[str] | None) -> list[str] | None:
+        if names is None:
+            return None
+        if not names:
+            raise ValueError("an empty list adapts nothing: name at least one Linear layer, or leave it unset")
+        import re
+
+        bad = [n for n in names if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", n)]
+        if bad:
+            raise ValueError(
+                f"{bad[0][:80]!r} is not a layer name: use the last part of a module's name, e.g. q_proj "
+                "(letters, digits and '_')"
+            )
+        return list(dict.fromkeys(names))
+
+
+TRACKERS: tuple[str, ...] = ("trackio", "tensorboard", "mlflow", "wandb")
+
+
 class TargetSpec(_Strict):
     python: str | None = Field(None, description="Python interpreter of another runtime to train in (default: this).")
     processes: int = Field(1, ge=1, le=64, description="Data-parallel training processes.")
@@ -215,6 +255,9 @@ class RunSpec(_Strict):
         description="Evaluation by generation: seq2seq scores generated text; causal-lm shows generations.",
     )
     accel: AccelSpec = Field(default_factory=AccelSpec)
+    adapter: AdapterSpec = Field(
+        default_factory=AdapterSpec, description="Train an adapter (LoRA) instead of every weight."
+    )
     target: TargetSpec = Field(default_factory=TargetSpec)
     output_dir: str = Field("ortlab-runs", description="Folder in which the run's own folder is created.")
     seed: int = Field(42, description="Seed for data splits, initialisation and data order.")
@@ -304,6 +347,7 @@ class RunSpec(_Strict):
             precision=a.precision,
             torch_compile=a.torch_compile,
             processes=self.target.processes,
+            lora=self.adapter.kind == "lora",
         )
 
     # --- (de)serialisation -----------------------------------------------------------------------------

@@ -599,6 +599,10 @@ def decide(
         return None, None, "every acceleration is set explicitly: nothing to decide"
     if spec.target.processes > 1:
         return None, None, "not measured: ortlab tunes single-process runs only; the conservative default applies"
+    if spec.adapter.kind != "none":
+        # The measurement trains the full model; an adapter run's step (frozen base, a tiny optimizer) is another
+        # workload, and a choice measured on the first would be a guess for the second.
+        return None, None, "not measured: ortlab tunes full fine-tuning only; adapter runs get the conservative default"
     if a.tune == "off":
         return None, None, "accel.tune is 'off': the conservative default (PyTorch with fused AdamW, fp32)"
     steps = planned_steps(spec, len(train_dataset))

@@ -44,8 +44,16 @@ def tiny_gpt2(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_llama(tmp_path_factory) -> Path:
-    """A 2-layer Llama-architecture causal LM with a byte-level BPE tokenizer and a ChatML chat template."""
+def tiny_llama(tiny_gpt2, tmp_path_factory) -> Path:
+    """A 2-layer Llama-architecture causal LM (GQA, tied embeddings) with the tiny GPT-2's tokenizer."""
     from tiny_models import build_tiny_llama
 
-    return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), tiny_gpt2)
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_llama(tmp_path_factory) -> Path:
+    """A 2-layer Llama-architecture causal LM with a byte-level BPE tokenizer and a ChatML chat template."""
+    from tiny_models import build_tiny_chat_llama
+
+    return build_tiny_chat_llama(tmp_path_factory.mktemp("tiny-chat-llama"))

@@ -23,10 +23,10 @@ CONVERSATION = [
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tiny_llama):
+def tokenizer(tiny_chat_llama):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(tiny_llama)
+    return AutoTokenizer.from_pretrained(tiny_chat_llama)
 
 
 def _runs(ids: list[int], labels: list[int]) -> list[list[int]]:
@@ -64,7 +64,7 @@ def test_truncation_keeps_the_masking_right(tokenizer):
     assert sum(lab != IGNORE for lab in cut["labels"]) == 2
 
 
-def test_packing_never_lets_one_example_see_another(tiny_llama, tokenizer):
+def test_packing_never_lets_one_example_see_another(tiny_chat_llama, tokenizer):
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -80,7 +80,7 @@ def test_packing_never_lets_one_example_see_another(tiny_llama, tokenizer):
     perturbed = dict(rows, input_ids=[[(t * 7 + 3) % len(tokenizer) for t in a["input_ids"]] + b["input_ids"]])
     n_a, n_b = len(a["input_ids"]), len(b["input_ids"])
     for attn in ("eager", "sdpa"):
-        model = AutoModelForCausalLM.from_pretrained(tiny_llama, attn_implementation=attn).eval()
+        model = AutoModelForCausalLM.from_pretrained(tiny_chat_llama, attn_implementation=attn).eval()
         with torch.no_grad():
             batch = collate([{k: v[0] for k, v in rows.items()}, {k: v[0] for k, v in perturbed.items()}])
             assert "attention_mask" not in batch
@@ -184,13 +184,13 @@ def test_a_model_without_chat_template_gets_the_fix(tiny_gpt2, chat_files):
 
 
 @pytest.fixture(scope="module")
-def chat_run(tiny_llama, chat_files, tmp_path_factory) -> dict:
+def chat_run(tiny_chat_llama, chat_files, tmp_path_factory) -> dict:
     from ortlab.train.run import train_spec
 
     spec = RunSpec.parse(
         {
             "task": "causal-lm",
-            "model": {"name": str(tiny_llama)},
+            "model": {"name": str(tiny_chat_llama)},
             "data": {"source": str(chat_files["messages"]), "packing": True, "eval_fraction": 0.25},
             "hyper": {"max_steps": 6, "batch_size": 4, "eval_steps": 3, "learning_rate": 3e-3, "max_length": 96},
             "generation": {"num_prompts": 2, "score_examples": 6, "max_new_tokens": 4},

@@ -28,6 +28,8 @@ class Mix:
     use_cpu: bool = False
     # A DeepSpeed config the user supplied defines its own optimizer (so ortlab's optimizer choice is moot).
     deepspeed_defines_optimizer: bool = False
+    # LoRA adapters (ortlab.adapters): not an acceleration (it changes what trains) but it meets all of them.
+    lora: bool = False
 
     def requested(self) -> dict[str, bool]:
         return {
@@ -85,6 +87,14 @@ def problems(mix: Mix, launched: bool = False) -> tuple[list[str], list[str]]:
             "the DeepSpeed config defines its own optimizer, so optim='adamw_ort_fused' would be ignored: remove "
             "the 'optimizer' section from the DeepSpeed config, or choose another optim"
         )
+
+    if mix.lora:
+        from ortlab.adapters import AdapterError, check_installed
+
+        try:
+            check_installed()
+        except AdapterError as e:
+            errors.append(str(e))
 
     # What this environment can run (static checks, the same the doctor starts with).
     cuda = _cuda_available() and not mix.use_cpu

@@ -101,6 +101,11 @@ def check(spec: RunSpec, log: Callable[[str], None] = print):
         + (f", label={prepared.label_column!r} ({prepared.num_labels} classes)" if prepared.label_column else "")
     )
     log(f"data: {len(prepared.train)} train / {len(prepared.eval)} eval rows, {columns}")
+    if spec.adapter.kind == "lora":
+        from ortlab.adapters import check_model
+
+        targets = check_model(model_path, spec.task, spec.adapter.target_modules, spec.model.revision)
+        log(f"adapter: LoRA rank {spec.adapter.rank} on {', '.join(targets)}")
     return model_path, prepared
 
 
@@ -264,6 +269,15 @@ def _train(spec, run, model_path, prepared, resume, stop, progress, on_metrics, 
     model = load_model(model_path, spec.task, prepared.label_names, spec.model.revision)
     params = sum(p.numel() for p in model.parameters())
     log(f"model loaded: {type(model).__name__}, {params / 1e6:.1f}M parameters ({time.monotonic() - loading:.1f} s)")
+    if spec.adapter.kind == "lora":
+        from ortlab.adapters import apply_lora, parameter_counts
+
+        model = apply_lora(model, spec.adapter, spec.task)
+        counts = parameter_counts(model)
+        log(
+            f"LoRA adapter: {counts['trainable'] / 1e6:.2f}M of {counts['total'] / 1e6:.1f}M parameters train "
+            f"({100 * counts['trainable'] / counts['total']:.2f}%)"
+        )
     note = _new_head_note(model_path, spec, prepared.label_names)
     if note:
         log(note)
@@ -338,10 +352,13 @@ def _train(spec, run, model_path, prepared, resume, stop, progress, on_metrics, 
     after = score(trainer.evaluate(metric_key_prefix="eval"))
     trainer.metrics_sink.close()
     log("after training:  " + _headline(after))
-    log(f"saving the model to {run.model_dir}")
+    log(f"saving the {'adapter' if spec.adapter.kind == 'lora' else 'model'} to {run.model_dir}")
     trainer.save_model(str(run.model_dir))
+    adapter = _adapter_record(trainer.model, spec)  # before a merge folds the adapter away
     if trainer.is_world_process_zero():
         tokenizer.save_pretrained(str(run.model_dir))
+        if spec.adapter.kind == "lora" and spec.adapter.save_merged:
+            _save_merged(trainer, tokenizer, run, log)
     return {
         "run_dir": str(run.path),
         "task": spec.task,
@@ -352,6 +369,8 @@ def _train(spec, run, model_path, prepared, resume, stop, progress, on_metrics, 
         "eval_after": after,
         "summary": _summary(run, trainer),
         "accelerations": {k: v.to_dict() for k, v in trainer.accelerations.items()},
+        "parameters": trainer.parameters_record,
+        "adapter": adapter,
     }
 
 
@@ -370,6 +389,30 @@ def _generations(spec: RunSpec, run: RunDir, prepared: Any, log: Callable[[str],
         + (f", exact match over {sum(r is not None for r in references)} eval answers" if any(references) else "")
     )
     return generations_callback(run.path, asked, references, g.num_prompts, g.max_new_tokens, lambda record: None)
+
+
+def _adapter_record(model: Any, spec: RunSpec) -> dict[str, Any] | None:
+    from ortlab.adapters import adapter_summary
+
+    summary = adapter_summary(model)
+    if summary is not None:
+        summary.update(base_model=spec.model.name, merged=spec.adapter.save_merged)
+    return summary
+
+
+def _save_merged(trainer: Any, tokenizer: Any, run: RunDir, log: Callable[[str], None]) -> None:
+    """model/merged/: the base model with the adapter folded in, a plain transformers folder (no peft needed).
+    Last thing the run does: merging changes the trained model in place."""
+    from ortlab.adapters import merge
+
+    merged_dir = run.model_dir / "merged"
+    log(f"saving the merged model to {merged_dir}")
+    merged = merge(trainer.model)
+    config = getattr(merged, "config", None)
+    if config is not None and trainer._user_use_cache is not None:
+        config.use_cache = trainer._user_use_cache
+    merged.save_pretrained(str(merged_dir))
+    tokenizer.save_pretrained(str(merged_dir))
 
 
 def _auto_mix(spec, run, model_path, prepared, train_ds, collate, log) -> dict[str, Any] | None:

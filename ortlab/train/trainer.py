@@ -104,6 +104,9 @@ class ORTTrainer(Trainer):
         if self._model_changes:
             self.accelerations["ort"].details["model_changes"] = dict(self._model_changes)
         self._reported: set[str] = set()
+        # Trainable / total parameters and the optimizer's state in bytes, measured after the first step (see
+        # _record_parameters): what an adapter saves, in numbers.
+        self.parameters_record: dict[str, Any] | None = None
         self._precision_probe: Any = None
         self._step_counters: dict[str, float] = {"samples": 0, "tokens": 0, "loss": 0.0}
         self.metrics_sink = JsonLinesSink(args.metrics_path or None, also=on_metrics)
@@ -335,10 +338,26 @@ class ORTTrainer(Trainer):
         self._verify_zero()
         self._verify_precision()
         self._verify_torch_compile()
+        self._record_parameters()
         if not final and self.is_world_process_zero():
             # What applied, known from the first step on: a running run's views show it (not only train_end's).
             accelerations = {k: v.to_dict() for k, v in self.accelerations.items()}
             self.metrics_sink({"event": "verified", "step": global_step, "accelerations": accelerations})
+
+    def _record_parameters(self) -> None:
+        """Once, after the first step of this process's training (the optimizer's state exists only then)."""
+        if self.parameters_record is not None or self.optimizer is None:
+            return
+        from ortlab.adapters import optimizer_state_bytes, parameter_counts
+
+        counts = parameter_counts(self.model)
+        self.parameters_record = {
+            **counts,
+            "trainable_share": counts["trainable"] / counts["total"] if counts["total"] else None,
+            "optimizer_state_bytes": optimizer_state_bytes(self.optimizer),
+        }
+        if self.is_world_process_zero():
+            self.metrics_sink({"event": "parameters", "step": self.state.global_step, **self.parameters_record})
 
     def _verify_ort(self) -> None:
         record = self.accelerations["ort"]

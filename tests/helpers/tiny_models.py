@@ -82,6 +82,31 @@ def build_tiny_gpt2(folder: Path) -> Path:
     return folder
 
 
+def build_tiny_llama(folder: Path, tokenizer_folder: Path) -> Path:
+    """A 2-layer Llama-architecture causal LM (grouped-query attention, tied embeddings, as SmolLM2) over the tiny
+    GPT-2's byte-level BPE tokenizer, seeded."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder)
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 def tiny_bart(tokenizer, layers: int = 2, positions: int = 64):
     """A BART encoder-decoder of `layers` layers each side over `tokenizer`'s vocabulary (a BERT WordPiece one:
     [CLS] starts, [SEP] ends), dropout off, seeded."""
@@ -218,7 +243,7 @@ CHATML = (
 )
 
 
-def build_tiny_llama(folder: Path, chat_template: str | None = CHATML) -> Path:
+def build_tiny_chat_llama(folder: Path, chat_template: str | None = CHATML) -> Path:
     """A 2-layer Llama-architecture causal LM with a byte-level BPE tokenizer trained here, whose end-of-turn
     token `<|im_end|>` is its EOS, and (by default) a ChatML chat template as SmolLM2's."""
     import torch
