@@ -71,6 +71,7 @@ def test_there_are_tutorials():
         "02-acceleration-tour.ipynb",
         "03-export-and-push.ipynb",
         "04-bring-your-own-data.ipynb",
+        "05-small-llm-lora.ipynb",
     ]
 
 
