@@ -193,6 +193,14 @@ def train(
     label_column: Annotated[str | None, typer.Option()] = None,
     source_column: Annotated[str | None, typer.Option(help="seq2seq: the input text column")] = None,
     target_column: Annotated[str | None, typer.Option(help="seq2seq: the output text column")] = None,
+    messages_column: Annotated[
+        str | None, typer.Option(help="causal-lm chat data: the column of {role, content} turns")
+    ] = None,
+    prompt_column: Annotated[str | None, typer.Option(help="causal-lm instruction data: the prompt column")] = None,
+    response_column: Annotated[str | None, typer.Option(help="causal-lm instruction data: the answer column")] = None,
+    packing: Annotated[
+        bool | None, typer.Option("--packing/--no-packing", help="causal-lm chat data: pack short examples")
+    ] = None,
     max_train_samples: Annotated[int | None, typer.Option()] = None,
     max_eval_samples: Annotated[int | None, typer.Option()] = None,
     epochs: Annotated[float | None, typer.Option()] = None,
@@ -241,6 +249,10 @@ def train(
         ("data", "label_column"): label_column,
         ("data", "source_column"): source_column,
         ("data", "target_column"): target_column,
+        ("data", "messages_column"): messages_column,
+        ("data", "prompt_column"): prompt_column,
+        ("data", "response_column"): response_column,
+        ("data", "packing"): packing,
         ("data", "max_train_samples"): max_train_samples,
         ("data", "max_eval_samples"): max_eval_samples,
         ("hyper", "epochs"): epochs,

@@ -275,3 +275,27 @@ def test_follow_the_card_and_the_workbench_show_the_generations(chat_run):
         assert wb.spec().data.messages_column == "messages"
     finally:
         wb.monitor.close()
+
+
+def test_the_train_terminal_prints_generations_without_codes_or_markup():
+    import io
+
+    from rich.console import Console
+
+    from ortlab.train.terminal import Terminal
+
+    term = Terminal(progress=False)
+    buffer = io.StringIO()
+    term.console = Console(file=buffer, force_terminal=False, width=200)  # no codes of its own
+    item = {
+        "prompt": "[bold]Q[/bold]",
+        "output": "A\x1b[2J\x1b]0;t\x07[red]x[/red]",
+        "reference": "fresh",
+        "match": False,
+    }
+    term.on_record(
+        {"event": "generations", "step": 3, "phase": "during", "exact_match": 0.5, "scored": 4, "items": [item]}
+    )
+    shown = buffer.getvalue()
+    assert "exact match 0.500 over 4" in shown and "[bold]Q[/bold]" in shown and "[red]x[/red]" in shown
+    assert "\x1b[2J" not in shown and "\x07" not in shown and "expected fresh" in shown
