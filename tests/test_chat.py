@@ -299,3 +299,20 @@ def test_the_train_terminal_prints_generations_without_codes_or_markup():
     shown = buffer.getvalue()
     assert "exact match 0.500 over 4" in shown and "[bold]Q[/bold]" in shown and "[red]x[/red]" in shown
     assert "\x1b[2J" not in shown and "\x07" not in shown and "expected fresh" in shown
+
+
+def test_the_embedded_chat_dataset_is_rotten_tomatoes_as_conversations():
+    from ortlab.assets import CHAT_QUESTION, embedded_dataset
+
+    path, fmt = embedded_dataset("rotten-tomatoes-chat")
+    plain, _ = embedded_dataset("rotten-tomatoes")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    import csv
+
+    with plain.open(encoding="utf-8", newline="") as f:
+        labels = [row["label"] for row in csv.DictReader(f)]
+    assert fmt == "json" and len(lines) == len(labels)
+    assert [json.loads(line)["messages"][1]["content"] for line in lines[:50]] == labels[:50]
+    first = json.loads(lines[0])["messages"]
+    assert [t["role"] for t in first] == ["user", "assistant"]
+    assert first[0]["content"].startswith(CHAT_QUESTION) and first[1]["content"] in ("fresh", "rotten")
