@@ -296,6 +296,11 @@ class RunSpec(_Strict):
             )
         if d.packing and self.task != "causal-lm":
             raise ValueError("data.packing: packing is for causal-lm chat data; remove it")
+        if d.packing and self.accel.ort is True:
+            raise ValueError(
+                "data.packing: packed rows pass the examples' bounds as position_ids without an attention mask, "
+                "which ORTModule cannot export for decoder models; turn packing off or set accel.ort to false/auto"
+            )
         if d.messages_column is not None and (d.prompt_column or d.response_column):
             raise ValueError("data.messages_column: give either a messages column or prompt/response columns, not both")
         if (d.prompt_column is None) != (d.response_column is None):

@@ -147,6 +147,7 @@ def test_discovery_proposes_the_chat_columns(chat_files):
         ),
         ({"task": "causal-lm", "data": {"messages_column": "m", "text_column": "t"}}, "remove text_column"),
         ({"task": "sequence-classification", "data": {"packing": True}}, "packing is for causal-lm"),
+        ({"task": "causal-lm", "data": {"packing": True}, "accel": {"ort": True}}, "ORTModule cannot export"),
         ({"task": "sequence-classification", "generation": {"prompts": ["hi"]}}, "causal-lm settings"),
     ],
 )
