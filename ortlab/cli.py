@@ -467,6 +467,13 @@ def _print_result(result: dict) -> None:
         f"tokens/s; warm-up {s['warmup_time_s']:.1f} s; peak memory {s['peak_mem_mb']:.0f} MB"
     )
     console.print(f"accelerations applied: {', '.join(applied) or 'none'}")
+    params = result.get("parameters") or {}
+    if params.get("total"):
+        trained = "LoRA adapter" if result.get("adapter") else "every weight"
+        console.print(
+            f"trained: {trained}, {params['trainable']:,} of {params['total']:,} parameters; optimizer state "
+            f"{params.get('optimizer_state_bytes', 0) / 2**20:.1f} MiB"
+        )
     if not_applied:
         console.print(f"[red]requested but NOT applied: {', '.join(not_applied)}[/]")
 

@@ -81,6 +81,7 @@ def test_trackio_stores_the_logged_steps_and_the_mix_locally(tracked_run):
     assert ours["applied_mix"] == {k: v["applied"] for k, v in applied.items()}
     assert not (home / "trackio").exists()  # nothing outside the run folder
     assert "Trackio" not in proc.stdout + proc.stderr  # its chatter went to the run's log
+    assert "trained: every weight" in proc.stdout  # the summary says what trained, in parameters
 
 
 def test_trackers_are_checked_before_launch(monkeypatch, tmp_path):
