@@ -227,6 +227,13 @@ def train(
         bool | None, typer.Option("--lora/--no-lora", help="train LoRA adapters (peft) instead of every weight")
     ] = None,
     adapter_rank: Annotated[int | None, typer.Option(help="LoRA rank (with --lora; default 8)")] = None,
+    report_to: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--report-to",
+            help="experiment tracker: trackio, tensorboard, mlflow or wandb (repeat it, or a comma list)",
+        ),
+    ] = None,
     output_dir: Annotated[str | None, typer.Option(help="folder for run folders (default: ortlab-runs)")] = None,
     name: Annotated[str | None, typer.Option(help="run name")] = None,
     seed: Annotated[int | None, typer.Option()] = None,
@@ -269,6 +276,7 @@ def train(
         ("accel", "torch_compile"): torch_compile,
         ("adapter", "kind"): None if lora is None else "lora" if lora else "none",
         ("adapter", "rank"): adapter_rank,
+        ("report_to",): _names(report_to),
         ("output_dir",): output_dir,
         ("name",): name,
         ("seed",): seed,
@@ -314,6 +322,11 @@ def train(
         typer.echo("interrupted: the run is marked failed (its folder keeps what was written)", err=True)
         raise typer.Exit(130) from None
     _print_result(result)
+
+
+def _names(values: list[str] | None) -> list[str] | None:
+    """A repeatable option that also takes comma lists: `--report-to a,b --report-to c` -> [a, b, c]."""
+    return None if values is None else [n for v in values for n in map(str.strip, v.split(",")) if n]
 
 
 def _build_spec(spec_file: Path | None, overrides: dict[tuple[str, ...], Any]):
@@ -466,6 +479,13 @@ def _print_result(result: dict) -> None:
         f"tokens/s; warm-up {s['warmup_time_s']:.1f} s; peak memory {s['peak_mem_mb']:.0f} MB"
     )
     console.print(f"accelerations applied: {', '.join(applied) or 'none'}")
+    params = result.get("parameters") or {}
+    if params.get("total"):
+        trained = "LoRA adapter" if result.get("adapter") else "every weight"
+        console.print(
+            f"trained: {trained}, {params['trainable']:,} of {params['total']:,} parameters; optimizer state "
+            f"{params.get('optimizer_state_bytes', 0) / 2**20:.1f} MiB"
+        )
     if not_applied:
         console.print(f"[red]requested but NOT applied: {', '.join(not_applied)}[/]")
 

@@ -259,6 +259,11 @@ class RunSpec(_Strict):
         default_factory=AdapterSpec, description="Train an adapter (LoRA) instead of every weight."
     )
     target: TargetSpec = Field(default_factory=TargetSpec)
+    report_to: list[str] = Field(
+        default_factory=list,
+        description="Experiment trackers to log to besides ortlab's own metrics (trackio, tensorboard, mlflow, "
+        "wandb); trackio and TensorBoard write into the run folder, W&B runs offline unless configured.",
+    )
     output_dir: str = Field("ortlab-runs", description="Folder in which the run's own folder is created.")
     seed: int = Field(42, description="Seed for data splits, initialisation and data order.")
 
@@ -268,6 +273,16 @@ class RunSpec(_Strict):
         from ortlab.runner.rundir import check_name
 
         return None if name is None else check_name(name)
+
+    @field_validator("report_to")
+    @classmethod
+    def _known_trackers(cls, names: list[str]) -> list[str]:
+        unknown = [n for n in names if n not in TRACKERS]
+        if unknown:
+            raise ValueError(
+                f"{str(unknown[0])[:40]!r} is not a tracker ortlab can report to: choose among {', '.join(TRACKERS)}"
+            )
+        return list(dict.fromkeys(names))
 
     @model_validator(mode="after")
     def _accelerations_fit(self, info: ValidationInfo) -> RunSpec:
@@ -280,6 +295,11 @@ class RunSpec(_Strict):
             from ortlab.accel import mix
 
             mix.validate(self.mix(), launched=True)
+            from ortlab.trackers import not_installed
+
+            missing = not_installed(self.report_to)
+            if missing:
+                raise ValueError("; ".join(missing))
         if self.task == "causal-lm" and self.data.label_column:
             raise ValueError("data.label_column: a causal LM learns from the text alone; remove label_column")
         self._columns_fit_the_task()

@@ -227,3 +227,37 @@ def test_export_and_publish_an_adapter_run(runs, tmp_path):
     (full / "model" / "config.json").write_text("{}")
     with pytest.raises(PublishError, match="no adapter to merge"):
         push_to_folder(full, tmp_path / "nothing", merged=True)
+
+
+def test_every_task_gets_an_adapter_and_new_heads_stay_trainable(tiny_bert, tiny_gpt2):
+    """Which layers are adapted, found from the architecture; a classification head trains in full."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
+
+    from ortlab.adapters import AdapterError, apply_lora, find_target_modules, parameter_counts
+    from ortlab.spec import AdapterSpec
+    from ortlab.tasks import load_model
+
+    lora = AdapterSpec(kind="lora", rank=2)
+    for auto, task in (
+        (AutoModelForSequenceClassification, "sequence-classification"),
+        (AutoModelForTokenClassification, "token-classification"),
+    ):
+        model = apply_lora(auto.from_pretrained(tiny_bert, num_labels=3), lora, task)
+        trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+        assert any("classifier" in n for n in trainable), task
+        assert {n.split(".")[-4] for n in trainable if "lora_" in n} == {"query", "value"}  # peft's BERT default
+        assert not any("embeddings" in n or "dense" in n for n in trainable)
+    gpt2 = apply_lora(load_model(str(tiny_gpt2), "causal-lm", []), lora, "causal-lm")
+    assert 0 < parameter_counts(gpt2)["trainable"] < parameter_counts(gpt2)["total"] / 10
+    ids = torch.tensor([[5, 6, 7, 8]])
+    gpt2(input_ids=ids, labels=ids).loss.backward()  # GPT-2's Conv1D is adapted as a Linear (fan_in_fan_out)
+
+    class Odd(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mixer = torch.nn.Linear(4, 4)
+            self.readout = torch.nn.Linear(4, 2)
+
+    with pytest.raises(AdapterError, match=r"name them in adapter\.target_modules .*mixer, readout"):
+        find_target_modules(Odd())

@@ -43,6 +43,22 @@ def test_widgets_hold_the_spec_and_write_it_back(workbench):
     assert RunSpec.from_yaml(spec.to_yaml()) == spec
 
 
+def test_the_adapter_and_trackers_reach_the_spec(workbench):
+    assert workbench.adapter_rank.disabled is True
+    workbench.lora.value = True
+    assert workbench.adapter_rank.disabled is False
+    workbench.adapter_rank.value = 4
+    workbench.report_to.value = ("trackio", "tensorboard")
+    spec = workbench.spec()
+    assert (spec.adapter.kind, spec.adapter.rank, spec.report_to) == ("lora", 4, ["trackio", "tensorboard"])
+    workbench.adapter_rank.value = 0
+    assert workbench.launch_button.disabled is True
+    assert "adapter.rank" in workbench.problems.value
+    workbench.lora.value = False
+    workbench.adapter_rank.value = 8
+    assert workbench.spec().adapter.kind == "none" and workbench.launch_button.disabled is False
+
+
 def test_invalid_spec_disables_launch_and_says_why(workbench):
     assert workbench.launch_button.disabled is False
     workbench.batch_size.value = 0

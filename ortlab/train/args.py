@@ -99,6 +99,13 @@ class ORTTrainingArguments(OptimumEraFields, TrainingArguments):
             "(a hidden folder: output_dir lists only what transformers writes), '' to disable."
         },
     )
+    ortlab_config: dict | str | None = field(
+        default=None,
+        metadata={
+            "help": "ortlab's description of the run (its spec, the mix it asked for and, after the first step, the "
+            "mix that applied): experiment trackers record it with the run's config (see ortlab.trackers)."
+        },
+    )
     metrics_warmup_steps: int = field(
         default=2,
         metadata={"help": "Steps counted as warm-up (ORT export, graph build, allocator) in throughput summaries."},

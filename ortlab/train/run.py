@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 def training_arguments(spec: RunSpec, run: RunDir, progress: bool, choice: dict[str, Any] | None = None):
     """TrainingArguments for `spec`; the accelerations left at 'auto' take `choice` (a measurement) if given."""
+    from ortlab.trackers import run_config
     from ortlab.train.args import ORTTrainingArguments
 
     a, h = spec.accel.resolved(choice), spec.hyper
@@ -68,7 +69,13 @@ def training_arguments(spec: RunSpec, run: RunDir, progress: bool, choice: dict[
         save_steps=h.save_steps or 500,
         seed=spec.seed,
         data_seed=spec.seed,
-        report_to=[],
+        # Experiment trackers (ortlab.trackers): offline, in the run folder, with ortlab's config. trackio must not
+        # publish a Space after training: trackio_static_space_id=False.
+        report_to=list(spec.report_to),
+        project="ortlab",
+        run_name=run.id,
+        trackio_static_space_id=False,
+        ortlab_config=run_config(spec, a) if spec.report_to else None,
         disable_tqdm=not progress,
     )
 
@@ -228,7 +235,10 @@ def execute(
                 step=run.last_step(),
             )
         model_path, prepared = checked or check(spec, log)
-        result = _train(spec, run, model_path, prepared, resume, stop, progress, on_metrics, log, terminal)
+        from ortlab.trackers import offline
+
+        with offline(spec.report_to, run.path):
+            result = _train(spec, run, model_path, prepared, resume, stop, progress, on_metrics, log, terminal)
     except BaseException as e:
         if rank == 0:
             run.set_status(
@@ -351,6 +361,10 @@ def _train(spec, run, model_path, prepared, resume, stop, progress, on_metrics, 
     log(f"evaluating on {len(eval_ds)} rows after training ...")
     after = score(trainer.evaluate(metric_key_prefix="eval"))
     trainer.metrics_sink.close()
+    if spec.report_to:
+        from ortlab.trackers import finish
+
+        finish(trainer.callback_handler.callbacks)
     log("after training:  " + _headline(after))
     log(f"saving the {'adapter' if spec.adapter.kind == 'lora' else 'model'} to {run.model_dir}")
     trainer.save_model(str(run.model_dir))

@@ -339,6 +339,11 @@ class ORTTrainer(Trainer):
         self._verify_precision()
         self._verify_torch_compile()
         self._record_parameters()
+        if not final and self.args.report_to and self.is_world_process_zero():
+            from ortlab.trackers import log_applied
+
+            applied = {k: v.applied for k, v in self.accelerations.items()}
+            log_applied(self.callback_handler.callbacks, self.args, applied)
         if not final and self.is_world_process_zero():
             # What applied, known from the first step on: a running run's views show it (not only train_end's).
             accelerations = {k: v.to_dict() for k, v in self.accelerations.items()}

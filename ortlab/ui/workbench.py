@@ -146,7 +146,7 @@ class Workbench(RefreshedDisplay, widgets.VBox):
     embedded default; `root` is the runs folder (default ./ortlab-runs)."""
 
     def __init__(self, spec: Any = None, root: str | None = None, **kwargs: Any):
-        from ortlab.spec import TASKS, RunSpec
+        from ortlab.spec import TASKS, TRACKERS, RunSpec
 
         self.root = root
         start = spec if isinstance(spec, RunSpec) else RunSpec.parse(spec or {})
@@ -242,6 +242,20 @@ class Workbench(RefreshedDisplay, widgets.VBox):
         self.max_train_samples = widgets.IntText(
             value=start.data.max_train_samples or 0, description="train rows", style=LABEL
         )
+        # what trains (every weight, or a LoRA adapter) and where the metrics also go
+        self.lora = widgets.Checkbox(
+            value=start.adapter.kind == "lora",
+            description="LoRA adapter",
+            indent=False,
+            tooltip="train LoRA adapters (peft) beside the frozen model instead of every weight",
+            layout=widgets.Layout(width="130px"),
+        )
+        self.adapter_rank = widgets.IntText(
+            value=start.adapter.rank, description="rank", style=LABEL, disabled=start.adapter.kind != "lora"
+        )
+        self.report_to = widgets.SelectMultiple(
+            options=list(TRACKERS), value=list(start.report_to), description="trackers", rows=len(TRACKERS)
+        )
         self.processes = widgets.IntText(value=start.target.processes, description="processes", style=LABEL)
         self.python = widgets.Text(value=start.target.python or "", description="runtime", placeholder="this Python")
         self.name = widgets.Text(value=start.name or "", description="run name", placeholder="automatic")
@@ -273,6 +287,7 @@ class Workbench(RefreshedDisplay, widgets.VBox):
                 widgets.HTML("<b>training</b>"),
                 widgets.HBox([self.learning_rate, self.epochs, self.max_steps]),
                 widgets.HBox([self.batch_size, self.max_length, self.max_train_samples]),
+                widgets.HBox([self.lora, self.adapter_rank, self.report_to]),
                 widgets.HBox([self.processes, self.python, self.name]),
                 widgets.HBox([self.launch_button, self.stop_button]),
                 self.problems,
@@ -300,9 +315,13 @@ class Workbench(RefreshedDisplay, widgets.VBox):
             self.processes,
             self.python,
             self.name,
+            self.lora,
+            self.adapter_rank,
+            self.report_to,
             *self.toggles.values(),
         ):
             w.observe(lambda _change: self.validate(), names="value")
+        self.lora.observe(lambda change: setattr(self.adapter_rank, "disabled", not change["new"]), names="value")
         self.task.observe(lambda _change: self._label_columns(), names="value")
         self.baseline.observe(lambda _change: self.refresh_comparison(), names="value")
         self.run_list.observe(lambda _change: self.refresh_generations(), names="value")
@@ -463,6 +482,12 @@ class Workbench(RefreshedDisplay, widgets.VBox):
             "precision": precision,
             "torch_compile": t["torch_compile"].value,
         }
+        spec["adapter"] = {
+            **self._base["adapter"],
+            "kind": "lora" if self.lora.value else "none",
+            "rank": self.adapter_rank.value,
+        }
+        spec["report_to"] = list(self.report_to.value)
         spec["target"] = {"processes": self.processes.value, "python": self.python.value.strip() or None}
         if self.root:
             spec["output_dir"] = self.root
