@@ -105,7 +105,8 @@ class ORTTrainer(Trainer):
             self.accelerations["ort"].details["model_changes"] = dict(self._model_changes)
         self._reported: set[str] = set()
         self._precision_probe: Any = None
-        self._step_counters: dict[str, float] = {"samples": 0, "tokens": 0, "loss": 0.0}
+        self._step_counters: dict[str, float] = {"samples": 0, "tokens": 0, "loss": 0.0, "flops": 0.0}
+        self._shape: Any = False  # ortlab.flops.ModelShape, None when it cannot be counted; False: not yet counted
         self.metrics_sink = JsonLinesSink(args.metrics_path or None, also=on_metrics)
         self.step_metrics = StepMetricsCallback(self, self.metrics_sink)
         self.add_callback(self.step_metrics)
@@ -314,7 +315,15 @@ class ORTTrainer(Trainer):
     # --- what really applied -------------------------------------------------------------------------------
 
     def _reset_step_counters(self) -> None:
-        self._step_counters = {"samples": 0, "tokens": 0, "loss": 0.0}
+        self._step_counters = {"samples": 0, "tokens": 0, "loss": 0.0, "flops": 0.0}
+
+    def _model_shape(self) -> Any:
+        """The model's parameter counts for the FLOP formula (ortlab.flops), counted once, on the model that trains."""
+        if self._shape is False:
+            from ortlab.flops import count_parameters
+
+            self._shape = count_parameters(_unwrap_ort(self.model))
+        return self._shape
 
     def _count_inputs(self, inputs: dict[str, Any]) -> None:
         ids = inputs.get("input_ids")
@@ -322,6 +331,12 @@ class ORTTrainer(Trainer):
         first = ids if ids is not None else next((v for v in inputs.values() if hasattr(v, "shape")), None)
         if first is not None and len(first.shape) > 0:
             self._step_counters["samples"] += int(first.shape[0])
+            shape = self._model_shape()
+            if shape is not None and len(first.shape) > 1:
+                from ortlab.flops import flops_per_sample
+
+                # The padded length: the GPU computes on padding too.
+                self._step_counters["flops"] += int(first.shape[0]) * flops_per_sample(shape, int(first.shape[-1]))
         if mask is not None:
             self._step_counters["tokens"] += int(mask.sum())
         elif ids is not None:

@@ -1,0 +1,198 @@
+"""The CUDA path, tested on CPU where it can be: the FLOP count against a hand count, the GPU peak table, the
+per-step device numbers. Tests marked `cuda` need a GPU and skip elsewhere with the reason."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ortlab.flops import count_parameters, flops_per_sample, matmul_precision, peak_flops
+
+needs_cuda = pytest.mark.skipif(
+    not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU (none is visible on this machine)"
+)
+
+
+def _bert(**kw):
+    from transformers import BertConfig, BertForSequenceClassification
+
+    c = dict(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=48)
+    c.update(max_position_embeddings=64, num_labels=3, **kw)
+    return BertForSequenceClassification(BertConfig(**c))
+
+
+def _llama(tie: bool):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=120,
+        hidden_size=32,
+        intermediate_size=40,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=tie,
+    )
+    return LlamaForCausalLM(config)
+
+
+def test_bert_flops_match_a_hand_count():
+    model = _bert()
+    V, h, L, inner, P, C = 100, 32, 2, 48, 64, 3
+    # Every parameter but the three input embeddings: embeddings' LayerNorm, per layer Q/K/V/O with biases, two
+    # LayerNorms, the feed-forward pair with biases; the pooler; the classifier.
+    layer = 4 * (h * h + h) + 2 * h + (h * inner + inner) + (inner * h + h) + 2 * h
+    n = 2 * h + L * layer + (h * h + h) + (h * C + C)
+    shape = count_parameters(model)
+    assert shape.embedding_params == V * h + P * h + 2 * h
+    assert shape.matmul_params == n == shape.trainable_matmul_params
+    s = 16
+    assert flops_per_sample(shape, s) == 6 * n * s + 12 * L * h * s * s
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_llama_flops_match_a_hand_count_tied_or_not(tie):
+    V, h, inner, L, heads, kv = 120, 32, 40, 3, 4, 2
+    kv_dim = kv * (h // heads)
+    # q and o are h x h, k and v h x kv_dim (grouped-query attention), no biases; gate/up/down; two RMSNorms per
+    # layer, the final norm; the LM head multiplies by a (vocab x hidden) matrix whether tied or not.
+    n = L * (2 * h * h + 2 * h * kv_dim + 3 * h * inner + 2 * h) + h + V * h
+    model = _llama(tie)
+    shape = count_parameters(model)
+    assert shape.embedding_params == V * h
+    assert shape.matmul_params == n
+    s = 64
+    assert flops_per_sample(shape, s) == 6 * n * s + 12 * L * h * s * s
+
+
+def test_frozen_weights_skip_their_weight_gradients():
+    model = _llama(tie=False)
+    for name, p in model.named_parameters():
+        p.requires_grad = "lm_head" in name
+    shape = count_parameters(model)
+    assert shape.trainable_matmul_params == 120 * 32
+    s = 8
+    assert flops_per_sample(shape, s) == (4 * shape.matmul_params + 2 * 120 * 32) * s + 12 * 3 * 32 * s * s
+
+
+@pytest.mark.parametrize(
+    ("name", "precision", "gpu", "tflops"),
+    [
+        ("NVIDIA H100 80GB HBM3", "bf16", "H100 SXM", 989.4),
+        ("NVIDIA H100 PCIe", "bf16", "H100 PCIe", 756.5),
+        ("NVIDIA H100 NVL", "tf32", "H100 NVL", 417.5),
+        ("NVIDIA H200", "fp16", "H200 SXM", 989.4),
+        ("NVIDIA A100-SXM4-80GB", "tf32", "A100", 156.0),
+        ("NVIDIA A100 80GB PCIe", "fp32", "A100", 19.5),
+        ("NVIDIA L4", "bf16", "L4", 121.0),
+        ("NVIDIA L40S", "bf16", "L40S", 362.1),
+        ("NVIDIA A10", "fp16", "A10", 125.0),
+        ("Tesla T4", "fp16", "T4", 65.0),
+        ("NVIDIA GeForce RTX 4090", "bf16", "GeForce RTX 4090", 165.2),
+    ],
+)
+def test_peak_table_lookup(name, precision, gpu, tflops):
+    peak = peak_flops(name, precision)
+    assert (peak.gpu, peak.flops) == (gpu, tflops * 1e12)
+
+
+def test_unknown_gpu_cpu_and_missing_precision_give_no_peak_with_the_reason():
+    a10g = peak_flops("NVIDIA A10G", "bf16")  # not the A10: a different card, not in the table
+    assert a10g.flops is None and "not in ortlab's table" in a10g.reason
+    t4 = peak_flops("Tesla T4", "bf16")
+    assert t4.flops is None and "no bf16" in t4.reason
+    cpu = peak_flops("cpu", "fp32", "cpu")
+    assert cpu.flops is None and "no MFU on cpu" in cpu.reason
+    assert matmul_precision("fp32", tf32=True) == "tf32" and matmul_precision("bf16", tf32=True) == "bf16"
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory):
+    """Four real training steps of a tiny BERT on CPU, without ORT; the metrics stream it wrote."""
+    import torch
+
+    from ortlab.train.args import ORTTrainingArguments
+    from ortlab.train.trainer import ORTTrainer
+
+    class Data(torch.utils.data.Dataset):
+        def __len__(self):
+            return 32
+
+        def __getitem__(self, i):
+            return {"input_ids": torch.arange(12) % 90 + i % 5, "labels": torch.tensor(i % 3)}
+
+    out = tmp_path_factory.mktemp("cpu-run")
+    args = ORTTrainingArguments(
+        output_dir=str(out), use_ort=False, max_steps=4, per_device_train_batch_size=8, report_to=[],
+        save_strategy="no", disable_tqdm=True, logging_steps=100,
+    )  # fmt: skip
+    trainer = ORTTrainer(model=_bert(), args=args, train_dataset=Data())
+    trainer.train()
+    return [json.loads(line) for line in Path(args.metrics_path).read_text().splitlines()], trainer
+
+
+def test_cpu_metrics_carry_model_flops_and_say_why_there_is_no_mfu(cpu_run):
+    records, trainer = cpu_run
+    begin = next(r for r in records if r["event"] == "train_begin")
+    assert begin["device"]["type"] == "cpu"
+    assert begin["device"]["mfu"]["flops"] is None and "no MFU on cpu" in begin["device"]["mfu"]["reason"]
+    assert begin["device"]["flops"]["model"]["matmul_params"] == count_parameters(trainer.model).matmul_params
+    steps = [r for r in records if r["event"] == "step"]
+    assert len(steps) == 4
+    expected = 8 * flops_per_sample(count_parameters(trainer.model), 12)
+    for s in steps:
+        assert s["model_tflops_per_s"] == pytest.approx(expected / s["step_time_s"] / 1e12)
+        assert "mfu" not in s and "gpu_mem_reserved_mb" not in s
+        assert s["mem_kind"] == "cpu_peak_rss" and s["peak_mem_mb"] > 0
+
+
+def test_run_summary_has_mfu_and_gpu_memory_where_present():
+    from ortlab.runner.compare import summarize
+
+    steps = [
+        {"event": "step", "step": i, "step_time_s": 1.0 if i > 2 else 5.0, "samples": 8, "tokens": 80,
+         "loss": 1.0, "mfu": 0.3 if i == 3 else 0.5, "model_tflops_per_s": 100.0, "peak_mem_mb": 10.0,
+         "gpu_mem_step_peak_mb": 900.0 + i, "gpu_mem_reserved_mb": 1024.0}
+        for i in range(1, 6)
+    ]  # fmt: skip
+    summary = summarize(steps, warmup_steps=2)
+    assert summary["steady_mfu"] == pytest.approx((0.3 + 0.5 + 0.5) / 3)
+    assert summary["max_gpu_mem_step_peak_mb"] == 905.0 and summary["max_gpu_mem_reserved_mb"] == 1024.0
+    for s in steps:
+        s.pop("mfu")
+    assert "steady_mfu" not in summarize(steps, warmup_steps=2)
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_cuda_metrics_records_have_gpu_memory_and_mfu(tmp_path):
+    import torch
+
+    from ortlab.train.args import ORTTrainingArguments
+    from ortlab.train.trainer import ORTTrainer
+
+    class Data(torch.utils.data.Dataset):
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, i):
+            return {"input_ids": torch.arange(32) % 90, "labels": torch.tensor(i % 3)}
+
+    args = ORTTrainingArguments(
+        output_dir=str(tmp_path), use_ort=False, max_steps=3, per_device_train_batch_size=16, report_to=[],
+        save_strategy="no", disable_tqdm=True,
+    )  # fmt: skip
+    ORTTrainer(model=_bert(), args=args, train_dataset=Data()).train()
+    records = [json.loads(line) for line in Path(args.metrics_path).read_text().splitlines()]
+    begin = next(r for r in records if r["event"] == "train_begin")
+    steps = [r for r in records if r["event"] == "step"]
+    assert begin["device"]["type"] == "cuda" and begin["device"]["name"] == torch.cuda.get_device_name()
+    for s in steps:
+        assert s["gpu_mem_allocated_mb"] > 0 and s["gpu_mem_reserved_mb"] >= s["gpu_mem_allocated_mb"]
+        assert s["gpu_mem_step_peak_mb"] > 0
+        assert s["mem_kind"] == "cuda_max_allocated"
+        if begin["device"]["mfu"]["flops"]:
+            assert 0 < s["mfu"] < 1
