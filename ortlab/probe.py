@@ -36,7 +36,7 @@ MARKER = "ORTLAB-PROBE-RESULT "
 PROBE_TIMEOUT_S = 90.0
 # Which accelerations each probe subprocess answers for. "torch" also reports the environment.
 GROUPS: dict[str, tuple[str, ...]] = {
-    "torch": ("fused_adam", "fp16", "bf16", "torch_compile"),
+    "torch": ("fused_adam", "fp16", "bf16", "tf32", "torch_compile"),
     "ort": ("ort",),
     "zero1": ("zero1",),
 }
@@ -175,6 +175,7 @@ def run_probe_group(group: str) -> dict[str, Any]:
         "zero1": zero.check,
         "fp16": precision.check_fp16,
         "bf16": precision.check_bf16,
+        "tf32": precision.check_tf32,
         "torch_compile": torch_compile.check,
     }
     out: dict[str, Any] = {"accelerations": {n: checks[n](probe=True).to_dict() for n in GROUPS[group]}}

@@ -196,3 +196,69 @@ def test_cuda_metrics_records_have_gpu_memory_and_mfu(tmp_path):
         assert s["mem_kind"] == "cuda_max_allocated"
         if begin["device"]["mfu"]["flops"]:
             assert 0 < s["mfu"] < 1
+
+
+# --- TF32, attention, compile shapes, data loading ---------------------------------------------------------------
+
+
+def test_tf32_auto_resolves_off_on_cpu_and_explicit_true_is_refused_before_launch():
+    from ortlab.accel.precision import check_tf32
+    from ortlab.spec import RunSpec
+
+    assert not check_tf32().available and "no CUDA device" in check_tf32().reason
+    spec = RunSpec()
+    assert spec.accel.tf32 == "auto" and spec.accel.resolved().tf32 is False and spec.mix().tf32 is False
+    with pytest.raises(ValueError, match="tf32 was requested but cannot apply: TF32 is a tensor-core mode"):
+        RunSpec(accel={"tf32": True})
+    assert RunSpec(accel={"tf32": False}).mix().requested()["tf32"] is False
+
+
+def test_cpu_run_records_tf32_not_applied_and_sdpa_attention(cpu_run):
+    records, trainer = cpu_run
+    tf32 = trainer.accelerations["tf32"]
+    assert (tf32.requested, tf32.applied) == (False, False)
+    assert tf32.details["device"] == "cpu" and tf32.details["float32_matmul_precision"] == "highest"
+    begin = next(r for r in records if r["event"] == "train_begin")
+    assert begin["device"]["attention"] == "sdpa", "ORT's eager attention must not leak into a run without ORT"
+
+
+def test_ort_needs_eager_attention_only_when_it_trains():
+    from ortlab.accel import ort
+
+    model = _bert()
+    assert model.config._attn_implementation == "sdpa"
+    changes = ort.prepare_model(model)
+    assert model.config._attn_implementation == "eager" and "attention" in changes
+
+
+def test_dataloader_settings_keep_cpu_as_it_was():
+    from ortlab.train.run import _dataloader_settings
+
+    assert _dataloader_settings() == {"dataloader_num_workers": 0}
+
+
+@pytest.mark.slow
+def test_compile_pads_lengths_and_does_not_recompile_every_step(tiny_bert, tmp_path):
+    """Ten batches of ten lengths under torch.compile (compile runtime, Dynamo's eager backend): padded to multiples
+    of 8, and Dynamo compiles at most once more after the first step (its automatic dynamic shapes), recorded."""
+    import os
+    import subprocess
+
+    from conftest import ROOT
+
+    from ortlab import runtimes
+
+    python = runtimes.python_for("compile") or runtimes.create("compile")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests" / "helpers")])}
+    script = ROOT / "tests" / "helpers" / "compile_shapes.py"
+    out = subprocess.run(
+        [str(python), str(script), str(tiny_bert), str(tmp_path), "8"], capture_output=True, text=True, env=env,
+        timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    line = next(x for x in out.stdout.splitlines() if x.startswith("COMPILE-SHAPES "))
+    found = json.loads(line.split(" ", 1)[1])
+    assert all(n % 8 == 0 for n in found["lengths"]) and len(set(found["lengths"])) >= 3, found["lengths"]
+    record = found["torch_compile"]
+    assert record["applied"] and record["details"]["frames_compiled"] >= 1
+    assert record["details"]["compiles_after_first_step"] <= 1, record

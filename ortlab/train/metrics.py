@@ -164,6 +164,9 @@ class StepMetricsCallback(TrainerCallback):
         self._peak_flops = self.device["mfu"].get("flops")
         shape = self.trainer._model_shape()
         self.device["flops"] = {"method": FLOPS_METHOD, "model": shape.to_dict() if shape else None}
+        # The attention the model trains with (transformers' sdpa by default; eager only where ORT needs it).
+        config = getattr(self.trainer.model, "config", None)
+        self.device["attention"] = getattr(config, "_attn_implementation", None)
         if shape is None:
             self.device["mfu"]["reason"] = "the model's config names no layer count / hidden size: no FLOP count"
             self._peak_flops = None

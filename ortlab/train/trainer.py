@@ -349,7 +349,8 @@ class ORTTrainer(Trainer):
         self._verify_ort()
         self._verify_zero()
         self._verify_precision()
-        self._verify_torch_compile()
+        self._verify_tf32()
+        self._verify_torch_compile(final)
         if not final and self.is_world_process_zero():
             # What applied, known from the first step on: a running run's views show it (not only train_end's).
             accelerations = {k: v.to_dict() for k, v in self.accelerations.items()}
@@ -437,7 +438,29 @@ class ORTTrainer(Trainer):
             if record.requested and not record.applied:
                 self._report_not_applied(record, f"training runs in {active} ({how})")
 
-    def _verify_torch_compile(self) -> None:
+    def _verify_tf32(self) -> None:
+        """TF32 applies when torch's fp32 matmuls really run in TF32 (the flags observed now, after transformers
+        set them up) on a GPU that has TF32 tensor cores; bf16/fp16 matmuls do not use it either way."""
+        from ortlab.accel.precision import TF32_CAPABILITY, tf32_state
+
+        record = self.accelerations["tf32"]
+        state = tf32_state()
+        device = self.args.device
+        on = state["cuda_matmul_allow_tf32"] or state["float32_matmul_precision"] != "highest"
+        capable = False
+        if device.type == "cuda":
+            import torch
+
+            capable = tuple(torch.cuda.get_device_capability(device)) >= TF32_CAPABILITY
+        record.applied = bool(on and capable)
+        record.details.update({**state, "device": device.type, "tensor_cores": capable})
+        if self.args.fp16 or self.args.bf16:
+            record.details["note"] = "the matmuls run in fp16/bf16; TF32 concerns only what stays fp32"
+        if record.requested and not record.applied:
+            why = "no CUDA device with TF32 tensor cores" if not capable else "torch's fp32 matmuls are not in TF32"
+            self._report_not_applied(record, why)
+
+    def _verify_torch_compile(self, final: bool = False) -> None:
         """Applied only when the model that trains is a compiled module AND Dynamo compiled frames of it: a
         wrapper whose every frame fell back to eager (graph breaks everywhere, a compile error swallowed by
         `suppress_errors`) compiles nothing."""
@@ -455,6 +478,11 @@ class ORTTrainer(Trainer):
         frames = int(counters.get("frames", {}).get("ok", 0)) if counters else 0
         graphs = int(counters.get("stats", {}).get("unique_graphs", 0)) if counters else 0
         record.applied = compiled and frames > 0
+        if not final:
+            self._frames_after_first_step = frames
+        else:
+            # New batch shapes after the first step make Dynamo compile again: counted, so padding/bucketing shows.
+            record.details["compiles_after_first_step"] = frames - getattr(self, "_frames_after_first_step", frames)
         record.details.update(
             {
                 "module": type(trained).__name__,
