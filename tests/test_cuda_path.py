@@ -262,3 +262,80 @@ def test_compile_pads_lengths_and_does_not_recompile_every_step(tiny_bert, tmp_p
     record = found["torch_compile"]
     assert record["applied"] and record["details"]["frames_compiled"] >= 1
     assert record["details"]["compiles_after_first_step"] <= 1, record
+
+
+# --- the doctor on CUDA: its rows from a probe record ---------------------------------------------------------------
+
+FIXTURES = Path(__file__).parent / "fixtures" / "cuda"
+
+
+@pytest.fixture
+def h100() -> dict:
+    """An H100's probe record, CONSTRUCTED from documented properties (see its _provenance), not recorded."""
+    data = json.loads((FIXTURES / "h100_probe_constructed.json").read_text())
+    assert data.pop("_provenance").startswith("CONSTRUCTED, NOT RECORDED")
+    return data
+
+
+def test_doctor_rows_on_an_h100(h100):
+    from ortlab.gpu import findings
+
+    rows = {f.name: f for f in findings(h100)}
+    assert rows["cuda"].status == "yes" and "NVIDIA H100 80GB HBM3 (9.0, 79.1 GiB)" in rows["cuda"].reason
+    for name in ("fp16", "bf16", "tf32", "sdpa_flash", "sdpa_mem_efficient", "fused_adam", "torch_compile"):
+        assert rows[name].status == "yes", rows[name]
+    assert "Triton 3.6.0" in rows["torch_compile"].reason
+    assert rows["zero1"].status == "no" and "pip install deepspeed" in rows["zero1"].remedy
+    assert rows["nvml"].status == "no" and rows["nvml"].remedy == "pip install nvidia-ml-py"
+    ort = rows["ort (CUDA)"]
+    assert ort.status == "no"
+    for needed in ("CPython 3.8-3.11", "torch <= 2.6", "pip install onnxruntime-training==1.19.2",
+                   "nvidia-cublas-cu11", "nvidia-cudnn-cu11", "nvcc"):  # fmt: skip
+        assert needed in ort.reason, needed
+    assert "nvidia-curand-cu11" not in ort.reason, "a library that loads is not listed as missing"
+    assert sum(f.status == "not checked" for f in findings(h100)) == 4
+
+
+def test_doctor_rows_when_kernels_fail_on_an_older_gpu(h100):
+    from ortlab.gpu import findings
+
+    h100["devices"][0].update(name="Tesla T4", capability="7.5")
+    h100.update(bf16=False, tf32=False)
+    h100["sdpa"]["flash"] = {"ok": False, "error": "RuntimeError: No available kernel. Aborting execution."}
+    h100["compile"] = {"ok": False, "error": "RuntimeError: Found Tesla T4 which is too old", "triton": None}
+    rows = {f.name: f for f in findings(h100)}
+    assert rows["bf16"].status == "no" and rows["bf16"].remedy == "use fp16 on this GPU"
+    assert rows["tf32"].status == "no" and "7.5" in rows["tf32"].reason
+    assert rows["sdpa_flash"].status == "no" and "No available kernel" in rows["sdpa_flash"].reason
+    assert rows["torch_compile"].status == "no" and "Triton is not installed" in rows["torch_compile"].reason
+
+
+def test_ort_on_cuda_is_never_claimed_even_when_nothing_is_missing():
+    from ortlab.gpu import ORT_CUDA11_LIBS, ort_on_cuda
+
+    ready = {
+        "python": "3.11.9", "torch": "2.6.0+cu124", "onnxruntime_training": "1.19.2", "ort_cuda_version": "11.8",
+        "libs": dict.fromkeys(ORT_CUDA11_LIBS, True), "nvcc": "11.8", "cuda_extensions": ["torch_gpu_allocator.so"],
+    }  # fmt: skip
+    assert ort_on_cuda(ready).status == "not checked"
+    only_ext = ort_on_cuda({**ready, "cuda_extensions": []})
+    assert only_ext.status == "no" and only_ext.reason.count(";") == 0 and "extensions are not built" in only_ext.reason
+    cpu_build = ort_on_cuda({**ready, "ort_cuda_version": ""})
+    assert "CPU build" in cpu_build.reason
+
+
+def test_the_cuda_probe_on_this_cpu_machine_says_why_and_the_report_renders(h100):
+    from rich.console import Console
+
+    from ortlab.gpu import probe_cuda
+    from ortlab.probe import DoctorReport
+
+    here = probe_cuda()
+    assert here["available"] is False and here["reason"] and here["count"] == 0
+    report = DoctorReport("3.12.3", "python", "Linux", "2.11.0", "13.0", [], {}, {}, gpu=h100)
+    again = DoctorReport.from_dict(json.loads(report.to_json()))
+    assert again.gpu == h100 and again.to_dict()["gpu_findings"][0]["name"] == "cuda"
+    console = Console(width=200, record=True)
+    again.render(console)
+    text = console.export_text()
+    assert "GPU (probed on the device)" in text and "NVIDIA H100 80GB HBM3" in text and "not checked" in text
