@@ -339,3 +339,35 @@ def test_the_cuda_probe_on_this_cpu_machine_says_why_and_the_report_renders(h100
     again.render(console)
     text = console.export_text()
     assert "GPU (probed on the device)" in text and "NVIDIA H100 80GB HBM3" in text and "not checked" in text
+
+
+def test_compare_and_the_model_card_show_mfu_and_gpu_memory(tmp_path):
+    """A GPU run's stream (written by hand: no GPU here) next to a CPU run: compare gets an MFU column, the
+    card an MFU and a GPU memory line; the CPU run shows '-' rather than a number."""
+    from fake_runs import append, make_fake_run, step_record
+    from rich.console import Console
+
+    from ortlab.publish import model_card
+    from ortlab.runner import Run
+    from ortlab.runner.compare import compare, render, summarize
+    from ortlab.runner.rundir import RunDir, write_json
+
+    gpu = RunDir(make_fake_run(tmp_path, "gpu-run", steps=0))
+    steps = [
+        {**step_record(i), "mfu": 0.31, "model_tflops_per_s": 306.7, "gpu_mem_step_peak_mb": 9000.0 + i,
+         "gpu_mem_reserved_mb": 12288.0, "mem_kind": "cuda_max_allocated"}
+        for i in range(1, 8)
+    ]  # fmt: skip
+    append(gpu.metrics_path, *steps)
+    summary = summarize([{"event": "train_begin"}, *steps])
+    write_json(gpu.result_path, {"summary": summary, "eval_after": {"eval_accuracy": 0.8}})
+    cpu = make_fake_run(tmp_path, "cpu-run")
+    rows = compare([Run(cpu), Run(gpu.path)])
+    assert rows[1].summary["steady_mfu"] == pytest.approx(0.31) and "steady_mfu" not in rows[0].summary
+    console = Console(width=250, record=True)
+    render(rows, console)
+    text = console.export_text()
+    assert "MFU" in text and "31.0%" in text
+    card = model_card(Run(gpu.path))
+    assert "model FLOPs utilisation (MFU): 31.0%" in card and "reserved 12288 MB" in card
+    assert "MFU" not in model_card(Run(cpu))
