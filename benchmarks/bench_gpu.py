@@ -182,12 +182,6 @@ def run_suite(opts: argparse.Namespace, shape: str, rows: list[str], batch: int,
     from ortlab.flops import peak_flops
     from ortlab.tune import Stepper
 
-    flops, counted = model_flops(shape, seq)
-    device_name = "cpu"
-    if opts.device == "cuda":
-        import torch
-
-        device_name = torch.cuda.get_device_name(0)
     results: dict[str, dict] = {}
     procs = {}
     for row in rows:
@@ -204,6 +198,13 @@ def run_suite(opts: argparse.Namespace, shape: str, rows: list[str], batch: int,
         procs[row] = Stepper(cmd, Path(tmp) / f"{name}.log")
     live = {}
     try:
+        # Counted while the row processes load (each imports torch and transformers: seconds).
+        flops, counted = model_flops(shape, seq)
+        device_name = "cpu"
+        if opts.device == "cuda":
+            import torch
+
+            device_name = torch.cuda.get_device_name(0)
         for row, proc in procs.items():
             if proc.start() is None:
                 results[row]["error"] = proc.failure()
