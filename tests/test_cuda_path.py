@@ -181,11 +181,14 @@ def test_cuda_metrics_records_have_gpu_memory_and_mfu(tmp_path):
         def __getitem__(self, i):
             return {"input_ids": torch.arange(32) % 90, "labels": torch.tensor(i % 3)}
 
+    capable = torch.cuda.get_device_capability() >= (8, 0)
     args = ORTTrainingArguments(
         output_dir=str(tmp_path), use_ort=False, max_steps=3, per_device_train_batch_size=16, report_to=[],
-        save_strategy="no", disable_tqdm=True,
+        save_strategy="no", disable_tqdm=True, tf32=capable,
     )  # fmt: skip
-    ORTTrainer(model=_bert(), args=args, train_dataset=Data()).train()
+    trainer = ORTTrainer(model=_bert(), args=args, train_dataset=Data())
+    trainer.train()
+    assert trainer.accelerations["tf32"].applied == capable, trainer.accelerations["tf32"]
     records = [json.loads(line) for line in Path(args.metrics_path).read_text().splitlines()]
     begin = next(r for r in records if r["event"] == "train_begin")
     steps = [r for r in records if r["event"] == "step"]
@@ -196,6 +199,7 @@ def test_cuda_metrics_records_have_gpu_memory_and_mfu(tmp_path):
         assert s["mem_kind"] == "cuda_max_allocated"
         if begin["device"]["mfu"]["flops"]:
             assert 0 < s["mfu"] < 1
+    assert begin["device"]["mfu"]["precision"] == ("tf32" if capable else "fp32")
 
 
 # --- TF32, attention, compile shapes, data loading ---------------------------------------------------------------

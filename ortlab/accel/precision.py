@@ -132,14 +132,28 @@ def check_tf32(probe: bool = False) -> Availability:
 
 
 def tf32_state() -> dict[str, object]:
-    """What torch will really do with fp32 matmuls now (observed, not configured)."""
+    """What torch will really do with fp32 matmuls now (observed, not configured). torch >= 2.9 also has the
+    `fp32_precision` settings ("tf32" / "ieee"), which the older flags mirror; both are read where they exist."""
     import torch
 
-    return {
+    state: dict[str, object] = {
         "cuda_matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
         "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
     }
+    newer = getattr(torch.backends.cuda.matmul, "fp32_precision", None)
+    if isinstance(newer, str):
+        state["cuda_matmul_fp32_precision"] = newer
+    return state
+
+
+def tf32_on(state: dict[str, object]) -> bool:
+    """Do fp32 matmuls run in TF32, by the state `tf32_state()` observed?"""
+    return (
+        bool(state["cuda_matmul_allow_tf32"])
+        or state["float32_matmul_precision"] != "highest"
+        or state.get("cuda_matmul_fp32_precision") == "tf32"
+    )
 
 
 class PrecisionProbe:

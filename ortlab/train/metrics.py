@@ -87,7 +87,9 @@ def device_info(device: Any, precision: str) -> dict[str, Any]:
 
     index = device.index if device.index is not None else torch.cuda.current_device()
     name = torch.cuda.get_device_name(index)
-    tf32 = bool(torch.backends.cuda.matmul.allow_tf32) or torch.get_float32_matmul_precision() != "highest"
+    from ortlab.accel.precision import tf32_on, tf32_state
+
+    tf32 = tf32_on(tf32_state())
     peak = peak_flops(name, matmul_precision(precision, tf32))
     return {
         "type": "cuda",

@@ -441,12 +441,12 @@ class ORTTrainer(Trainer):
     def _verify_tf32(self) -> None:
         """TF32 applies when torch's fp32 matmuls really run in TF32 (the flags observed now, after transformers
         set them up) on a GPU that has TF32 tensor cores; bf16/fp16 matmuls do not use it either way."""
-        from ortlab.accel.precision import TF32_CAPABILITY, tf32_state
+        from ortlab.accel.precision import TF32_CAPABILITY, tf32_on, tf32_state
 
         record = self.accelerations["tf32"]
         state = tf32_state()
         device = self.args.device
-        on = state["cuda_matmul_allow_tf32"] or state["float32_matmul_precision"] != "highest"
+        on = tf32_on(state)
         capable = False
         if device.type == "cuda":
             import torch
