@@ -375,3 +375,12 @@ def test_compare_and_the_model_card_show_mfu_and_gpu_memory(tmp_path):
     card = model_card(Run(gpu.path))
     assert "model FLOPs utilisation (MFU): 31.0%" in card and "reserved 12288 MB" in card
     assert "MFU" not in model_card(Run(cpu))
+
+
+def test_a_run_without_ort_gets_torchs_fused_adamw_on_cuda_too():
+    import torch
+
+    from ortlab.accel.fused_adam import TORCH_NAME, optimizer_cls_and_kwargs
+
+    # Without ORT the CUDA branch never tries ORT's FusedAdam (so this runs on a CPU machine as well).
+    assert optimizer_cls_and_kwargs("cuda", with_ort=False) == (torch.optim.AdamW, {"fused": True}, TORCH_NAME)

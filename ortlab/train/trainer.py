@@ -197,7 +197,7 @@ class ORTTrainer(Trainer):
 
     def create_optimizer(self, model: Any = None):
         if self.optimizer is None and self.args.fused_adam and self.optimizer_cls_and_kwargs is None:
-            cls, extra, _ = fused_adam.optimizer_cls_and_kwargs(self.args.device.type)
+            cls, extra, _ = fused_adam.optimizer_cls_and_kwargs(self.args.device.type, with_ort=self.args.use_ort)
             # lr, betas, eps and weight decay still come from the arguments, as in Trainer.
             kw = {
                 "lr": self.args.learning_rate,
