@@ -54,6 +54,8 @@ def existing_env(tmp_path_factory) -> Path:
     if "index" in source:
         pytest.skip(f"no local CPU torch >= 2.7 wheel for Python {HERE}: the test would download {source}")
     uv = runtimes._uv()
+    if uv is None:
+        pytest.skip("uv is not installed: the dev environment (requirements/dev.lock) has it")
     venv = tmp_path_factory.mktemp("existing-env") / "venv"
     subprocess.run([uv, "venv", "--quiet", "--seed", "--python", runtimes._base_python(), str(venv)], check=True)
     python = venv / "bin" / "python"
