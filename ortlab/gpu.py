@@ -319,7 +319,7 @@ def ort_on_cuda(facts: dict[str, Any]) -> Finding:
     if python > (3, 11):
         missing.append(
             f"Python {facts.get('python')}: {ORT_LAST} has wheels for CPython 3.8-3.11 only; make a Python 3.11 "
-            "environment (the ORT runtime, `ortlab runtime create ort` where available)"
+            "environment for it (the ORT runtime: ortlab's requirements/dev.lock, or `pip install 'ortlab[ort]'`)"
         )
     torch = str(facts.get("torch") or "")
     if torch and tuple(int(x) for x in re.findall(r"\d+", torch)[:2]) > (2, 6):
