@@ -140,6 +140,26 @@ def build_ort_extensions(
     typer.echo("ORTModule extensions built" if built else "ORTModule extensions already built: nothing to do")
 
 
+@app.command("bundle")
+def bundle_command(
+    out: Annotated[Path, typer.Option("--out", help="folder to collect the wheels in (created if missing)")],
+    python: Annotated[
+        str | None, typer.Option("--python", help="the target CPython, e.g. 3.12 (default: this one's)")
+    ] = None,
+    refresh: Annotated[bool, typer.Option("--refresh", help="resolve against the index, not uv's cache of it")] = False,
+) -> None:
+    """Collect an offline wheelhouse: ortlab[ui] for an environment that already has torch, transformers, numpy,
+    pandas and pyarrow (a GPU node's own CUDA torch is kept). Install there with
+    `pip install --no-index --find-links DIR 'ortlab[ui]'`."""
+    from ortlab.bundle import BundleError, bundle
+
+    try:
+        bundle(out, python, say=typer.echo, refresh=refresh)
+    except BundleError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
+
+
 runtime_app = typer.Typer(
     help="Second Python runtimes ortlab builds and launches runs in (compile: torch >= 2.7 for torch.compile).",
     no_args_is_help=True,

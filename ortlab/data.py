@@ -574,7 +574,16 @@ def _tokenize_chat(prepared: Prepared, tokenizer: Any, max_length: int) -> tuple
     return train, evaluation
 
 
-def collator(task: str, tokenizer: Any, model: Any = None, prepared: Prepared | None = None) -> Any:
+def collator(
+    task: str,
+    tokenizer: Any,
+    model: Any = None,
+    prepared: Prepared | None = None,
+    pad_to_multiple_of: int | None = None,
+) -> Any:
+    """The batch collator of `task` (chat data: its own). `pad_to_multiple_of` pads each batch's length up to a
+    multiple (torch.compile runs use 8: fewer distinct shapes for Dynamo to compile for, and lengths that tensor
+    cores tile evenly)."""
     from transformers import (
         DataCollatorForSeq2Seq,
         DataCollatorForTokenClassification,
@@ -588,13 +597,15 @@ def collator(task: str, tokenizer: Any, model: Any = None, prepared: Prepared | 
 
             return PackedCollator(tokenizer.pad_token_id)
         # Examples of different lengths: ids padded with the pad token, labels with -100 (out of the loss).
-        return DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100)
+        return DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100, pad_to_multiple_of=pad_to_multiple_of)
     if task == "seq2seq":
         # Labels padded with -100 (left out of the loss); with the model, decoder_input_ids are built from the
         # labels here, as the model would shift them itself.
-        return DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
+        return DataCollatorForSeq2Seq(
+            tokenizer, model=model, label_pad_token_id=-100, pad_to_multiple_of=pad_to_multiple_of
+        )
     if task == "sequence-classification":
-        return DataCollatorWithPadding(tokenizer)
+        return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad_to_multiple_of)
     if task == "token-classification":
-        return DataCollatorForTokenClassification(tokenizer)
+        return DataCollatorForTokenClassification(tokenizer, pad_to_multiple_of=pad_to_multiple_of)
     return default_data_collator  # causal LM blocks all have the same length

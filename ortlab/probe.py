@@ -36,7 +36,7 @@ MARKER = "ORTLAB-PROBE-RESULT "
 PROBE_TIMEOUT_S = 90.0
 # Which accelerations each probe subprocess answers for. "torch" also reports the environment.
 GROUPS: dict[str, tuple[str, ...]] = {
-    "torch": ("fused_adam", "fp16", "bf16", "torch_compile"),
+    "torch": ("fused_adam", "fp16", "bf16", "tf32", "torch_compile"),
     "ort": ("ort",),
     "zero1": ("zero1",),
 }
@@ -61,6 +61,14 @@ class DoctorReport:
     # ortlab's other runtimes (`ortlab.runtimes`), each probed by its own (cached) doctor: only in the report of
     # the interpreter ortlab runs in, never cached with it (a runtime is built or removed independently).
     runtimes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The CUDA probe's record (`ortlab.gpu.probe_cuda`): devices, kernels run on them, what ORT on CUDA lacks.
+    gpu: dict[str, Any] = field(default_factory=dict)
+
+    def gpu_findings(self) -> list[Any]:
+        """The doctor's GPU rows (`ortlab.gpu.findings`) from the CUDA probe's record."""
+        from ortlab.gpu import findings
+
+        return findings(self.gpu) if self.gpu else []
 
     def __getitem__(self, name: str) -> Availability:
         return self.accelerations[name]
@@ -83,6 +91,8 @@ class DoctorReport:
             "probed_at": self.probed_at,
             "cached": self.cached,
             "runtimes": self.runtimes,
+            "gpu": self.gpu,
+            "gpu_findings": [f.to_dict() for f in self.gpu_findings()],
         }
 
     @classmethod
@@ -119,6 +129,14 @@ class DoctorReport:
             mark = "[green]yes[/]" if a.available and not a.slow else "[yellow]slow[/]" if a.available else "[red]no[/]"
             table.add_row(name, mark, a.reason, a.remedy)
         console.print(table)
+        if self.gpu:
+            gpu = Table(title="GPU (probed on the device)", show_lines=True)
+            for col in ("check", "status", "reason", "remedy"):
+                gpu.add_column(col)
+            colour = {"yes": "green", "no": "red", "not checked": "yellow"}
+            for f in self.gpu_findings():
+                gpu.add_row(f.name, f"[{colour[f.status]}]{f.status}[/]", f.reason, f.remedy)
+            console.print(gpu)
         for name, rt in self.runtimes.items():
             console.print(f"[bold]{name} runtime[/]: {_describe_runtime(rt)}", soft_wrap=True)
         for note in self.notes:
@@ -175,11 +193,18 @@ def run_probe_group(group: str) -> dict[str, Any]:
         "zero1": zero.check,
         "fp16": precision.check_fp16,
         "bf16": precision.check_bf16,
+        "tf32": precision.check_tf32,
         "torch_compile": torch_compile.check,
     }
     out: dict[str, Any] = {"accelerations": {n: checks[n](probe=True).to_dict() for n in GROUPS[group]}}
     if group == "torch":
         out["environment"] = _environment()
+        from ortlab.gpu import probe_cuda
+
+        try:
+            out["cuda"] = probe_cuda()
+        except Exception as e:  # the CUDA probe must not cost the CPU rows their answer
+            out["cuda"] = {"available": False, "reason": f"the CUDA probe failed: {type(e).__name__}: {e}"[:400]}
     return out
 
 
@@ -342,6 +367,7 @@ def _probe(python: str) -> tuple[DoctorReport, bool]:
         accelerations={n: Availability.from_dict(found[n]) for n in ACCELERATIONS},
         notes=notes,
         probed_at=time.time(),
+        gpu=results["torch"].get("cuda", {}),
     )
     return report, any(r.get("transient") for r in results.values())
 
@@ -436,7 +462,7 @@ def _gpu_facts() -> list[str]:
 def _probe_code_hash() -> str:
     here = Path(__file__).resolve().parent
     h = hashlib.sha256()
-    for path in [Path(__file__).resolve(), *sorted((here / "accel").glob("*.py"))]:
+    for path in [Path(__file__).resolve(), here / "gpu.py", *sorted((here / "accel").glob("*.py"))]:
         h.update(path.name.encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]

@@ -170,6 +170,16 @@ def model_card(run: Any, merged: bool = False) -> str:
             f"{summary.get('warmup_time_s', 0):.1f} s of warm-up); peak memory {summary.get('peak_mem_mb', 0):.0f} MB "
             f"({summary.get('mem_kind')})"
         )
+    if isinstance(summary.get("steady_mfu"), (int, float)):
+        lines.append(
+            f"- model FLOPs utilisation (MFU): {100 * summary['steady_mfu']:.1f}% "
+            f"({summary.get('steady_model_tflops_per_s', 0):.1f} model TFLOP/s, steady state; see ortlab.flops)"
+        )
+    if isinstance(summary.get("max_gpu_mem_reserved_mb"), (int, float)):
+        lines.append(
+            f"- GPU memory: peak allocated within a step {summary.get('max_gpu_mem_step_peak_mb', 0):.0f} MB, "
+            f"reserved {summary['max_gpu_mem_reserved_mb']:.0f} MB"
+        )
     lines += ["", "## Evaluation", ""]
     if result.get("eval_before"):
         lines.append(f"- before training: {format_scores(result['eval_before'])}")

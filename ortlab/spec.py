@@ -157,6 +157,11 @@ class AccelSpec(_Strict):
         "auto", description="Mixed precision; 'auto' = fp32 unless a measurement here found bf16/fp16 faster."
     )
     torch_compile: bool = Field(False, description="torch.compile the model (needs a runtime with torch >= 2.7).")
+    tf32: bool | Literal["auto"] = Field(
+        "auto",
+        description="TF32 tensor-core matmuls for the fp32 parts of training (NVIDIA Ampere or newer); 'auto' = on "
+        "where the GPU has them, off elsewhere (CPUs have no TF32).",
+    )
     ort_fallback: Literal["warn", "error"] = Field(
         "warn", description="If ORT cannot run the model: train in PyTorch and report it ('warn'), or fail."
     )
@@ -187,7 +192,12 @@ class AccelSpec(_Strict):
         if self.torch_compile and self.ort == "auto":
             update["ort"] = False  # the user asked for compile explicitly; 'auto' ORT yields
         out = self.model_copy(update=update)
-        return out.model_copy(update={"ort": bool(out.ort), "fused_adam": bool(out.fused_adam)})
+        tf32 = out.tf32
+        if tf32 == "auto":
+            from ortlab.accel import precision
+
+            tf32 = precision.check_tf32().available  # static: a CUDA device of compute capability >= 8.0
+        return out.model_copy(update={"ort": bool(out.ort), "fused_adam": bool(out.fused_adam), "tf32": bool(tf32)})
 
 
 class AdapterSpec(_Strict):
@@ -371,6 +381,7 @@ class RunSpec(_Strict):
             zero_stage=a.zero_stage,
             precision=a.precision,
             torch_compile=a.torch_compile,
+            tf32=bool(a.tf32),
             processes=self.target.processes,
             lora=self.adapter.kind == "lora",
         )

@@ -4,6 +4,7 @@
     fused_adam     a fused AdamW: ORT's FusedAdam on CUDA, torch's fused AdamW elsewhere (fused_adam.py)
     zero1          DeepSpeed ZeRO stage 1: optimizer state sharded across processes (zero.py)
     fp16, bf16     mixed precision (precision.py)
+    tf32           TF32 tensor-core matmuls for fp32 on Ampere+ GPUs (precision.py)
     torch_compile  torch.compile (torch_compile.py)
 
 Each module has a `check()` that says whether the acceleration can run in *this* Python environment and why,
@@ -16,7 +17,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-ACCELERATIONS = ("ort", "fused_adam", "zero1", "fp16", "bf16", "torch_compile")
+ACCELERATIONS = ("ort", "fused_adam", "zero1", "fp16", "bf16", "tf32", "torch_compile")
 # Ends the reason of a check that passed on static facts only (versions, files) and was not tried for real; views
 # that say so once for all rows (the workbench) take it off each row.
 NOT_PROBED = " (not probed)"

@@ -5,8 +5,10 @@ unfused, each is a separate kernel launch and memory pass per tensor. A fused im
 pass over all parameters, which matters most on GPUs with many small tensors.
 
 `optim="adamw_ort_fused"` (the Optimum name) picks the best fused AdamW this runtime has:
-- on CUDA, ONNX Runtime's `FusedAdam` (onnxruntime.training.optim; needs its CUDA `fused_ops` extension);
-- otherwise torch's `AdamW(fused=True)`, which has CPU kernels since torch 2.4 (and CUDA ones).
+- on CUDA in a run that trains with ORT, ONNX Runtime's `FusedAdam` (onnxruntime.training.optim; needs its
+  CUDA `fused_ops` extension);
+- otherwise torch's `AdamW(fused=True)`, which has CPU kernels since torch 2.4 (and CUDA ones): a run without
+  ORT never depends on ORT's extension for its optimizer (the current-torch runtime has no ORT at all).
 The trainer records which one actually ran.
 """
 
@@ -89,15 +91,17 @@ def _try_step(make, device: str) -> tuple[bool, str | None]:
         return False, f"{type(e).__name__}: {str(e).strip()[:200]}"
 
 
-def optimizer_cls_and_kwargs(device_type: str) -> tuple[type, dict, str]:
+def optimizer_cls_and_kwargs(device_type: str, with_ort: bool = True) -> tuple[type, dict, str]:
     """The fused AdamW class for `device_type`, its extra kwargs, and a human name of the implementation.
+
+    ORT's FusedAdam only for a run that trains with ORT (`with_ort`) on CUDA; torch's fused AdamW otherwise.
 
     Returned in the shape of `Trainer(optimizer_cls_and_kwargs=...)`, so the Trainer still builds the parameter
     groups (weight decay off for biases and norms) and passes lr/betas/eps/weight_decay itself.
     """
     import torch
 
-    if device_type == "cuda":
+    if device_type == "cuda" and with_ort:
         ok, _ = _try_step(_ort_fused_adam, "cuda")
         if ok:
             from onnxruntime.training.optim import AdamWMode, FusedAdam

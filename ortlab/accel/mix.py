@@ -24,6 +24,7 @@ class Mix:
     zero_stage: int = 0
     precision: Precision = "fp32"
     torch_compile: bool = False
+    tf32: bool = False
     processes: int = 1
     use_cpu: bool = False
     # A DeepSpeed config the user supplied defines its own optimizer (so ortlab's optimizer choice is moot).
@@ -38,6 +39,7 @@ class Mix:
             "zero1": self.zero_stage > 0,
             "fp16": self.precision == "fp16",
             "bf16": self.precision == "bf16",
+            "tf32": self.tf32,
             "torch_compile": self.torch_compile,
         }
 
@@ -110,6 +112,11 @@ def problems(mix: Mix, launched: bool = False) -> tuple[list[str], list[str]]:
             errors.append(_unavailable(bf16))
         elif bf16.slow and not cuda:
             warnings.append(f"bf16: {bf16.reason}. {bf16.remedy}")
+    if mix.tf32:
+        tf32 = precision.check_tf32()
+        if not tf32.available or not cuda:
+            why = tf32.reason if not tf32.available else "use_cpu=True was set"
+            errors.append(f"tf32 was requested but cannot apply: {why}. Fix: set tf32 to 'auto' or false here")
     requested_checks = (
         (mix.ort, ort.check),
         (mix.fused_adam, fused_adam.check),

@@ -89,6 +89,73 @@ def check_bf16(probe: bool = False) -> Availability:
     )
 
 
+TF32_CAPABILITY = (8, 0)  # Ampere: the first NVIDIA GPUs whose tensor cores take TF32
+
+
+@lru_cache(maxsize=2)
+def check_tf32(probe: bool = False) -> Availability:
+    """TF32 matmuls: fp32 inputs rounded to a 10-bit mantissa inside the tensor cores, accumulated in fp32.
+
+    Weights, activations and the optimizer stay fp32; only matmul/conv products lose precision (about bf16's
+    on the inputs). On Ampere and newer it is ~8x the fp32 peak (A100: 156 vs 19.5 TFLOP/s). PyTorch leaves it
+    off for matmuls by default; ortlab turns it on for 'auto' where the GPU has it, and records what it observed.
+    """
+    if package_version("torch") is None:
+        return Availability("tf32", False, "torch is not installed", "pip install torch")
+    import torch
+
+    if not torch.cuda.is_available():
+        return Availability(
+            "tf32",
+            False,
+            "TF32 is a tensor-core mode of NVIDIA GPUs (Ampere or newer); no CUDA device is visible to torch",
+            "nothing to do on this machine (fp32 matmuls are exact fp32 here); on a GPU, tf32 'auto' turns it on",
+        )
+    name = torch.cuda.get_device_name(0)
+    capability = torch.cuda.get_device_capability(0)
+    if tuple(capability) < TF32_CAPABILITY:
+        return Availability(
+            "tf32",
+            False,
+            f"CUDA device {name} (compute capability {capability[0]}.{capability[1]}) has no TF32 tensor cores "
+            "(needs 8.0, Ampere, or newer)",
+            "use fp16 for tensor-core speed on this GPU",
+            details={"device": name, "capability": f"{capability[0]}.{capability[1]}"},
+        )
+    return Availability(
+        "tf32",
+        True,
+        f"CUDA device {name} (compute capability {capability[0]}.{capability[1]}) runs fp32 matmuls in TF32",
+        "nothing to do",
+        details={"device": name, "capability": f"{capability[0]}.{capability[1]}"},
+    )
+
+
+def tf32_state() -> dict[str, object]:
+    """What torch will really do with fp32 matmuls now (observed, not configured). torch >= 2.9 also has the
+    `fp32_precision` settings ("tf32" / "ieee"), which the older flags mirror; both are read where they exist."""
+    import torch
+
+    state: dict[str, object] = {
+        "cuda_matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+        "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+    }
+    newer = getattr(torch.backends.cuda.matmul, "fp32_precision", None)
+    if isinstance(newer, str):
+        state["cuda_matmul_fp32_precision"] = newer
+    return state
+
+
+def tf32_on(state: dict[str, object]) -> bool:
+    """Do fp32 matmuls run in TF32, by the state `tf32_state()` observed?"""
+    return (
+        bool(state["cuda_matmul_allow_tf32"])
+        or state["float32_matmul_precision"] != "highest"
+        or state.get("cuda_matmul_fp32_precision") == "tf32"
+    )
+
+
 class PrecisionProbe:
     """Watches one training step's forward: is autocast on, and in which dtype do the Linear layers compute?
 

@@ -360,6 +360,7 @@ def _check_mix(spec: Any, python: str) -> dict[str, Any]:
         zero_stage=a.zero_stage,
         precision=a.precision,
         torch_compile=a.torch_compile,
+        tf32=a.tf32 is True,
     ).requested()
     problems = [
         f"accel: {name} is not available in {python}: {report[name].reason}. Fix: {report[name].remedy}"

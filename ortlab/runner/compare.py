@@ -33,6 +33,17 @@ def summarize(records: list[dict[str, Any]], warmup_steps: int = 2) -> dict[str,
         out["steady_samples_per_s"] = sum(s["samples"] for s in steady) / t
         out["steady_tokens_per_s"] = sum(s["tokens"] for s in steady) / t
         out["steady_step_time_s"] = t / len(steady)
+        # MFU and model FLOP/s over the steady steps, weighted by their time (what a long run averages to).
+        timed = [s for s in steady if _number(s.get("mfu"))]
+        if timed and (tm := sum(s["step_time_s"] for s in timed)) > 0:
+            out["steady_mfu"] = sum(s["mfu"] * s["step_time_s"] for s in timed) / tm
+        timed = [s for s in steady if _number(s.get("model_tflops_per_s"))]
+        if timed and (tm := sum(s["step_time_s"] for s in timed)) > 0:
+            out["steady_model_tflops_per_s"] = sum(s["model_tflops_per_s"] * s["step_time_s"] for s in timed) / tm
+    for key in ("gpu_mem_step_peak_mb", "gpu_mem_reserved_mb"):
+        values = [s[key] for s in steps if _number(s.get(key))]
+        if values:
+            out[f"max_{key}"] = max(values)
     return out
 
 
@@ -100,8 +111,15 @@ def compare(runs: list[Any], baseline: str | None = None) -> list[Row]:
             "warmup_time": ratio(r.summary.get("warmup_time_s"), base.summary.get("warmup_time_s")),
             "peak_mem": ratio(r.summary.get("peak_mem_mb"), base.summary.get("peak_mem_mb")),
             "final_loss": ratio(r.summary.get("final_loss"), base.summary.get("final_loss")),
+            "mfu": ratio(r.summary.get("steady_mfu"), base.summary.get("steady_mfu")),
         }
     return rows
+
+
+def _mfu_cell(r: Row) -> str:
+    """MFU in percent where the run measured it (CUDA, a GPU in ortlab's peak table), else '-'."""
+    mfu = r.summary.get("steady_mfu")
+    return f"{100 * mfu:.1f}%" if _number(mfu) else "-"
 
 
 def _num(v: Any, fmt: str = ".2f") -> str:
@@ -150,6 +168,9 @@ def render(rows: list[Row], console: Any = None) -> None:
         table.add_column(col, overflow="fold")
     table.add_column("final loss", overflow="fold")
     table.add_column("eval", overflow="fold")
+    with_mfu = any(_number(r.summary.get("steady_mfu")) for r in rows)  # CPU runs have none: no empty column
+    if with_mfu:
+        table.add_column("MFU", overflow="fold")
     for r in rows:
         table.add_row(
             r.run_id,
@@ -163,6 +184,7 @@ def render(rows: list[Row], console: Any = None) -> None:
             _num(r.ratios.get("peak_mem"), ".3f"),
             _num(r.summary.get("final_loss"), ".4f"),
             _eval_cell(r),
+            *([_mfu_cell(r)] if with_mfu else []),
         )
     if _fits(console, table):
         console.print(table)
@@ -191,6 +213,8 @@ def render(rows: list[Row], console: Any = None) -> None:
         "final loss": [with_ratio(_num(r.summary.get("final_loss"), ".4f"), r.ratios.get("final_loss")) for r in rows],
         "eval": [_eval_cell(r) for r in rows],
     }
+    if with_mfu:
+        facts["MFU"] = [_mfu_cell(r) for r in rows]
     for name, cells in facts.items():
         narrow.add_row(name, *cells)
     console.print(narrow)

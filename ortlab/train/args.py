@@ -186,6 +186,7 @@ class ORTTrainingArguments(OptimumEraFields, TrainingArguments):
             zero_stage=self.zero_stage,
             precision="fp16" if self.fp16 else "bf16" if self.bf16 else "fp32",
             torch_compile=bool(self.torch_compile),
+            tf32=bool(self.tf32),
             processes=int(os.environ.get("WORLD_SIZE", "1")),
             use_cpu=bool(self.use_cpu),
             deepspeed_defines_optimizer=bool(isinstance(ds, dict) and "optimizer" in ds),

@@ -5,7 +5,9 @@ a killed process leaves only whole lines behind (the last one at worst cut short
 
     {"event": "train_begin", "time": ..., "accelerations": {...requested...}, ...}
     {"event": "step", "step": 7, "loss": 0.61, "learning_rate": 4e-05, "step_time_s": 0.41,
-     "samples_per_s": 78.1, "tokens_per_s": 9996.0, "peak_mem_mb": 812.3, "epoch": 0.22, "time": ...}
+     "samples_per_s": 78.1, "tokens_per_s": 9996.0, "peak_mem_mb": 812.3, "epoch": 0.22, "time": ...,
+     on CUDA also "gpu_mem_allocated_mb", "gpu_mem_reserved_mb", "gpu_mem_step_peak_mb", "model_tflops_per_s",
+     "mfu" (when the GPU's peak is known) and "gpu_util_pct" (when NVML is installed)}
     {"event": "eval", "step": 50, "eval_loss": 0.42, "eval_accuracy": 0.81, ...}
     {"event": "log", ...}            the Trainer's own log line (smoothed loss, grad_norm, ...)
     {"event": "verified", "step": 1, "accelerations": {...what applied, checked after the first step...}}
@@ -25,6 +27,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from transformers import TrainerCallback
+
+from ortlab.flops import METHOD as FLOPS_METHOD
 
 
 def _clean(value: Any) -> Any:
@@ -71,12 +75,69 @@ def _ends_with_newline(path: Path) -> bool:
         return f.read(1) == b"\n"
 
 
+def device_info(device: Any, precision: str) -> dict[str, Any]:
+    """What per-step device numbers rest on, written once in `train_begin`: the device, the precision the matmuls
+    run in, the peak MFU is held against (or why there is none), whether NVML utilisation is read."""
+    from ortlab.flops import matmul_precision, peak_flops
+
+    if device.type != "cuda":
+        peak = peak_flops(device.type, precision, device.type)
+        return {"type": device.type, "name": device.type, "mfu": peak.to_dict(), "memory": "cpu_peak_rss"}
+    import torch
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    name = torch.cuda.get_device_name(index)
+    from ortlab.accel.precision import tf32_on, tf32_state
+
+    tf32 = tf32_on(tf32_state())
+    peak = peak_flops(name, matmul_precision(precision, tf32))
+    return {
+        "type": "cuda",
+        "name": name,
+        "index": index,
+        "capability": ".".join(map(str, torch.cuda.get_device_capability(index))),
+        "tf32_matmul": tf32,
+        "mfu": peak.to_dict(),
+        "memory": "cuda allocator: allocated, reserved, peak within the step",
+    }
+
+
+class _Nvml:
+    """GPU utilisation from NVML (nvidia-ml-py's `pynvml`) where it is installed; silent None elsewhere."""
+
+    def __init__(self, index: int):
+        self.handle: Any = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            self._pynvml = pynvml
+        except Exception:  # not installed, no driver: utilisation is simply not reported
+            self.handle = None
+
+    def utilisation(self) -> float | None:
+        if self.handle is None:
+            return None
+        try:
+            return float(self._pynvml.nvmlDeviceGetUtilizationRates(self.handle).gpu)
+        except Exception:
+            return None
+
+
+# The CUDA allocator's peak is reset at each step's start (for the per-step peak); the peak of the whole process so
+# far is kept here, so `peak_memory_mb` still means "since the start".
+_cuda_peak_mb = 0.0
+
+
 def peak_memory_mb(device_type: str) -> tuple[float, str]:
     """Peak memory so far: CUDA allocator peak on GPU, process peak RSS on CPU (what the OS had to give)."""
+    global _cuda_peak_mb
     if device_type == "cuda":
         import torch
 
-        return torch.cuda.max_memory_allocated() / 2**20, "cuda_max_allocated"
+        _cuda_peak_mb = max(_cuda_peak_mb, torch.cuda.max_memory_allocated() / 2**20)
+        return _cuda_peak_mb, "cuda_max_allocated"
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "cpu_peak_rss"
 
 
@@ -94,27 +155,54 @@ class StepMetricsCallback(TrainerCallback):
         self._t0 = 0.0
         self._lr: float | None = None
         self._train_start = 0.0
+        self.device: dict[str, Any] = {}
+        self._peak_flops: float | None = None
+        self._nvml: _Nvml | None = None
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._train_start = time.perf_counter()
+        precision = "fp16" if args.fp16 else "bf16" if args.bf16 else "fp32"
+        self.device = device_info(args.device, precision)
+        self._peak_flops = self.device["mfu"].get("flops")
+        shape = self.trainer._model_shape()
+        self.device["flops"] = {"method": FLOPS_METHOD, "model": shape.to_dict() if shape else None}
+        # The attention the model trains with (transformers' sdpa by default; eager only where ORT needs it).
+        config = getattr(self.trainer.model, "config", None)
+        self.device["attention"] = getattr(config, "_attn_implementation", None)
+        if shape is None:
+            self.device["mfu"]["reason"] = "the model's config names no layer count / hidden size: no FLOP count"
+            self._peak_flops = None
+        if args.device.type == "cuda":
+            self._nvml = _Nvml(self.device["index"])
+            self.device["gpu_util"] = "NVML" if self._nvml.handle is not None else "not read: pip install nvidia-ml-py"
         if state.is_world_process_zero:
             self.sink(
                 {
                     "event": "train_begin",
                     "max_steps": state.max_steps,
                     "world_size": args.world_size,
+                    "device": self.device,
                     "accelerations": {k: v.to_dict() for k, v in self.trainer.accelerations.items()},
                 }
             )
 
     def on_step_begin(self, args, state, control, **kwargs):
         self.trainer._reset_step_counters()
+        if args.device.type == "cuda":
+            import torch
+
+            peak_memory_mb("cuda")  # keep the running peak before the per-step reset
+            torch.cuda.reset_peak_memory_stats(args.device)
         self._t0 = time.perf_counter()
 
     def on_optimizer_step(self, args, state, control, **kwargs):
         self._lr = self.trainer._get_learning_rate()
 
     def on_step_end(self, args, state, control, **kwargs):
+        if args.device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize(args.device)  # the step's kernels are queued: time them, not their launch
         dt = time.perf_counter() - self._t0
         self.trainer._after_first_steps(state.global_step)
         counters = self.trainer._step_counters
@@ -135,9 +223,27 @@ class StepMetricsCallback(TrainerCallback):
             "peak_mem_mb": mem,
             "mem_kind": mem_kind,
         }
+        record.update(self._device_numbers(args, counters["flops"] * world, dt))
         self.steps.append(record)
         if state.is_world_process_zero:
             self.sink(record)
+
+    def _device_numbers(self, args: Any, flops: float, dt: float) -> dict[str, Any]:
+        """Model FLOP/s and MFU (all processes together, against their summed peaks); GPU memory of this process."""
+        out: dict[str, Any] = {}
+        if flops and dt > 0:
+            out["model_tflops_per_s"] = flops / dt / 1e12
+            if self._peak_flops:
+                out["mfu"] = flops / dt / (self._peak_flops * max(1, args.world_size))
+        if args.device.type == "cuda":
+            import torch
+
+            out["gpu_mem_allocated_mb"] = torch.cuda.memory_allocated(args.device) / 2**20
+            out["gpu_mem_reserved_mb"] = torch.cuda.memory_reserved(args.device) / 2**20
+            out["gpu_mem_step_peak_mb"] = torch.cuda.max_memory_allocated(args.device) / 2**20
+            if self._nvml is not None and (util := self._nvml.utilisation()) is not None:
+                out["gpu_util_pct"] = util
+        return out
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:

@@ -108,7 +108,8 @@ class ORTTrainer(Trainer):
         # _record_parameters): what an adapter saves, in numbers.
         self.parameters_record: dict[str, Any] | None = None
         self._precision_probe: Any = None
-        self._step_counters: dict[str, float] = {"samples": 0, "tokens": 0, "loss": 0.0}
+        self._step_counters: dict[str, float] = {"samples": 0, "tokens": 0, "loss": 0.0, "flops": 0.0}
+        self._shape: Any = False  # ortlab.flops.ModelShape, None when it cannot be counted; False: not yet counted
         self.metrics_sink = JsonLinesSink(args.metrics_path or None, also=on_metrics)
         self.step_metrics = StepMetricsCallback(self, self.metrics_sink)
         self.add_callback(self.step_metrics)
@@ -199,7 +200,7 @@ class ORTTrainer(Trainer):
 
     def create_optimizer(self, model: Any = None):
         if self.optimizer is None and self.args.fused_adam and self.optimizer_cls_and_kwargs is None:
-            cls, extra, _ = fused_adam.optimizer_cls_and_kwargs(self.args.device.type)
+            cls, extra, _ = fused_adam.optimizer_cls_and_kwargs(self.args.device.type, with_ort=self.args.use_ort)
             # lr, betas, eps and weight decay still come from the arguments, as in Trainer.
             kw = {
                 "lr": self.args.learning_rate,
@@ -317,7 +318,15 @@ class ORTTrainer(Trainer):
     # --- what really applied -------------------------------------------------------------------------------
 
     def _reset_step_counters(self) -> None:
-        self._step_counters = {"samples": 0, "tokens": 0, "loss": 0.0}
+        self._step_counters = {"samples": 0, "tokens": 0, "loss": 0.0, "flops": 0.0}
+
+    def _model_shape(self) -> Any:
+        """The model's parameter counts for the FLOP formula (ortlab.flops), counted once, on the model that trains."""
+        if self._shape is False:
+            from ortlab.flops import count_parameters
+
+            self._shape = count_parameters(_unwrap_ort(self.model))
+        return self._shape
 
     def _count_inputs(self, inputs: dict[str, Any]) -> None:
         ids = inputs.get("input_ids")
@@ -325,6 +334,12 @@ class ORTTrainer(Trainer):
         first = ids if ids is not None else next((v for v in inputs.values() if hasattr(v, "shape")), None)
         if first is not None and len(first.shape) > 0:
             self._step_counters["samples"] += int(first.shape[0])
+            shape = self._model_shape()
+            if shape is not None and len(first.shape) > 1:
+                from ortlab.flops import flops_per_sample
+
+                # The padded length: the GPU computes on padding too.
+                self._step_counters["flops"] += int(first.shape[0]) * flops_per_sample(shape, int(first.shape[-1]))
         if mask is not None:
             self._step_counters["tokens"] += int(mask.sum())
         elif ids is not None:
@@ -337,7 +352,8 @@ class ORTTrainer(Trainer):
         self._verify_ort()
         self._verify_zero()
         self._verify_precision()
-        self._verify_torch_compile()
+        self._verify_tf32()
+        self._verify_torch_compile(final)
         self._record_parameters()
         if not final and self.args.report_to and self.is_world_process_zero():
             from ortlab.trackers import log_applied
@@ -446,7 +462,29 @@ class ORTTrainer(Trainer):
             if record.requested and not record.applied:
                 self._report_not_applied(record, f"training runs in {active} ({how})")
 
-    def _verify_torch_compile(self) -> None:
+    def _verify_tf32(self) -> None:
+        """TF32 applies when torch's fp32 matmuls really run in TF32 (the flags observed now, after transformers
+        set them up) on a GPU that has TF32 tensor cores; bf16/fp16 matmuls do not use it either way."""
+        from ortlab.accel.precision import TF32_CAPABILITY, tf32_on, tf32_state
+
+        record = self.accelerations["tf32"]
+        state = tf32_state()
+        device = self.args.device
+        on = tf32_on(state)
+        capable = False
+        if device.type == "cuda":
+            import torch
+
+            capable = tuple(torch.cuda.get_device_capability(device)) >= TF32_CAPABILITY
+        record.applied = bool(on and capable)
+        record.details.update({**state, "device": device.type, "tensor_cores": capable})
+        if self.args.fp16 or self.args.bf16:
+            record.details["note"] = "the matmuls run in fp16/bf16; TF32 concerns only what stays fp32"
+        if record.requested and not record.applied:
+            why = "no CUDA device with TF32 tensor cores" if not capable else "torch's fp32 matmuls are not in TF32"
+            self._report_not_applied(record, why)
+
+    def _verify_torch_compile(self, final: bool = False) -> None:
         """Applied only when the model that trains is a compiled module AND Dynamo compiled frames of it: a
         wrapper whose every frame fell back to eager (graph breaks everywhere, a compile error swallowed by
         `suppress_errors`) compiles nothing."""
@@ -464,6 +502,11 @@ class ORTTrainer(Trainer):
         frames = int(counters.get("frames", {}).get("ok", 0)) if counters else 0
         graphs = int(counters.get("stats", {}).get("unique_graphs", 0)) if counters else 0
         record.applied = compiled and frames > 0
+        if not final:
+            self._frames_after_first_step = frames
+        else:
+            # New batch shapes after the first step make Dynamo compile again: counted, so padding/bucketing shows.
+            record.details["compiles_after_first_step"] = frames - getattr(self, "_frames_after_first_step", frames)
         record.details.update(
             {
                 "module": type(trained).__name__,

@@ -1,4 +1,5 @@
-"""Live charts of runs: train/eval loss, samples/s, step time and peak memory, several runs overlaid.
+"""Live charts of runs: train/eval loss, samples/s, step time, peak memory, and on a GPU MFU and reserved memory
+(empty panels on a CPU, which has neither), several runs overlaid.
 
 `RunMonitor(run)` follows each run's metrics stream in a background thread and draws with a plotly
 `FigureWidget`. Points are buffered and sent at most every `throttle_s` seconds in one `batch_update`: a
@@ -31,6 +32,8 @@ PANELS = (
     ("samples_per_s", "samples/s"),
     ("step_time_s", "step time (s)"),
     ("peak_mem_mb", "peak memory (MB)"),
+    ("mfu", "MFU (model FLOPs / GPU peak)"),
+    ("gpu_mem_reserved_mb", "GPU memory reserved (MB)"),
 )
 TRANSPARENT = "rgba(0,0,0,0)"
 NEUTRAL_TEXT = "#808080"  # about 4:1 contrast on white and on JupyterLab's dark background
@@ -42,11 +45,11 @@ def _figure() -> Any:
     from plotly.subplots import make_subplots
 
     fig = make_subplots(
-        rows=2, cols=2, subplot_titles=[title for _, title in PANELS], horizontal_spacing=0.08, vertical_spacing=0.14
+        rows=3, cols=2, subplot_titles=[title for _, title in PANELS], horizontal_spacing=0.08, vertical_spacing=0.14
     )
     widget = go.FigureWidget(fig)
     widget.update_layout(
-        height=520,
+        height=740,
         margin={"l": 40, "r": 10, "t": 40, "b": 30},
         legend={"orientation": "h"},
         template="none",  # plotly_white paints white boxes and near-white grid lines: wrong on a dark page
@@ -141,7 +144,7 @@ class RunMonitor(RefreshedDisplay, widgets.VBox):
             index = [p for p, _ in PANELS].index(panel)
             row, col = index // 2 + 1, index % 2 + 1
             label = run_label(self._runs.get(run_id), run_id)
-            # One colour per run across the four panels (the legend, on the loss panel only, names them all).
+            # One colour per run across the panels (the legend, on the loss panel only, names them all).
             color = PALETTE[list(self._runs).index(run_id) % len(PALETTE)] if run_id in self._runs else None
             self.figure.add_trace(
                 go.Scatter(
