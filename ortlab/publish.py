@@ -58,7 +58,10 @@ def _completed(run: Any, merged: bool = False):
 
 
 def _is_adapter_run(run: Any) -> bool:
-    return (run.model_dir / "adapter_config.json").is_file()
+    """Whether the run kept an adapter (LoRA) rather than a whole model; `run` is a Run or a RunDir."""
+    from ortlab.runner.rundir import RunDir
+
+    return (RunDir(run.path).model_dir / "adapter_config.json").is_file()
 
 
 def _public(location: str) -> str:
