@@ -20,6 +20,7 @@ from gates import launch_gated, wait_paused
 import ortlab
 from ortlab import cluster
 from ortlab.runner import RunError
+from ortlab.runner.compare import row_for
 from ortlab.runner.rundir import RunDir, process_alive
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
@@ -85,6 +86,7 @@ def test_a_remote_run_streams_live_completes_and_comes_home(head, make_spec, cap
     assert run.metrics() == remote.metrics(), "the local stream is the remote one, in order, each record once"
     assert (run.path / "model" / "config.json").is_file() and run.result()["summary"]["steps"] == 12
     assert "accelerations" in run.result()
+    assert row_for(run.dir).where == "cluster local", "`ortlab runs` says where it runs"
     report = run.export_onnx(samples=8, batch_sizes=(1,))
     assert report.good, report.to_dict()
     token = cluster.token_path().read_text().strip()
@@ -157,6 +159,22 @@ def test_clear_errors_before_anything_is_created(head, make_spec, tmp_path):
     spec["output_dir"] = str(tmp_path / "runs")
     with pytest.raises(RunError, match=r"cannot run on the cluster:\n.*fp16 is not available in the cluster local"):
         ortlab.launch(spec)
+
+
+def test_cli_cluster_flag_and_status(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from ortlab.cli import app
+
+    runner = CliRunner()
+    out = runner.invoke(app, ["train", "--cluster", "ftp://nowhere", "--output-dir", str(tmp_path)])
+    assert out.exit_code == 2 and "target.cluster" in out.output and "http://127.0.0.1:8265" in out.output
+    monkeypatch.setenv("ORTLAB_CLUSTER_DIR", str(tmp_path / "no-cluster"))
+    out = runner.invoke(app, ["cluster", "status"])
+    assert out.exit_code == 1 and "no local Ray head is running" in out.output
+    out = runner.invoke(app, ["train", "--cluster", "local", "--output-dir", str(tmp_path / "runs")])
+    assert out.exit_code == 2 and "ortlab cluster start" in out.output
+    assert not (tmp_path / "runs").exists()
 
 
 def test_ray_not_installed_names_the_extra(monkeypatch):

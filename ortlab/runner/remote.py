@@ -166,9 +166,23 @@ def prepare(spec: Any) -> dict[str, Any]:
 def start(run: RunDir, spec: Any, resume: bool = False) -> subprocess.Popen:
     """Submit the job of a claimed (`pending`) local run folder and start its monitor."""
     storage = storage_for(spec)
+    client = _client(spec)
     if resume:
-        remote = RunDir(run.read_status()["launcher"]["storage"])
+        launcher = run.read_status()["launcher"]
+        remote = RunDir(launcher["storage"])
         try:
+            previous = str(client.get_job_status(launcher["job_id"]).value)
+        except Exception:  # the job is gone from the cluster (e.g. a restarted head): it runs no more
+            previous = "GONE"
+        if previous not in ("SUCCEEDED", "FAILED", "STOPPED", "GONE"):
+            run.set_status("failed", error=f"the previous job {launcher['job_id']} is still {previous}")
+            raise _error(
+                f"run {run.id} could not resume: its previous job {launcher['job_id']} is still {previous} on the "
+                f"cluster; stop it first (ray job stop {launcher['job_id']})"
+            )
+        try:
+            if remote.read_status().get("state") in ("pending", "running"):  # its worker was killed: say so
+                remote.set_status("failed", error=f"the job {launcher['job_id']} ended ({previous}) without a result")
             remote.set_status("pending", expect={"stopped", "failed"}, pid=None, create_time=None, resumed=True)
         except RunStateError as e:
             run.set_status("failed", error=f"the remote run folder cannot resume: {e}")
@@ -191,7 +205,6 @@ def start(run: RunDir, spec: Any, resume: bool = False) -> subprocess.Popen:
         remote.set_status("pending")
     if run.pause_path.exists():  # a gate set before the start holds the remote run from its first step
         shutil.copy2(run.pause_path, remote.pause_path)
-    client = _client(spec)
     python, runtime_env = _python_for(spec)
     entry = f"{python} -m ortlab.runner.remote worker {shlex.quote(str(remote.path.resolve()))}"
     job_id = f"ortlab-{run.id}-{secrets.token_hex(4)}"
