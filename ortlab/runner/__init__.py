@@ -376,11 +376,12 @@ def _mix_problems(spec: Any, accelerations: dict[str, dict[str, Any]], where: st
         precision=a.precision,
         torch_compile=a.torch_compile,
     ).requested()
+    unknown = {"reason": "its doctor does not know this acceleration", "remedy": "install the same ortlab there"}
+    found = {name: accelerations.get(name) or unknown for name in wanted}
     return [
-        f"accel: {name} is not available in {where}: {accelerations[name]['reason']}. "
-        f"Fix: {accelerations[name]['remedy']}"
+        f"accel: {name} is not available in {where}: {found[name]['reason']}. Fix: {found[name]['remedy']}"
         for name, on in wanted.items()
-        if on and not accelerations.get(name, {}).get("available", False)
+        if on and not found[name].get("available", False)
     ]
 
 
