@@ -431,9 +431,23 @@ class Monitor:
         finally:
             side.cancel()
 
+    def catch_up(self, client: Any) -> None:
+        """The log stream may close before its last lines came through: the job's whole log, read once it has
+        ended, completes the records (by sequence number, so nothing twice) and the final status."""
+        try:
+            logs = client.get_job_logs(self.job_id)
+        except Exception:
+            return
+        tagged = [ln for ln in logs.splitlines() if ln.startswith((METRIC_TAG, FINAL_TAG))]
+        if tagged:
+            self.buffer = ""
+            self.feed("\n".join(tagged) + "\n")
+
     def finish(self, job_state: str, client: Any, reason: str) -> None:
         if self.buffer:
             self.feed("\n")
+        if client is not None:
+            self.catch_up(client)
         self.bring_home()
         final = self.final or {}
         state = final.get("state")
