@@ -192,3 +192,21 @@ def test_cluster_stop_ends_only_its_own_head(head):
     assert not cluster.stop(), "a second stop finds nothing to stop"
     assert json.loads(json.dumps(cluster.status()))["running"] is False
     assert not Path(head["temp_dir"]).exists()
+
+
+def test_the_monitor_finds_a_tag_behind_another_writers_partial_line(tmp_path):
+    """Seen in the benchmark: a progress bar's '\\r' line without a newline ran into a metric line of the job's log."""
+    from ortlab.runner import remote
+
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "status.json").write_text(json.dumps({"state": "running"}))
+    monitor = remote.Monitor.__new__(remote.Monitor)
+    monitor.run, monitor.have, monitor.final, monitor.buffer = RunDir(tmp_path), 0, None, ""
+    monitor.log = (tmp_path / "logs" / "run.log").open("a")
+    line = '{"seq": %d, "record": {"event": "step", "step": %d}}'
+    monitor.feed("Writing model shards:   0%|  | 0/1\r" + remote.METRIC_TAG + line % (0, 1) + "\n")
+    monitor.feed(remote.METRIC_TAG + line % (0, 1) + "\n" + remote.METRIC_TAG + (line % (1, 2))[:20])
+    monitor.feed((line % (1, 2))[20:] + "\n")
+    monitor.log.close()
+    assert [r["step"] for r in RunDir(tmp_path).metrics()] == [1, 2], "each record once, in order"
+    assert "Writing model shards" in (tmp_path / "logs" / "run.log").read_text()

@@ -40,6 +40,7 @@ METRIC_TAG = "@@ortlab-metric "
 FINAL_TAG = "@@ortlab-final "
 DOCTOR_TAG = "@@ortlab-doctor "
 PAUSED_TAG = "@@ortlab-paused "
+TAGS = (METRIC_TAG, FINAL_TAG, PAUSED_TAG)
 # How long the cluster may stay silent (head restarted, network lost) before the run is declared failed.
 LOST_GRACE_S = 20.0
 DOCTOR_TIMEOUT_S = 180.0
@@ -331,6 +332,12 @@ class Monitor:
         *lines, self.buffer = self.buffer.split("\n")
         fresh = []
         for line in lines:
+            # Another writer's partial line (a progress bar's "\r" without a newline) may precede a tag on the same
+            # line of the job's log: the tag counts wherever it starts, what is before it goes to the run log.
+            at = min((i for i in (line.find(t) for t in TAGS) if i >= 0), default=-1)
+            if at > 0:
+                self.log.write(line[:at] + "\n")
+                line = line[at:]
             if line.startswith(METRIC_TAG):
                 item = json.loads(line[len(METRIC_TAG) :])
                 if item["seq"] == self.have:
@@ -438,10 +445,17 @@ class Monitor:
             logs = client.get_job_logs(self.job_id)
         except Exception:
             return
-        tagged = [ln for ln in logs.splitlines() if ln.startswith((METRIC_TAG, FINAL_TAG))]
+        tagged = [ln[ln.find("@@ortlab-") :] for ln in logs.splitlines() if "@@ortlab-" in ln]
         if tagged:
             self.buffer = ""
-            self.feed("\n".join(tagged) + "\n")
+            self.feed("\n".join(ln for ln in tagged if ln.startswith((METRIC_TAG, FINAL_TAG))) + "\n")
+        # Last resort, the source of truth: records the log lost for good are in the storage's metrics.jsonl.
+        with contextlib.suppress(OSError):
+            missing = self.remote.metrics()[self.have :]
+            if missing:
+                with self.run.metrics_path.open("a", encoding="utf-8") as f:
+                    f.write("".join(json.dumps(r) + "\n" for r in missing))
+                self.have += len(missing)
 
     def finish(self, job_state: str, client: Any, reason: str) -> None:
         if self.buffer:
