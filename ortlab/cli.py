@@ -199,6 +199,50 @@ def runtime_list() -> None:
             typer.echo(f"{name}: not ready: {state.why}; {what}")
 
 
+cluster_app = typer.Typer(
+    help="A local Ray head to run remote runs on (`--cluster local`): loopback only, token authentication.",
+    no_args_is_help=True,
+)
+app.add_typer(cluster_app, name="cluster")
+
+
+@cluster_app.command("start")
+def cluster_start(
+    num_cpus: Annotated[int | None, typer.Option(help="CPUs the head offers to jobs (default: all)")] = None,
+    num_gpus: Annotated[int | None, typer.Option(help="GPUs the head offers to jobs (default: all)")] = None,
+) -> None:
+    """Start the local Ray head (or say where the running one is). Returns once it can run jobs."""
+    from ortlab import cluster
+
+    try:
+        record = cluster.start(num_cpus=num_cpus, num_gpus=num_gpus)
+    except cluster.ClusterError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"local Ray head running (pid {record['pid']}) at {record['address']}; train on it with --cluster local")
+    typer.echo(f"its token is in {cluster.token_path()} (owner-only); runs' files go to {record['storage']}")
+
+
+@cluster_app.command("status")
+def cluster_status() -> None:
+    """Is the local Ray head running (its recorded process, checked by PID and create time)?"""
+    from ortlab import cluster
+
+    record = cluster.status()
+    if not record["running"]:
+        typer.echo("no local Ray head is running (start one with `ortlab cluster start`)")
+        raise typer.Exit(1)
+    typer.echo(f"local Ray head running (pid {record['pid']}) at {record['address']}; storage {record['storage']}")
+
+
+@cluster_app.command("stop")
+def cluster_stop() -> None:
+    """Stop the local Ray head that `ortlab cluster start` started (only its own processes)."""
+    from ortlab import cluster
+
+    typer.echo("local Ray head stopped" if cluster.stop() else "no local Ray head was running")
+
+
 @app.command()
 def train(
     spec_file: Annotated[
@@ -264,6 +308,13 @@ def train(
     detach: Annotated[
         bool, typer.Option("--detach", "-d", help="run in the background; watch with `ortlab follow RUN`")
     ] = False,
+    cluster: Annotated[
+        str | None,
+        typer.Option(
+            help="run as a job on a Ray cluster: its Jobs address (http://HOST:8265), or 'local' for the head of "
+            "`ortlab cluster start`"
+        ),
+    ] = None,
 ) -> None:
     """Train a RunSpec: checks everything first, then trains in the foreground (or detached) and prints eval
     before and after."""
@@ -300,6 +351,7 @@ def train(
         ("output_dir",): output_dir,
         ("name",): name,
         ("seed",): seed,
+        ("target", "cluster"): cluster,
     }
     try:
         spec = _build_spec(spec_file, overrides)
@@ -313,9 +365,15 @@ def train(
         from ortlab.runner import runtime_for
         from ortlab.train.run import check, train_spec
 
-        elsewhere = spec.target.python is not None or spec.target.processes > 1 or runtime_for(spec)[1] is not None
+        elsewhere = (
+            spec.target.cluster is not None
+            or spec.target.python is not None
+            or spec.target.processes > 1
+            or runtime_for(spec)[1] is not None
+        )
         if detach or elsewhere:
-            check(spec)  # the same fast checks as in the foreground, before anything starts
+            if spec.target.cluster is None:  # (a cluster run's model and data are checked on the cluster)
+                check(spec)  # the same fast checks as in the foreground, before anything starts
             from ortlab.runner import default_root, launch
 
             run = launch(spec)

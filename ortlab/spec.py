@@ -243,6 +243,41 @@ TRACKERS: tuple[str, ...] = ("trackio", "tensorboard", "mlflow", "wandb")
 class TargetSpec(_Strict):
     python: str | None = Field(None, description="Python interpreter of another runtime to train in (default: this).")
     processes: int = Field(1, ge=1, le=64, description="Data-parallel training processes.")
+    cluster: str | None = Field(
+        None,
+        description="Run as a job on a Ray cluster: its Jobs address (http://HOST:8265), or 'local' for the head "
+        "`ortlab cluster start` starts. The mix is then checked by the cluster's doctor, not this machine's.",
+    )
+    gpus_per_process: float = Field(0, ge=0, le=64, description="Cluster runs: GPUs each training process asks for.")
+    cpus_per_process: float = Field(1, gt=0, le=1024, description="Cluster runs: CPUs each training process asks for.")
+    storage: str | None = Field(
+        None,
+        description="Cluster runs: a folder this machine and the cluster's workers both read and write (a shared "
+        "file system), where the remote run folder lives (default for 'local': the head's own folder).",
+    )
+
+    @field_validator("cluster")
+    @classmethod
+    def _cluster_address(cls, cluster: str | None) -> str | None:
+        if cluster is None or cluster == "local":
+            return cluster
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(cluster)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/") or parts.query:
+            raise ValueError(
+                "give a Ray Jobs address such as http://127.0.0.1:8265 (the dashboard's), or 'local' for the head "
+                "that `ortlab cluster start` starts"
+            )
+        return cluster.rstrip("/")
+
+    @model_validator(mode="after")
+    def _python_or_cluster(self) -> TargetSpec:
+        if self.cluster and self.python:
+            raise ValueError("python and cluster exclude each other (a cluster run uses the cluster's python)")
+        if not self.cluster and (self.storage or self.gpus_per_process):
+            raise ValueError("storage and gpus_per_process only apply to a cluster run; set target.cluster")
+        return self
 
 
 class RunSpec(_Strict):
@@ -300,7 +335,8 @@ class RunSpec(_Strict):
         # read back from a run folder is a record of what ran, wherever it ran: no check against this machine.
         # A spec is launched (or trained by the CLI, which launches what needs another runtime), so it may go to
         # ortlab's compile runtime: `launched=True`.
-        here = not (info.context or {}).get("stored") and self.target.python is None
+        # A cluster run is checked by the cluster's doctor before it is submitted (ortlab.runner.remote.prepare).
+        here = not (info.context or {}).get("stored") and self.target.python is None and self.target.cluster is None
         if here:
             from ortlab.accel import mix
 

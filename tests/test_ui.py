@@ -431,3 +431,18 @@ def test_check_this_machine_probes_in_the_background_and_updates_the_notes(tmp_p
     wb.check_machine().join(10)
     assert asked == [False, True]  # a second check probes again
     wb.monitor.close()
+
+
+def test_the_target_picker_offers_local_other_python_and_a_cluster(workbench):
+    assert workbench.where.options == ("local", "other Python", "cluster")
+    assert workbench.spec().target.cluster is None and workbench.cluster.layout.display == "none"
+    workbench.where.value = "cluster"
+    assert workbench.cluster.layout.display is None and workbench.python.layout.display == "none"
+    assert workbench.check_button.description == "check the cluster"
+    assert workbench.spec().target.cluster == "local", "an empty address means the local head"
+    workbench.cluster.value = "ftp://nowhere"
+    assert workbench.launch_button.disabled is True and "target.cluster" in workbench.problems.value
+    workbench.cluster.value = "http://10.0.0.5:8265"
+    assert workbench.spec().target.cluster == "http://10.0.0.5:8265" and workbench.launch_button.disabled is False
+    workbench.where.value = "local"
+    assert workbench.spec().target.cluster is None

@@ -189,7 +189,7 @@ class Run:
             if state not in ("stopped", "failed"):
                 raise RunError(f"run {self.id} is {state}: only a stopped or failed run can resume")
             raise RunError(f"run {self.id} has no checkpoint to resume from (it stopped before its first save)")
-        if not spec.target.python:
+        if not spec.target.python and not spec.target.cluster:
             from ortlab.spec import RunSpec
 
             RunSpec.parse(spec.model_dump(mode="json"))  # the stored mix, checked against this machine
@@ -304,7 +304,13 @@ def runtime_for(spec: Any) -> tuple[str, str | None]:
 
 
 def _prepare(spec: Any) -> None:
-    """Check the interpreter `runtime_for` picks for `spec` before anything starts there (see check_runtime)."""
+    """Check the interpreter `runtime_for` picks for `spec` before anything starts there (see check_runtime).
+    A run for a cluster is checked there instead, by the cluster's own doctor (`ortlab.runner.remote`)."""
+    if spec.target.cluster:
+        from ortlab.runner import remote
+
+        remote.prepare(spec)
+        return
     python, runtime = runtime_for(spec)
     if spec.target.python:
         check_runtime(spec)
@@ -347,10 +353,19 @@ def check_runtime(spec: Any) -> dict[str, Any]:
 
 def _check_mix(spec: Any, python: str) -> dict[str, Any]:
     """The doctor of `python` (cached per environment) must accept every acceleration the spec asks for."""
-    from ortlab.accel.mix import Mix
     from ortlab.probe import doctor
 
     report = doctor(python)
+    problems = _mix_problems(spec, report.to_dict()["accelerations"], python)
+    if problems:
+        raise RunError("this mix cannot run in the target runtime:\n" + "\n".join(f"  - {p}" for p in problems))
+    return report.to_dict()
+
+
+def _mix_problems(spec: Any, accelerations: dict[str, dict[str, Any]], where: str) -> list[str]:
+    """One line per acceleration the spec asks for explicitly that a doctor's report (`to_dict()` form, so a
+    report from another machine works too) says is not available `where`."""
+    from ortlab.accel.mix import Mix
 
     # What the spec asks for explicitly ('auto' resolves in the target runtime itself, when the run starts).
     a = spec.accel
@@ -362,14 +377,13 @@ def _check_mix(spec: Any, python: str) -> dict[str, Any]:
         torch_compile=a.torch_compile,
         tf32=a.tf32 is True,
     ).requested()
-    problems = [
-        f"accel: {name} is not available in {python}: {report[name].reason}. Fix: {report[name].remedy}"
+    unknown = {"reason": "its doctor does not know this acceleration", "remedy": "install the same ortlab there"}
+    found = {name: accelerations.get(name) or unknown for name in wanted}
+    return [
+        f"accel: {name} is not available in {where}: {found[name]['reason']}. Fix: {found[name]['remedy']}"
         for name, on in wanted.items()
-        if on and not report.available(name)
+        if on and not found[name].get("available", False)
     ]
-    if problems:
-        raise RunError("this mix cannot run in the target runtime:\n" + "\n".join(f"  - {p}" for p in problems))
-    return report.to_dict()
 
 
 def _child_env() -> dict[str, str]:
@@ -390,6 +404,10 @@ def _start(run: RunDir, spec: Any, resume: bool = False) -> subprocess.Popen:
     ortlab runtime ortlab chose ("current" when it runs where the spec says), beside the interpreter the worker
     itself records when it starts.
     """
+    if spec.target.cluster:
+        from ortlab.runner import remote
+
+        return remote.start(run, spec, resume=resume)
     python, runtime = runtime_for(spec)
     worker = ["-m", "ortlab.runner.worker", str(run.path.resolve()), *(["--resume"] if resume else [])]
     if spec.target.processes > 1:

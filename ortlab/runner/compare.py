@@ -69,6 +69,15 @@ class Row:
     eval: dict[str, float]
     ratios: dict[str, float | None] = field(default_factory=dict)
     auto: str | None = None  # how the 'auto' accelerations were decided: "measured", "default", or None (none)
+    where: str = "local"  # where the run runs: "local", or "cluster ADDRESS" (see `where_for`)
+
+
+def where_for(status: dict[str, Any]) -> str:
+    """Where a run runs, from its status: the remote launcher records its cluster there."""
+    launcher = status.get("launcher")
+    if isinstance(launcher, dict) and isinstance(launcher.get("cluster"), str):
+        return f"cluster {launcher['cluster']}"
+    return "local"
 
 
 def row_for(run: Any) -> Row:
@@ -90,6 +99,7 @@ def row_for(run: Any) -> Row:
         summary=summarize(records),
         eval={k: last_eval[k] for k in EVAL_KEYS if isinstance(last_eval.get(k), (int, float))},
         auto=None if decided is None else "measured" if decided.get("tuned") else "default",
+        where=where_for(run.read_status()),
     )
 
 
@@ -229,16 +239,18 @@ def render_runs(rows: list[Row], title: str, console: Any = None) -> None:
     """`ortlab runs`: a table when the terminal is wide enough, else two lines per run (nothing cut)."""
     from rich import box
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = console or Console()
     table = Table(title=title, box=box.SIMPLE_HEAD)
-    for col in ("run", "state", "step", "applied", "samples/s", "eval"):
+    for col in ("run", "state", "where", "step", "applied", "samples/s", "eval"):
         table.add_column(col, overflow="fold")
     for r in rows:
         table.add_row(
             r.run_id,
             r.state,
+            escape(r.where),
             str(r.summary["steps"]),
             _mix_cell(r),
             _num(r.summary.get("steady_samples_per_s")),
@@ -252,7 +264,7 @@ def render_runs(rows: list[Row], title: str, console: Any = None) -> None:
         return
     console.print(f"[bold]{title}[/]", soft_wrap=True)
     for r in rows:
-        console.print(f"[bold]{r.run_id}[/]  {r.state}, step {r.summary['steps']}", soft_wrap=True)
+        console.print(f"[bold]{r.run_id}[/]  {r.state} ({escape(r.where)}), step {r.summary['steps']}", soft_wrap=True)
         console.print(
             f"    applied: {_mix_cell(r)};  "
             f"{_num(r.summary.get('steady_samples_per_s'))} samples/s;  eval: {_eval_cell(r)}"

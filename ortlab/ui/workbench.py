@@ -258,6 +258,12 @@ class Workbench(RefreshedDisplay, widgets.VBox):
         )
         self.processes = widgets.IntText(value=start.target.processes, description="processes", style=LABEL)
         self.python = widgets.Text(value=start.target.python or "", description="runtime", placeholder="this Python")
+        # Where the run goes: this machine, another Python here, or a Ray cluster (its address, or 'local').
+        where = "cluster" if start.target.cluster else "other Python" if start.target.python else "local"
+        self.where = widgets.Dropdown(options=["local", "other Python", "cluster"], value=where, description="where")
+        self.cluster = widgets.Text(
+            value=start.target.cluster or "", description="cluster", placeholder="local or http://HOST:8265"
+        )
         self.name = widgets.Text(value=start.name or "", description="run name", placeholder="automatic")
 
         # actions, state
@@ -288,7 +294,7 @@ class Workbench(RefreshedDisplay, widgets.VBox):
                 widgets.HBox([self.learning_rate, self.epochs, self.max_steps]),
                 widgets.HBox([self.batch_size, self.max_length, self.max_train_samples]),
                 widgets.HBox([self.lora, self.adapter_rank, self.report_to]),
-                widgets.HBox([self.processes, self.python, self.name]),
+                widgets.HBox([self.processes, self.where, self.python, self.cluster, self.name]),
                 widgets.HBox([self.launch_button, self.stop_button]),
                 self.problems,
             ]
@@ -314,6 +320,8 @@ class Workbench(RefreshedDisplay, widgets.VBox):
             self.max_train_samples,
             self.processes,
             self.python,
+            self.where,
+            self.cluster,
             self.name,
             self.lora,
             self.adapter_rank,
@@ -322,6 +330,8 @@ class Workbench(RefreshedDisplay, widgets.VBox):
         ):
             w.observe(lambda _change: self.validate(), names="value")
         self.lora.observe(lambda change: setattr(self.adapter_rank, "disabled", not change["new"]), names="value")
+        self.where.observe(lambda _change: self._show_target(), names="value")
+        self._show_target()
         self.task.observe(lambda _change: self._label_columns(), names="value")
         self.baseline.observe(lambda _change: self.refresh_comparison(), names="value")
         self.run_list.observe(lambda _change: self.refresh_generations(), names="value")
@@ -355,10 +365,15 @@ class Workbench(RefreshedDisplay, widgets.VBox):
         self.check_note.value = "<small>checking: each acceleration is tried for real in its own process...</small>"
 
         def work() -> None:
-            from ortlab.probe import doctor
+            from ortlab.probe import DoctorReport, doctor
 
             try:
-                report = doctor(refresh=self.probed)
+                if self.where.value == "cluster":  # the cluster's own doctor, run there as a short job
+                    from ortlab.runner.remote import cluster_doctor
+
+                    report = DoctorReport.from_dict(cluster_doctor(self.spec()))
+                else:
+                    report = doctor(refresh=self.probed)
             except Exception as e:  # say what failed next to the button; the notes keep what was known
                 self.check_note.value = f"<small style='color:#b00'>the check failed: {html.escape(str(e))}</small>"
             else:
@@ -433,6 +448,13 @@ class Workbench(RefreshedDisplay, widgets.VBox):
 
     # --- the spec ------------------------------------------------------------------------------------------
 
+    def _show_target(self) -> None:
+        """Only the field of the chosen target is shown (the interpreter, or the cluster's address)."""
+        self.python.layout.display = None if self.where.value == "other Python" else "none"
+        self.cluster.layout.display = None if self.where.value == "cluster" else "none"
+        here = "check again" if self.probed else "check this machine"
+        self.check_button.description = "check the cluster" if self.where.value == "cluster" else here
+
     def _label_columns(self) -> None:
         """Name the two column fields for the chosen task."""
         first, second = COLUMN_LABELS.get(self.task.value, TEXT_LABEL_COLUMNS)
@@ -488,7 +510,11 @@ class Workbench(RefreshedDisplay, widgets.VBox):
             "rank": self.adapter_rank.value,
         }
         spec["report_to"] = list(self.report_to.value)
-        spec["target"] = {"processes": self.processes.value, "python": self.python.value.strip() or None}
+        spec["target"] = {"processes": self.processes.value}
+        if self.where.value == "other Python":
+            spec["target"]["python"] = self.python.value.strip() or None
+        elif self.where.value == "cluster":
+            spec["target"]["cluster"] = self.cluster.value.strip() or "local"
         if self.root:
             spec["output_dir"] = self.root
         return spec

@@ -1,0 +1,527 @@
+"""The remote launcher: a run as a Ray job (`target.cluster`), watched through the same local run folder.
+
+    local run folder (what Run, follow, export, the workbench read)       storage (both sides read and write it)
+      spec.yaml, status.json  <- mirrored by the monitor                    <storage>/<run id>/  a whole run folder,
+      metrics.jsonl           <- appended by the monitor, in order,         written by the worker as a local run's
+                                 each record once (by sequence number)       (the source of truth)
+      model/, result.json, checkpoints/  <- copied home when the job ends
+      control/stop, control/pause  -> forwarded to the storage folder
+
+Three processes: the job's entrypoint on the cluster (`python -m ortlab.runner.remote worker STORAGE_RUN`) trains
+exactly as a local worker does (`ortlab.train.run.execute`) and, beside it, prints every record its metrics.jsonl
+receives as one tagged line with its sequence number, and at the end the final status; a local *monitor*
+(`python -m ortlab.runner.remote monitor RUN`, detached, its PID recorded in status.json like a local worker's)
+tails the job's log stream, appends the records it has not got yet, mirrors the job's state, forwards stop and
+pause, and brings the results home. The job's log stream is the one channel every Ray cluster offers the
+client (Ray Jobs has no file download), so metrics arrive live even where the storage is slow to sync.
+
+Nothing outside this module knows a run is remote: `ortlab.runner` calls `prepare` and `start` here when the
+spec has a `target.cluster`, and everything else reads the local folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ortlab.runner.rundir import TERMINAL, RunDir, RunStateError, process_create_time, read_metrics
+
+METRIC_TAG = "@@ortlab-metric "
+FINAL_TAG = "@@ortlab-final "
+DOCTOR_TAG = "@@ortlab-doctor "
+PAUSED_TAG = "@@ortlab-paused "
+TAGS = (METRIC_TAG, FINAL_TAG, PAUSED_TAG)
+# How long the cluster may stay silent (head restarted, network lost) before the run is declared failed.
+LOST_GRACE_S = 20.0
+DOCTOR_TIMEOUT_S = 180.0
+# A cluster's doctor answer is reused for this long in one process (a doctor job costs seconds; a notebook that
+# launches several runs in a row asks the same cluster the same question).
+DOCTOR_TTL_S = 300.0
+_doctors: dict[tuple[str, str], tuple[float, dict[str, Any]]] = {}
+
+
+def _error(message: str) -> Exception:
+    from ortlab.runner import RunError
+
+    return RunError(message)
+
+
+def storage_for(spec: Any) -> Path:
+    """The folder on the cluster's shared storage that holds this spec's remote run folders."""
+    if spec.target.storage:
+        return Path(spec.target.storage)
+    if spec.target.cluster == "local":
+        from ortlab import cluster
+
+        return cluster.cluster_dir() / "storage"
+    raise _error(
+        f"target.storage: a run on {spec.target.cluster} needs a folder that both this machine and the cluster's "
+        "workers can read and write (a shared file system); set target.storage"
+    )
+
+
+def _client(spec: Any) -> Any:
+    from ortlab import cluster
+
+    try:
+        return cluster.connect(spec.target.cluster)
+    except cluster.ClusterError as e:
+        raise _error(str(e)) from None
+
+
+def _python_for(spec: Any) -> tuple[str, dict[str, Any]]:
+    """(python command, runtime_env) for the job. On the local head: this interpreter and this ortlab source.
+    Elsewhere: `python` on the cluster, which must have ortlab installed (the doctor job checks it)."""
+    if spec.target.cluster == "local":
+        from ortlab.runner import _ortlab_path
+
+        env = {"PYTHONPATH": _ortlab_path(), "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+        return shlex.quote(sys.executable), {"env_vars": env}
+    return "python", {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}}
+
+
+def _resources(spec: Any) -> dict[str, Any]:
+    t = spec.target
+    out: dict[str, Any] = {"entrypoint_num_cpus": t.cpus_per_process}
+    if t.gpus_per_process:
+        out["entrypoint_num_gpus"] = t.gpus_per_process
+    return out
+
+
+def cluster_doctor(spec: Any) -> dict[str, Any]:
+    """Run ortlab's doctor on the cluster (a short job with no special resources) and return its report, with the
+    cluster's total resources under `resources`."""
+    client = _client(spec)  # (also when the answer is cached: the cluster must answer, and accept the token)
+    python, runtime_env = _python_for(spec)
+    key = (client.get_address(), python)
+    cached = _doctors.get(key)
+    if cached is not None and time.monotonic() - cached[0] < DOCTOR_TTL_S:
+        return cached[1]
+    job = client.submit_job(
+        entrypoint=f"{python} -m ortlab.runner.remote doctor",
+        submission_id=f"ortlab-doctor-{secrets.token_hex(4)}",
+        runtime_env=runtime_env,
+        entrypoint_num_cpus=0,
+    )
+    deadline = time.monotonic() + DOCTOR_TIMEOUT_S
+    while True:
+        state = str(client.get_job_status(job).value)
+        if state in ("SUCCEEDED", "FAILED", "STOPPED"):
+            break
+        if time.monotonic() > deadline:
+            with contextlib.suppress(Exception):
+                client.stop_job(job)
+            raise _error(f"ortlab's doctor did not finish on {spec.target.cluster} within {DOCTOR_TIMEOUT_S:.0f} s")
+        time.sleep(0.3)
+    logs = client.get_job_logs(job)
+    for line in logs.splitlines():
+        if line.startswith(DOCTOR_TAG):
+            report = json.loads(line[len(DOCTOR_TAG) :])
+            _doctors[key] = (time.monotonic(), report)
+            return report
+    last = "\n".join(logs.strip().splitlines()[-5:])
+    raise _error(
+        f"ortlab's doctor could not run on {spec.target.cluster} (is ortlab installed on its workers? "
+        f"pip install ortlab[remote] there):\n{last}"
+    )
+
+
+def prepare(spec: Any) -> dict[str, Any]:
+    """Check the spec against the cluster, before anything is created: reachable, authenticated, enough GPUs,
+    and every acceleration asked for available there (the cluster's doctor, not this machine's)."""
+    from ortlab.runner import _mix_problems
+
+    storage_for(spec)
+    report = cluster_doctor(spec)
+    resources = report.get("resources") or {}
+    t = spec.target
+    gpus = (t.gpus_per_process or 0) * t.processes
+    if gpus > resources.get("GPU", 0):
+        raise _error(
+            f"target: the run asks for {gpus:g} GPU(s), but the cluster at {t.cluster} has "
+            f"{resources.get('GPU', 0):g} (CPU: {resources.get('CPU', 0):g}, GPU: {resources.get('GPU', 0):g})"
+        )
+    if t.cpus_per_process > resources.get("CPU", 0):
+        raise _error(
+            f"target.cpus_per_process: the run asks for {t.cpus_per_process:g} CPUs, but the cluster at "
+            f"{t.cluster} has {resources.get('CPU', 0):g}"
+        )
+    if t.processes > 1:
+        raise _error("target.processes: a remote run has one process for now; set processes: 1")
+    problems = _mix_problems(spec, report["accelerations"], f"the cluster {t.cluster}")
+    if problems:
+        raise _error("this mix cannot run on the cluster:\n" + "\n".join(f"  - {p}" for p in problems))
+    return report
+
+
+def start(run: RunDir, spec: Any, resume: bool = False) -> subprocess.Popen:
+    """Submit the job of a claimed (`pending`) local run folder and start its monitor."""
+    storage = storage_for(spec)
+    client = _client(spec)
+    if resume:
+        launcher = run.read_status()["launcher"]
+        remote = RunDir(launcher["storage"])
+        try:
+            previous = str(client.get_job_status(launcher["job_id"]).value)
+        except Exception:  # the job is gone from the cluster (e.g. a restarted head): it runs no more
+            previous = "GONE"
+        if previous not in ("SUCCEEDED", "FAILED", "STOPPED", "GONE"):
+            run.set_status("failed", error=f"the previous job {launcher['job_id']} is still {previous}")
+            raise _error(
+                f"run {run.id} could not resume: its previous job {launcher['job_id']} is still {previous} on the "
+                f"cluster; stop it first (ray job stop {launcher['job_id']})"
+            )
+        try:
+            if remote.read_status().get("state") in ("pending", "running"):  # its worker was killed: say so
+                remote.set_status("failed", error=f"the job {launcher['job_id']} ended ({previous}) without a result")
+            remote.set_status("pending", expect={"stopped", "failed"}, pid=None, create_time=None, resumed=True)
+        except RunStateError as e:
+            run.set_status("failed", error=f"the remote run folder cannot resume: {e}")
+            raise _error(f"run {run.id} could not resume on the cluster: {e}") from None
+        remote.clear_stop()
+        remote.pause_path.unlink(missing_ok=True)
+    else:
+        # Run ids are unique in their runs folder, not in a storage that runs from several folders share.
+        storage.mkdir(parents=True, exist_ok=True)
+        remote = RunDir(storage / run.id)
+        while True:
+            try:
+                remote.path.mkdir()
+                break
+            except FileExistsError:
+                remote = RunDir(storage / f"{run.id}-{secrets.token_hex(3)}")
+        (remote.path / "logs").mkdir()
+        (remote.path / "control").mkdir()
+        shutil.copy2(run.spec_path, remote.spec_path)
+        remote.set_status("pending")
+    if run.pause_path.exists():  # a gate set before the start holds the remote run from its first step
+        shutil.copy2(run.pause_path, remote.pause_path)
+    python, runtime_env = _python_for(spec)
+    entry = f"{python} -m ortlab.runner.remote worker {shlex.quote(str(remote.path.resolve()))}"
+    job_id = f"ortlab-{run.id}-{secrets.token_hex(4)}"
+    try:
+        client.submit_job(
+            entrypoint=entry + (" --resume" if resume else ""),
+            submission_id=job_id,
+            runtime_env=runtime_env,
+            **_resources(spec),
+        )
+    except Exception as e:
+        run.set_status("failed", error=f"the job could not be submitted to {spec.target.cluster}: {e}", step=0)
+        raise _error(f"run {run.id} could not be submitted: {e}") from None
+    launcher = {"kind": "ray-job", "cluster": spec.target.cluster, "job_id": job_id, "storage": str(remote.path)}
+    run.update_status(launcher=launcher, runtime="cluster")
+    from ortlab.runner import _child_env
+
+    with run.log_path.open("ab") as log:
+        log.write(f"\n$ ray job {job_id} on {spec.target.cluster}: {entry}\n".encode())
+        log.flush()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ortlab.runner.remote", "monitor", str(run.path.resolve())],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=_child_env(),
+            start_new_session=True,  # outlives the kernel: a restart loses nothing
+        )
+    run.update_status(pid=proc.pid, create_time=process_create_time(proc.pid))
+    return proc
+
+
+# --- the job's side --------------------------------------------------------------------------------------------
+
+
+def _print_tagged(tag: str, data: Any) -> None:
+    sys.stdout.write(tag + json.dumps(data, default=str) + "\n")
+    sys.stdout.flush()
+
+
+class _Streamer(threading.Thread):
+    """Prints every record of the remote metrics.jsonl as a tagged line, with its sequence number (its index
+    among the file's records), from the first one: a monitor skips what it already has."""
+
+    def __init__(self, run: RunDir):
+        super().__init__(daemon=True)
+        self.folder, self.offset, self.seq, self.done = run, 0, 0, threading.Event()
+        self.paused: bool | None = None
+
+    def flush(self) -> None:
+        records, self.offset = read_metrics(self.folder.metrics_path, self.offset)
+        for record in records:
+            _print_tagged(METRIC_TAG, {"seq": self.seq, "record": record})
+            self.seq += 1
+        paused = bool(self.folder.read_status().get("paused"))  # a pause gate is held: the status says so
+        if paused != self.paused:
+            self.paused = paused
+            _print_tagged(PAUSED_TAG, paused)
+
+    def run(self) -> None:
+        while not self.done.wait(0.1):
+            self.flush()
+
+
+def worker_main(path: str, resume: bool) -> int:
+    from ortlab.train.run import execute
+
+    run = RunDir(path)
+    streamer = _Streamer(run)
+    streamer.start()
+    code = 0
+    try:
+        execute(run, resume=resume, progress=False)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        streamer.done.set()
+        streamer.join()
+        streamer.flush()
+        _print_tagged(FINAL_TAG, run.read_status())
+    return code
+
+
+def doctor_main() -> int:
+    from ortlab.probe import doctor
+
+    report = doctor().to_dict()
+    try:
+        import ray
+
+        ray.init(logging_level="ERROR", log_to_driver=False)
+        report["resources"] = {k: float(v) for k, v in ray.cluster_resources().items() if k in ("CPU", "GPU")}
+        ray.shutdown()
+    except Exception as e:  # the resources are a check's input: say why they are missing
+        report["resources_error"] = f"{type(e).__name__}: {e}"
+    _print_tagged(DOCTOR_TAG, report)
+    return 0
+
+
+# --- the local monitor -----------------------------------------------------------------------------------------
+
+
+class Monitor:
+    """Brings one remote run's stream, state and results into its local run folder."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.run = RunDir(path)
+        status = self.run.read_status()
+        self.launcher = status["launcher"]
+        self.spec = self.run.spec()
+        self.remote = RunDir(self.launcher["storage"])
+        self.job_id = self.launcher["job_id"]
+        # Records already here are skipped (a monitor restarted, a resumed run's job re-sends the history).
+        self.have = len(read_metrics(self.run.metrics_path)[0])
+        self.final: dict[str, Any] | None = None
+        self.buffer = ""
+        self.log = self.run.log_path.open("a", encoding="utf-8")
+
+    def feed(self, text: str) -> None:
+        self.buffer += text
+        *lines, self.buffer = self.buffer.split("\n")
+        fresh = []
+        for line in lines:
+            # Another writer's partial line (a progress bar's "\r" without a newline) may precede a tag on the same
+            # line of the job's log: the tag counts wherever it starts, what is before it goes to the run log.
+            at = min((i for i in (line.find(t) for t in TAGS) if i >= 0), default=-1)
+            if at > 0:
+                self.log.write(line[:at] + "\n")
+                line = line[at:]
+            if line.startswith(METRIC_TAG):
+                item = json.loads(line[len(METRIC_TAG) :])
+                if item["seq"] == self.have:
+                    fresh.append(item["record"])
+                    self.have += 1
+            elif line.startswith(PAUSED_TAG):
+                self.run.update_status(paused=json.loads(line[len(PAUSED_TAG) :]))
+            elif line.startswith(FINAL_TAG):
+                self.final = json.loads(line[len(FINAL_TAG) :])
+            else:
+                self.log.write(line + "\n")
+        if fresh:
+            with self.run.metrics_path.open("a", encoding="utf-8") as f:
+                f.write("".join(json.dumps(r) + "\n" for r in fresh))
+            steps = [r["step"] for r in fresh if r.get("event") == "step" and isinstance(r.get("step"), int)]
+            if self.run.read_status().get("state") == "pending":
+                with contextlib.suppress(RunStateError):
+                    self.run.set_status("running", started=time.time())
+            if steps:
+                self.run.update_status(step=max(steps))
+        self.log.flush()
+
+    def forward_controls(self) -> None:
+        """The local stop/pause requests (what Run.stop and Run.pause write) go to the storage folder."""
+        with contextlib.suppress(OSError):
+            if self.run.stop_requested() and not self.remote.stop_requested():
+                self.remote.request_stop()
+            if self.run.pause_path.exists():
+                text = self.run.pause_path.read_text()
+                if not self.remote.pause_path.exists() or self.remote.pause_path.read_text() != text:
+                    self.remote.pause_path.write_text(text)
+            else:
+                self.remote.pause_path.unlink(missing_ok=True)
+
+    async def _tail(self, client: Any) -> None:
+        async for chunk in client.tail_job_logs(self.job_id):
+            self.feed(chunk)
+            self.forward_controls()
+
+    def follow(self) -> None:
+        import asyncio
+
+        from ortlab import cluster
+
+        silent_since: float | None = None
+        client, reason = None, ""
+        while True:
+            self.forward_controls()
+            try:
+                client = client or cluster.connect(self.spec.target.cluster)
+                state = str(client.get_job_status(self.job_id).value)
+                silent_since = None
+            except Exception as e:  # the head is gone, or restarting: give it LOST_GRACE_S
+                client, reason = None, str(e).splitlines()[0] if str(e) else type(e).__name__
+                if "does not exist" in reason or "not found" in reason.lower():
+                    return self.finish("FAILED", client, f"the job {self.job_id} vanished from the cluster ({reason})")
+                silent_since = silent_since or time.monotonic()
+                if time.monotonic() - silent_since > LOST_GRACE_S:
+                    return self.finish(
+                        "FAILED",
+                        None,
+                        f"the cluster {self.spec.target.cluster} stopped answering for {LOST_GRACE_S:.0f} s (head "
+                        f"restarted or node lost): {reason}",
+                    )
+                time.sleep(1.0)
+                continue
+            if state == "PENDING":
+                time.sleep(0.3)
+                continue
+            if state == "RUNNING" and self.run.read_status().get("state") == "pending":
+                with contextlib.suppress(RunStateError):
+                    self.run.set_status("running", started=time.time())
+            try:
+                # Pass the stop/pause requests on while the log stream is quiet, too.
+                asyncio.run(self._tail_with_controls(client))
+            except Exception as e:
+                reason = f"{type(e).__name__}: {e}"
+            try:
+                state = str(client.get_job_status(self.job_id).value)
+            except Exception:
+                client = None
+                continue
+            if state in ("SUCCEEDED", "FAILED", "STOPPED"):
+                # The stream closed at the end: every tagged line has arrived.
+                return self.finish(state, client, reason)
+
+    async def _tail_with_controls(self, client: Any) -> None:
+        import asyncio
+
+        async def controls() -> None:
+            while True:
+                await asyncio.sleep(0.5)
+                self.forward_controls()
+
+        side = asyncio.ensure_future(controls())
+        try:
+            await self._tail(client)
+        finally:
+            side.cancel()
+
+    def catch_up(self, client: Any) -> None:
+        """The log stream may close before its last lines came through: the job's whole log, read once it has
+        ended, completes the records (by sequence number, so nothing twice) and the final status."""
+        try:
+            logs = client.get_job_logs(self.job_id)
+        except Exception:
+            return
+        tagged = [ln[ln.find("@@ortlab-") :] for ln in logs.splitlines() if "@@ortlab-" in ln]
+        if tagged:
+            self.buffer = ""
+            self.feed("\n".join(ln for ln in tagged if ln.startswith((METRIC_TAG, FINAL_TAG))) + "\n")
+        # Last resort, the source of truth: records the log lost for good are in the storage's metrics.jsonl.
+        with contextlib.suppress(OSError):
+            missing = self.remote.metrics()[self.have :]
+            if missing:
+                with self.run.metrics_path.open("a", encoding="utf-8") as f:
+                    f.write("".join(json.dumps(r) + "\n" for r in missing))
+                self.have += len(missing)
+
+    def finish(self, job_state: str, client: Any, reason: str) -> None:
+        if self.buffer:
+            self.feed("\n")
+        if client is not None:
+            self.catch_up(client)
+        self.bring_home()
+        final = self.final or {}
+        state = final.get("state")
+        fields = {k: final[k] for k in ("error", "traceback", "checkpoint") if k in final}
+        fields["step"] = final.get("step", self.run.last_step())
+        if state not in TERMINAL:
+            state = "stopped" if job_state == "STOPPED" else "failed"
+            message = reason
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    message = (client.get_job_info(self.job_id).message or reason).split(", last available logs")[0]
+            if "exit code 137" in message or "exit code -9" in message:
+                message += " (SIGKILL: the worker was killed, e.g. out of memory or by hand)"
+            if state == "failed":
+                fields["error"] = f"the remote job ended without a result: {message}"
+                with contextlib.suppress(Exception):
+                    lines = [ln for ln in client.get_job_logs(self.job_id).splitlines() if not ln.startswith("@@")]
+                    fields["traceback"] = "\n".join(lines[-30:])
+        with contextlib.suppress(RunStateError):
+            self.run.set_status(state, job_state=job_state, **fields)
+
+    def bring_home(self) -> None:
+        """model/, result.json, tune.json and the last checkpoint: export, push and resume read them here."""
+        src = self.remote
+        with contextlib.suppress(OSError):
+            for name in ("result.json", "tune.json"):
+                if (src.path / name).is_file():
+                    shutil.copy2(src.path / name, self.run.path / name)
+            if src.model_dir.is_dir():
+                shutil.rmtree(self.run.model_dir, ignore_errors=True)
+                shutil.copytree(src.model_dir, self.run.model_dir)
+            last = src.last_checkpoint()
+            if last is not None:
+                shutil.rmtree(self.run.checkpoints, ignore_errors=True)
+                shutil.copytree(last, self.run.checkpoints / last.name)
+
+
+def monitor_main(path: str) -> int:
+    Monitor(path).follow()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m ortlab.runner.remote")
+    sub = p.add_subparsers(dest="command", required=True)
+    w = sub.add_parser("worker")
+    w.add_argument("run_dir")
+    w.add_argument("--resume", action="store_true")
+    m = sub.add_parser("monitor")
+    m.add_argument("run_dir")
+    sub.add_parser("doctor")
+    a = p.parse_args(argv)
+    if a.command == "worker":
+        return worker_main(a.run_dir, a.resume)
+    if a.command == "monitor":
+        return monitor_main(a.run_dir)
+    return doctor_main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
