@@ -80,6 +80,13 @@ def where_for(status: dict[str, Any]) -> str:
     return "local"
 
 
+def _status(run: Any) -> dict[str, Any]:
+    """The recorded status of a Run or a RunDir, as it is on disk (no liveness check: a row only reads)."""
+    from ortlab.runner.rundir import RunDir
+
+    return RunDir(run.path).read_status()
+
+
 def row_for(run: Any) -> Row:
     """A comparison row from a run folder (finished or not: the metrics stream is enough)."""
     records = run.metrics()
@@ -99,7 +106,7 @@ def row_for(run: Any) -> Row:
         summary=summarize(records),
         eval={k: last_eval[k] for k in EVAL_KEYS if isinstance(last_eval.get(k), (int, float))},
         auto=None if decided is None else "measured" if decided.get("tuned") else "default",
-        where=where_for(run.read_status()),
+        where=where_for(_status(run)),
     )
 
 
