@@ -38,7 +38,7 @@ PEFT_TASK_TYPES = {
 # Task heads a classification model creates new (random) at load: they must train in full beside the adapter.
 HEAD_NAMES = ("classifier", "score")
 
-INSTALL_HINT = "pip install peft"
+INSTALL_HINT = "pip install 'ortlab[llm]' (or pip install peft)"
 
 
 class AdapterError(ModelError):
