@@ -9,6 +9,10 @@ polling the local metrics.jsonl every 20 ms: the delay of a record is the time i
 the `time` the worker stamped on it when writing it (same machine, same clock). The local run is the baseline:
 its delay is what the file watcher alone costs. Goals (issue #11): samples/s ratio >= 0.95, remote p95 delay <= 2 s.
 Results go to benchmarks/results/remote-<date>.json. The head is started here and stopped by its PID at the end.
+
+Both sides train with the same number of CPU threads (`--cpus`, default: every core): Ray gives a job's process
+OMP_NUM_THREADS = the CPUs it reserved (`target.cpus_per_process`, 1 unless set), so a remote run left at the
+default trains with one thread while a local one uses every core, and the ratio would measure thread counts.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--rounds", type=int, default=1, help="ABBA rounds (each: 2 local and 2 remote runs)")
+    parser.add_argument("--cpus", type=int, default=os.cpu_count() or 1, help="CPU threads of each run (both sides)")
     parser.add_argument("--model", type=Path, default=None, help="model folder (default: a tiny BERT built here)")
     parser.add_argument("--out", type=Path, default=HERE / "results" / f"remote-{date.today().isoformat()}.json")
     opts = parser.parse_args()
@@ -74,13 +79,14 @@ def main() -> None:
         "accel": {"ort": False, "fused_adam": False, "precision": "fp32"},
     }
     started = time.monotonic()
-    cluster.start(num_cpus=2)
+    cluster.start(num_cpus=opts.cpus)
+    os.environ["OMP_NUM_THREADS"] = str(opts.cpus)  # the local runs inherit it; the remote job gets it from Ray
     head_start_s = time.monotonic() - started
     runs: dict[str, list[dict]] = {"local": [], "remote": []}
     try:
         for i in range(opts.rounds):
             for name in ("local", "remote", "remote", "local"):
-                target = {"cluster": "local"} if name == "remote" else {}
+                target = {"cluster": "local", "cpus_per_process": opts.cpus} if name == "remote" else {}
                 t0 = time.monotonic()
                 run = ortlab.launch({**spec, "name": f"{name}-{i}", "target": target})
                 delays = follow_delays(run)
@@ -120,6 +126,7 @@ def main() -> None:
         "date": date.today().isoformat(),
         "cpu_count": os.cpu_count(),
         "steps": opts.steps,
+        "cpu_threads_per_run": opts.cpus,
         "rounds": opts.rounds,
         "model": "tiny-bert (tests/helpers)" if opts.model is None else str(opts.model),
         "head_start_s": round(head_start_s, 1),

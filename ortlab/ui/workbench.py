@@ -218,14 +218,14 @@ class Workbench(RefreshedDisplay, widgets.VBox):
         self.check_button = widgets.Button(
             description="check again" if self.probed else "check this machine",
             tooltip="try each acceleration for real (10-40 s, in the background)",
-            layout=widgets.Layout(width="150px"),
+            layout=widgets.Layout(width="max-content"),
         )
         self.check_note = widgets.HTML(_checked_html(self.report))
         self._check_thread: threading.Thread | None = None
         self.tune_button = widgets.Button(
             description="measure the fastest",
             tooltip="train each mix a few steps on this model and data, then switch on the fastest (about a minute)",
-            layout=widgets.Layout(width="150px"),
+            layout=widgets.Layout(width="max-content"),
         )
         self.tune_note = widgets.HTML()
         self._tune_thread: threading.Thread | None = None
