@@ -211,16 +211,10 @@ def _stepper(opts: argparse.Namespace, name: str, tmp: str, *extra: str):
         cmd += [f"--{key.replace('_', '-')}", str(getattr(opts, key))]
     cmd += list(extra)
     # Environment switches must be there before the child imports torch/onnxruntime.
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    from ortlab.envvars import temporary_env
+
+    with temporary_env(env):
         return Stepper(cmd, Path(tmp) / f"{name}.log")
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def measure(opts: argparse.Namespace, names: list[str]) -> dict:

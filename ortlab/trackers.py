@@ -26,6 +26,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ortlab.envvars import temporary_env
+
 logger = logging.getLogger("ortlab")
 
 # The names transformers' report_to uses, and the package each needs.
@@ -79,18 +81,10 @@ def offline(names: list[str], run_path: Path) -> Iterator[dict[str, str]]:
                 "(launch the run, ortlab.launch(spec) or `ortlab train`, to give it its own)",
                 current,
             )
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
     if values.get("TRACKIO_DIR"):
         Path(values["TRACKIO_DIR"]).mkdir(parents=True, exist_ok=True)
-    try:
+    with temporary_env(values):
         yield values
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def run_config(spec: Any, resolved: Any) -> dict[str, Any]:

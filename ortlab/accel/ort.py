@@ -22,14 +22,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from ortlab.accel import NOT_PROBED, Availability, package_version
+from ortlab.envvars import temporary_env
 
 EXTENSIONS = ("aten_op_executor", "torch_interop_utils")
 MAX_TORCH = (2, 7)  # exclusive
@@ -254,27 +253,13 @@ def prepare_model(model) -> dict[str, str]:
     return changed
 
 
-@contextmanager
-def _env(values: dict[str, str]) -> Iterator[None]:
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def wrap(model, options: ORTOptions):
     """Wrap `model` in ORTModule. The wrapper shares the model's parameters: an optimizer built on the model
     trains through it, and the model itself stays a plain PyTorch/transformers model (for saving)."""
     env = {"ORTMODULE_MEMORY_OPT_LEVEL": str(options.memory_opt_level)}
     if options.fallback == "error":
         env["ORTMODULE_FALLBACK_POLICY"] = "FALLBACK_DISABLE"
-    with _env(env):
+    with temporary_env(env):
         from onnxruntime.training.ortmodule import DebugOptions, LogLevel, ORTModule
 
         debug = DebugOptions(
