@@ -25,10 +25,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import random
-import statistics
 import sys
 import tempfile
 import time
@@ -38,7 +36,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_trainer import bootstrap_ci, cpu_name  # noqa: E402
+from bench_trainer import analyze, cpu_name  # noqa: E402
 
 # SmolLM2-135M's configuration (HuggingFaceTB/SmolLM2-135M config.json), the fields that decide shapes and FLOPs.
 SMOLLM2_135M = {
@@ -215,7 +213,12 @@ def main() -> None:
             for proc, _ in procs.values():
                 proc.close()
 
-    noise = analyze(results)
+    # Ratios to full fine-tuning, against the geometric mean of its two processes (bench_trainer's method).
+    noise = analyze(
+        results,
+        baseline="full",
+        ratios={"peak_mem_mb": "peak_mem_ratio", "optimizer_state_bytes": "optimizer_state_ratio"},
+    )
     report = {
         "benchmark": "bench_lora",
         "method": METHOD,
@@ -254,28 +257,6 @@ def _parameters(out: Path) -> dict:
             if record.get("event") == "parameters":
                 return {k: record[k] for k in ("trainable", "total", "optimizer_state_bytes")}
     return {}
-
-
-def analyze(results: dict[str, dict]) -> list[float] | None:
-    """Ratios of every row to full fine-tuning; returns the noise floor (95 % interval of full@2 / full)."""
-    a, b = results["full"], results.get("full@2", {"error": "not run"})
-    both = "error" not in b and len(b.get("slices", [])) == len(a["slices"])
-    reference = [math.sqrt(x * y) for x, y in zip(a["slices"], b["slices"], strict=True)] if both else a["slices"]
-    for r in results.values():
-        if "error" in r or len(r.get("slices", [])) != len(reference):
-            r.setdefault("error", "did not finish every round")
-            continue
-        paired = [x / y for x, y in zip(r["slices"], reference, strict=True)]
-        r["samples_per_s"] = statistics.median(r["slices"])
-        r["throughput_ratio"] = statistics.median(paired)
-        r["ratio_ci95"] = list(bootstrap_ci(paired))
-        if r.get("peak_mem_mb") and a.get("peak_mem_mb"):
-            r["peak_mem_ratio"] = r["peak_mem_mb"] / a["peak_mem_mb"]
-        if r.get("optimizer_state_bytes") and a.get("optimizer_state_bytes"):
-            r["optimizer_state_ratio"] = r["optimizer_state_bytes"] / a["optimizer_state_bytes"]
-    if not both:
-        return None
-    return list(bootstrap_ci([y / x for x, y in zip(a["slices"], b["slices"], strict=True)]))
 
 
 def print_table(report: dict) -> None:

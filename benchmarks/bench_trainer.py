@@ -302,14 +302,20 @@ def main() -> None:
     print(f"\nwritten to {path}")
 
 
-def analyze(results: dict[str, dict]) -> list[float] | None:
-    """Ratios of every row to the plain Trainer; returns the noise floor (the 95 % interval of baseline@2 / baseline).
+def analyze(
+    results: dict[str, dict],
+    baseline: str = "baseline",
+    ratios: dict[str, str] | None = None,
+) -> list[float] | None:
+    """Ratios of every row to `baseline` (the plain Trainer here); returns the noise floor (the 95 % interval of
+    `baseline@2` / `baseline`), or None without a second baseline process.
 
-    The reference of each round is the geometric mean of the two plain-Trainer processes' slices: one process can
+    The reference of each round is the geometric mean of the two baseline processes' slices: one process can
     run a few percent slower than an identical one for its whole life (where its memory and threads landed), and
-    two baselines halve that bias. The noise floor compares the two with each other.
+    two baselines halve that bias. The noise floor compares the two with each other. `ratios` maps a row field to
+    the name of its ratio to the baseline's (default: peak memory).
     """
-    a, b = results["baseline"], results["baseline@2"]
+    a, b = results[baseline], results.get(f"{baseline}@2", {"error": "not run"})
     both = "error" not in b and len(b.get("slices", [])) == len(a["slices"])
     reference = [math.sqrt(x * y) for x, y in zip(a["slices"], b["slices"], strict=True)] if both else a["slices"]
     for r in results.values():
@@ -320,8 +326,9 @@ def analyze(results: dict[str, dict]) -> list[float] | None:
         r["samples_per_s"] = statistics.median(r["slices"])
         r["throughput_ratio"] = statistics.median(paired)
         r["ratio_ci95"] = list(bootstrap_ci(paired))
-        if r.get("peak_mem_mb") and a.get("peak_mem_mb"):
-            r["peak_mem_ratio"] = r["peak_mem_mb"] / a["peak_mem_mb"]
+        for field, name in (ratios or {"peak_mem_mb": "peak_mem_ratio"}).items():
+            if r.get(field) and a.get(field):
+                r[name] = r[field] / a[field]
     if not both:
         return None
     return list(bootstrap_ci([y / x for x, y in zip(a["slices"], b["slices"], strict=True)]))
