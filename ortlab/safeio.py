@@ -1,0 +1,221 @@
+"""Files in folders ortlab does not control: opened without following links, read with a bound, JSON always valid.
+
+A run folder can come from anywhere: copied from a colleague, cloned with a repository, unpacked from an archive.
+Once a browser button (the sidebar's Stop and Resume) acts on every folder under the runs root, such a folder is
+untrusted input, and three ordinary habits become holes:
+
+- `path.write_text()` follows a symbolic link: a planted `control/stop -> ~/.bashrc` makes Stop overwrite it, and a
+  link to a private key in `model/` makes publishing upload it. Here every component below the folder is opened
+  with `O_NOFOLLOW` (relative to the folder's own descriptor, `openat`-style), so a link anywhere below the folder
+  raises `UnsafePath` instead of being followed; the folder itself is the caller's to resolve (see
+  `ortlab.runner.rundir.resolve`). Only regular files are read: a FIFO would block a reader forever, a device
+  never ends.
+- `path.read_text()` reads a whole file: a 171 MiB metrics file took a Jupyter server from 103 MB to 1.69 GB.
+  Every read here has a limit and raises `TooLarge` past it.
+- `json.dumps` writes `NaN` and `Infinity` by default, which are not JSON: one diverged run's `final_loss` made the
+  server's answers unparseable for the browser. `dumps` cleans non-finite numbers at every depth to `null`.
+
+Writes never go into an existing file: a new file is written beside it and renamed over it (a rename replaces a link
+itself, never its target), so even a hard link planted in a folder cannot carry a write elsewhere.
+
+This module is the bottom layer: it imports only the standard library.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import stat
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+# One JSON document ortlab writes into a run folder (status, result, spec) is a few KiB; anything near this is not one.
+MAX_JSON_BYTES = 8 * 1024 * 1024
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class UnsafePath(OSError):
+    """A path below a folder is a link, escapes the folder, or is not a regular file where one was expected."""
+
+
+class TooLarge(OSError):
+    """A file is larger than the limit its reader allows."""
+
+
+def finite(value: Any) -> Any:
+    """`value` with every non-finite float (NaN, +-inf) replaced by None, at every depth; tuples become lists."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def dumps(value: Any, **kwargs: Any) -> str:
+    """`json.dumps` that always produces valid JSON: non-finite numbers become null (see `finite`)."""
+    kwargs.setdefault("default", str)
+    return json.dumps(finite(value), allow_nan=False, **kwargs)
+
+
+def _parts(rel: str | os.PathLike) -> tuple[str, ...]:
+    parts = PurePosixPath(os.fspath(rel)).parts
+    if not parts or parts[0] == "/" or any(p in ("..", ".") for p in parts):
+        raise UnsafePath(errno.EINVAL, f"{os.fspath(rel)!r} is not a plain relative path inside the folder")
+    return parts
+
+
+@contextmanager
+def _parent_fd(folder: str | os.PathLike, parts: tuple[str, ...], create: bool = False) -> Iterator[int]:
+    """A descriptor of the directory holding `parts[-1]`, every step below `folder` taken without following links."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for i, part in enumerate(parts[:-1]):
+            try:
+                nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                with _suppress(FileExistsError):
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise UnsafePath(e.errno, f"{'/'.join(parts[: i + 1])} in {os.fspath(folder)} is a link or "
+                                     "not a folder; ortlab does not follow links inside a run folder") from None
+                raise
+            os.close(fd)
+            fd = nxt
+        yield fd
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def _suppress(*kinds: type[BaseException]) -> Iterator[None]:
+    try:
+        yield
+    except kinds:
+        pass
+
+
+def _link_error(folder: str | os.PathLike, rel: str | os.PathLike, e: OSError) -> OSError:
+    if e.errno in (errno.ELOOP, errno.ENOTDIR):
+        return UnsafePath(e.errno, f"{os.fspath(rel)} in {os.fspath(folder)} is a link; ortlab does not follow "
+                          "links inside a run folder")
+    return e
+
+
+def open_in(folder: str | os.PathLike, rel: str | os.PathLike, flags: int = os.O_RDONLY, mode: int = 0o644) -> int:
+    """A file descriptor for `folder/rel`, opened without following a link at any step below `folder`.
+
+    Reads (no O_CREAT) must land on a regular file: anything else raises UnsafePath before a byte is read.
+    The caller closes the descriptor (or wraps it with `os.fdopen`).
+    """
+    parts = _parts(rel)
+    with _parent_fd(folder, parts, create=bool(flags & os.O_CREAT)) as dfd:
+        try:
+            fd = os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode, dir_fd=dfd)
+        except OSError as e:
+            raise _link_error(folder, rel, e) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UnsafePath(errno.EINVAL, f"{os.fspath(rel)} in {os.fspath(folder)} is not a regular file")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def read_bytes(folder: str | os.PathLike, rel: str | os.PathLike, limit: int = MAX_JSON_BYTES) -> bytes:
+    """The whole of a small file in `folder`, never following a link; TooLarge past `limit` bytes."""
+    fd = open_in(folder, rel)
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise TooLarge(errno.EFBIG, f"{os.fspath(rel)} in {os.fspath(folder)} is larger than {limit} bytes")
+    return data
+
+
+def read_json(folder: str | os.PathLike, rel: str | os.PathLike, limit: int = MAX_JSON_BYTES) -> Any:
+    """A JSON file in `folder` (no links, at most `limit` bytes). Raises OSError or ValueError when it is not one."""
+    return json.loads(read_bytes(folder, rel, limit))
+
+
+def write_bytes(folder: str | os.PathLike, rel: str | os.PathLike, data: bytes, durable: bool = False) -> None:
+    """Replace `folder/rel` with `data`, atomically: a new file beside it renamed over it, no link followed.
+
+    `durable` fsyncs the file and its folder, so a power cut leaves the old or the new content, never half.
+    """
+    parts = _parts(rel)
+    with _parent_fd(folder, parts, create=True) as dfd:
+        tmp = f".{parts[-1]}.{os.getpid()}.{threading.get_ident()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                if durable:
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.replace(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            with _suppress(OSError):
+                os.unlink(tmp, dir_fd=dfd)
+            raise
+        if durable:
+            with _suppress(OSError):
+                os.fsync(dfd)
+
+
+def write_json(folder: str | os.PathLike, rel: str | os.PathLike, value: Any, durable: bool = True) -> None:
+    """Write `value` as valid JSON (see `dumps`) into `folder/rel`, atomically and without following links."""
+    write_bytes(folder, rel, dumps(value, indent=2).encode("utf-8"), durable=durable)
+
+
+def remove(folder: str | os.PathLike, rel: str | os.PathLike) -> bool:
+    """Remove `folder/rel` (a link is removed itself, never its target); False when it was not there."""
+    parts = _parts(rel)
+    try:
+        with _parent_fd(folder, parts) as dfd:
+            os.unlink(parts[-1], dir_fd=dfd)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def exists(folder: str | os.PathLike, rel: str | os.PathLike) -> bool:
+    """Is there an entry (of any kind, a link included) at `folder/rel`, reached without following links?"""
+    parts = _parts(rel)
+    try:
+        with _parent_fd(folder, parts) as dfd:
+            os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
+    except (FileNotFoundError, UnsafePath, NotADirectoryError):
+        return False
+    return True
+
+
+def is_regular(path: str | os.PathLike) -> bool:
+    """Is `path` itself a regular file (a link to one is not)?"""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def regular_files(folder: str | os.PathLike) -> Iterator[Path]:
+    """Every regular file below `folder`, never descending into a linked folder; links and special files skipped.
+
+    For copying a folder somewhere others can read it (publishing, bringing results home): only what is really in
+    the folder goes, never what a link points at.
+    """
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
+        dirnames[:] = sorted(d for d in dirnames if not os.path.islink(os.path.join(dirpath, d)))
+        for name in sorted(filenames):
+            path = Path(dirpath, name)
+            if is_regular(path):
+                yield path
