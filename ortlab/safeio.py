@@ -30,7 +30,7 @@ import os
 import stat
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -83,13 +83,16 @@ def _parent_fd(folder: str | os.PathLike, parts: tuple[str, ...], create: bool =
             except FileNotFoundError:
                 if not create:
                     raise
-                with _suppress(FileExistsError):
+                with suppress(FileExistsError):
                     os.mkdir(part, 0o755, dir_fd=fd)
                 nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
             except OSError as e:
                 if e.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise UnsafePath(e.errno, f"{'/'.join(parts[: i + 1])} in {os.fspath(folder)} is a link or "
-                                     "not a folder; ortlab does not follow links inside a run folder") from None
+                    raise UnsafePath(
+                        e.errno,
+                        f"{'/'.join(parts[: i + 1])} in {os.fspath(folder)} is a link or "
+                        "not a folder; ortlab does not follow links inside a run folder",
+                    ) from None
                 raise
             os.close(fd)
             fd = nxt
@@ -98,18 +101,12 @@ def _parent_fd(folder: str | os.PathLike, parts: tuple[str, ...], create: bool =
         os.close(fd)
 
 
-@contextmanager
-def _suppress(*kinds: type[BaseException]) -> Iterator[None]:
-    try:
-        yield
-    except kinds:
-        pass
-
-
 def _link_error(folder: str | os.PathLike, rel: str | os.PathLike, e: OSError) -> OSError:
     if e.errno in (errno.ELOOP, errno.ENOTDIR):
-        return UnsafePath(e.errno, f"{os.fspath(rel)} in {os.fspath(folder)} is a link; ortlab does not follow "
-                          "links inside a run folder")
+        return UnsafePath(
+            e.errno,
+            f"{os.fspath(rel)} in {os.fspath(folder)} is a link; ortlab does not follow links inside a run folder",
+        )
     return e
 
 
@@ -164,11 +161,11 @@ def write_bytes(folder: str | os.PathLike, rel: str | os.PathLike, data: bytes, 
                     os.fsync(f.fileno())
             os.replace(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
         except BaseException:
-            with _suppress(OSError):
+            with suppress(OSError):
                 os.unlink(tmp, dir_fd=dfd)
             raise
         if durable:
-            with _suppress(OSError):
+            with suppress(OSError):
                 os.fsync(dfd)
 
 

@@ -16,7 +16,9 @@ def test_dumps_cleans_non_finite_numbers_at_every_depth():
     text = safeio.dumps(value)
     assert json.loads(text) == {"a": None, "b": [1.0, None, {"c": None, "d": [2.5, None]}], "e": "NaN"}
     assert "NaN" not in text.replace('"NaN"', "")
-    with pytest.raises(ValueError):  # what plain json does with allow_nan=False: the cleaning is what saves it
+    with pytest.raises(
+        ValueError, match="JSON compliant"
+    ):  # what plain json does with allow_nan=False: the cleaning is what saves it
         json.dumps(value, allow_nan=False)
 
 
