@@ -144,6 +144,8 @@ class MetricsStream:
         # Inside a line (its previous byte is not a newline): that line's rest is passed over, not parsed as a record.
         passing = self.offset > 0 and os.pread(fd, 1, self.offset - 1) != b"\n"
         passing_from = self._passing_from if passing and self._passing_from is not None else self.offset
+        too_long = f"longer than {self.line_limit} bytes"
+        passing_why = too_long if self._passing_from is not None else "the rest of a line begun before the offset"
         pos, buf, done, began = self.offset, b"", 0, self.offset  # `buf` holds the file's bytes from `pos` on
         # Past the budget only while no line has ended yet: a line of up to line_limit bytes is always read whole.
         while max_bytes is None or done < max_bytes or self.offset == began:
@@ -163,13 +165,13 @@ class MetricsStream:
                     continue
                 passing, start, self._passing_from = False, newline + 1, None
                 self.offset = pos + start
-                self._skip(passing_from, self.offset - 1 - passing_from, f"longer than {self.line_limit} bytes")
+                self._skip(passing_from, self.offset - 1 - passing_from, passing_why)
             while (newline := buf.find(b"\n", start)) >= 0:
                 line_at, line = pos + start, buf[start:newline]
                 start = newline + 1
                 self.offset = pos + start
                 if len(line) > self.line_limit:
-                    self._skip(line_at, len(line), f"longer than {self.line_limit} bytes")
+                    self._skip(line_at, len(line), too_long)
                     continue
                 record = parse_line(line)
                 if isinstance(record, str):
@@ -177,7 +179,7 @@ class MetricsStream:
                 else:
                     yield record
             if len(buf) - start > self.line_limit:  # an unfinished line already too long: pass over it from here
-                passing, passing_from = True, pos + start
+                passing, passing_from, passing_why = True, pos + start, too_long
                 self._passing_from = passing_from
                 pos, buf = pos + len(buf), b""
                 self.offset = pos
