@@ -239,6 +239,21 @@ def test_a_bad_spec_is_400_with_the_same_problems_as_everywhere(api, runs_root):
     assert list(runs_root.iterdir()) == [], "no run folder for a refused spec"
 
 
+def test_an_oversized_or_too_deep_body_is_refused_before_parsing(api, runs_root):
+    """A body is read by the event loop that serves every request: over 1 MiB is 413 unparsed, and parsing happens
+    off the loop; a body nested deeper than the parser's recursion is a 400, not a 500."""
+    from ortlab.server.handlers import MAX_BODY_BYTES
+
+    big = json.dumps({"name": "x" * MAX_BODY_BYTES, "hyper": {"max_steps": 5}})
+    code, body, _ = api("POST", "runs", big)
+    assert code == 413, body
+    assert f"at most {MAX_BODY_BYTES}" in body["message"] and "run spec" in body["message"], body
+    code, body, _ = api("POST", "runs", "[" * 200_000)
+    assert code == 400 and "not JSON" in body["message"], body
+    code, body, _ = api("GET", "runs")
+    assert code == 200 and body["runs"] == [], "the server still answers, and no run folder was made"
+
+
 # --- metrics and rows --------------------------------------------------------------------------------------
 
 

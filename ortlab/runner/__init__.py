@@ -29,9 +29,9 @@ from ortlab.runner.rundir import (
     RunStateError,
     process_alive,
     process_create_time,
-    read_metrics,
     resolve,
 )
+from ortlab.runner.stream import MetricsStream
 
 DEFAULT_ROOT = "ortlab-runs"
 # How long a status may stay unreadable (missing, or not JSON) before follow/wait give up with the reason.
@@ -106,21 +106,23 @@ class Run:
 
         Use as an iterator (`for r in run.follow()`), or pass `callback` and exhaust it (`list(...)`).
         """
-        offset, deadline = 0, None if timeout is None else time.monotonic() + timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        stream = MetricsStream(self.path)
         unreadable = _Unreadable(self)
         while True:
-            # The run writes its last metrics before its final status: once the status says it ended, one more
-            # read has every line.
+            # The run writes its last metrics before its final status: once the status says it ended, reading on
+            # to the end has every line.
             state = unreadable.check(self.state)
             ended = state in TERMINAL
-            records, offset = read_metrics(self.dir.metrics_path, offset)
-            for record in records:
+            before = stream.offset
+            for record in stream.records():  # bounded per call: a long history comes a chunk at a time
                 if callback is not None:
                     callback(record)
                 yield record
-            if ended or (deadline is not None and time.monotonic() > deadline):
+            moved = stream.offset != before  # (a torn last line never completes: an ended run stops there)
+            if (ended and not moved) or (deadline is not None and time.monotonic() > deadline):
                 return
-            if not records:
+            if not moved:
                 time.sleep(poll_s)
 
     def wait(self, timeout: float | None = None, poll_s: float = 0.5) -> dict[str, Any]:

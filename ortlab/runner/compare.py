@@ -5,58 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-EVAL_KEYS = ("eval_accuracy", "eval_f1", "eval_exact_match", "eval_token_f1", "eval_perplexity", "eval_loss")
+from ortlab.runner.stream import EVAL_KEYS, RunSummary, summary_of
 
 
-def summarize(records: list[dict[str, Any]], warmup_steps: int = 2) -> dict[str, Any]:
+def summarize(records: Any, warmup_steps: int = 2) -> dict[str, Any]:
     """Steady-state throughput from a metrics stream. Each training segment (a start, or a resume) has its
-    own warm-up: its first `warmup_steps` steps are counted apart."""
-    segments: list[list[dict]] = []
-    for r in records:
-        if r.get("event") == "train_begin" or not segments:
-            segments.append([])
-        if r.get("event") == "step" and _is_step(r):
-            segments[-1].append(r)
-    warm = [s for seg in segments for s in seg[:warmup_steps]]
-    steady = [s for seg in segments for s in seg[warmup_steps:]]
-    steps = [s for seg in segments for s in seg]
-    out: dict[str, Any] = {
-        "steps": max((s["step"] for s in steps), default=0),
-        "warmup_steps": len(warm),
-        "warmup_time_s": sum(s["step_time_s"] for s in warm),
-        "final_loss": steps[-1]["loss"] if steps else None,
-        "peak_mem_mb": max((s["peak_mem_mb"] for s in steps if _number(s.get("peak_mem_mb"))), default=None),
-        "mem_kind": steps[-1].get("mem_kind") if steps else None,
-    }
-    t = sum(s["step_time_s"] for s in steady)
-    if steady and t > 0:
-        out["steady_samples_per_s"] = sum(s["samples"] for s in steady) / t
-        out["steady_tokens_per_s"] = sum(s["tokens"] for s in steady) / t
-        out["steady_step_time_s"] = t / len(steady)
-        # MFU and model FLOP/s over the steady steps, weighted by their time (what a long run averages to).
-        timed = [s for s in steady if _number(s.get("mfu"))]
-        if timed and (tm := sum(s["step_time_s"] for s in timed)) > 0:
-            out["steady_mfu"] = sum(s["mfu"] * s["step_time_s"] for s in timed) / tm
-        timed = [s for s in steady if _number(s.get("model_tflops_per_s"))]
-        if timed and (tm := sum(s["step_time_s"] for s in timed)) > 0:
-            out["steady_model_tflops_per_s"] = sum(s["model_tflops_per_s"] * s["step_time_s"] for s in timed) / tm
-    for key in ("gpu_mem_step_peak_mb", "gpu_mem_reserved_mb"):
-        values = [s[key] for s in steps if _number(s.get(key))]
-        if values:
-            out[f"max_{key}"] = max(values)
-    return out
+    own warm-up: its first `warmup_steps` steps are counted apart. (The fold is `RunSummary`'s, record by record.)"""
+    return RunSummary(warmup_steps).fold_all(records).throughput()
 
 
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _is_step(record: dict[str, Any]) -> bool:
-    """A step record a summary can use: ortlab writes these numbers on every step; a line without them (a damaged
-    or hand-edited file) is left out rather than crashing every view of the run."""
-    return isinstance(record.get("step"), int) and all(
-        _number(record.get(k)) for k in ("step_time_s", "samples", "tokens")
-    )
 
 
 @dataclass
@@ -87,32 +46,30 @@ def _status(run: Any) -> dict[str, Any]:
     return RunDir(run.path).read_status()
 
 
-def row_for(run: Any) -> Row:
-    """A comparison row from a run folder (finished or not: the metrics stream is enough)."""
-    records = run.metrics()
-    accelerations: dict[str, Any] = {}
-    for r in records:
-        if r.get("event") in ("train_begin", "verified", "train_end") and isinstance(r.get("accelerations"), dict):
-            accelerations = r["accelerations"]
+def row_for(run: Any, summary: RunSummary | None = None) -> Row:
+    """A comparison row from a run folder (finished or not: the metrics stream is enough). `summary`: the run's
+    summary where the caller keeps one current (the workbench); else the stream is folded now, in bounded pieces."""
+    if summary is None:
+        summary = summary_of(run.path)
     result = run.result() or {}
-    decided = next((r for r in records if r.get("event") == "auto" and r.get("resolved")), None)
-    evals = [r for r in records if r.get("event") == "eval"]
-    last_eval = result.get("eval_after") or (evals[-1] if evals else {})
+    after = result.get("eval_after") if isinstance(result, dict) else None
+    scores = {k: after[k] for k in EVAL_KEYS if _number(after.get(k))} if isinstance(after, dict) and after else None
     return Row(
         run_id=run.id,
         state=run.state,
-        requested=[k for k, v in accelerations.items() if isinstance(v, dict) and v.get("requested")],
-        applied=[k for k, v in accelerations.items() if isinstance(v, dict) and v.get("applied")],
-        summary=summarize(records),
-        eval={k: last_eval[k] for k in EVAL_KEYS if isinstance(last_eval.get(k), (int, float))},
-        auto=None if decided is None else "measured" if decided.get("tuned") else "default",
+        requested=summary.requested,
+        applied=summary.applied,
+        summary=summary.throughput(),
+        eval=scores if scores is not None else dict(summary.scores),
+        auto=summary.auto,
         where=where_for(_status(run)),
     )
 
 
-def compare(runs: list[Any], baseline: str | None = None) -> list[Row]:
-    """Rows for `runs`, with throughput, warm-up, memory and eval ratios against `baseline` (default: first)."""
-    rows = [row_for(r) for r in runs]
+def compare(runs: list[Any], baseline: str | None = None, summaries: dict[str, RunSummary] | None = None) -> list[Row]:
+    """Rows for `runs`, with throughput, warm-up, memory and eval ratios against `baseline` (default: first).
+    `summaries`: run id -> a summary the caller keeps current (the others are read now)."""
+    rows = [row_for(r, (summaries or {}).get(r.id)) for r in runs]
     if not rows:
         return rows
     base = next((r for r in rows if r.run_id == baseline), None) if baseline else rows[0]

@@ -37,6 +37,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from ortlab.runner.stream import MetricsStream, summary_of
+from ortlab.runner.stream import records as stream_records
+
 STATES = ("pending", "running", "completed", "failed", "stopped")
 TERMINAL = frozenset({"completed", "failed", "stopped"})
 # Which state may follow which. `pending` after `stopped`/`failed` is a resume claiming the folder; a terminal
@@ -131,29 +134,16 @@ def process_create_time(pid: int) -> float | None:
 
 
 def read_metrics(path: Path, offset: int = 0, max_bytes: int | None = None) -> tuple[list[dict[str, Any]], int]:
-    """Complete JSON lines from byte `offset` on, and the offset after the last complete line.
+    """Complete JSON lines from byte `offset` on, and the offset after the last line read.
 
     A line still being written (no newline yet), or cut short by a killed process, is not returned; a reader
     following the file picks it up on its next call once it is complete. `max_bytes` bounds one read (a server
-    answering from offset 0 on a long run); the rest comes on the next call, from the offset returned.
+    answering from offset 0 on a long run); the rest comes on the next call, from the offset returned. The reading
+    itself (bounded lines, no links followed, damaged lines passed over) is `ortlab.runner.stream.MetricsStream`.
     """
-    if not path.exists():
-        return [], offset
-    with path.open("rb") as f:
-        f.seek(offset)
-        data = f.read() if max_bytes is None else f.read(max_bytes)
-    records, consumed = [], 0
-    for raw in data.splitlines(keepends=True):
-        if not raw.endswith(b"\n"):
-            break
-        consumed += len(raw)
-        try:
-            record = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            continue  # a torn line in the middle (a killed writer, then a resume): skip it, keep the rest
-        if isinstance(record, dict):  # every ortlab record is an object; anything else was not written by a run
-            records.append(record)
-    return records, offset + consumed
+    path = Path(path)
+    stream = MetricsStream(path.parent, offset, name=path.name)
+    return stream.read(max_bytes), stream.offset
 
 
 def _checkpoint_complete(path: Path) -> bool:
@@ -308,11 +298,15 @@ class RunDir:
     # --- contents --------------------------------------------------------------------------------------------
 
     def metrics(self) -> list[dict[str, Any]]:
-        return read_metrics(self.metrics_path)[0]
+        """Every record, as a list (for a run's own few hundred steps; views fold `records()` or a RunSummary)."""
+        return list(self.records())
+
+    def records(self) -> Iterator[dict[str, Any]]:
+        """Every record, read in bounded pieces: memory for one piece, not for the whole file."""
+        return stream_records(self.path)
 
     def last_step(self) -> int:
-        steps = [r["step"] for r in self.metrics() if r.get("event") == "step" and isinstance(r.get("step"), int)]
-        return max(steps, default=0)
+        return summary_of(self.path).step
 
     def result(self) -> dict[str, Any] | None:
         try:

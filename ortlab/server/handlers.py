@@ -27,6 +27,8 @@ from ortlab.server.runs import metrics_since
 T = TypeVar("T")
 
 API = "ortlab/api"
+# A request body ortlab reads (a run spec) is a few KiB; one larger than this is refused unread.
+MAX_BODY_BYTES = 2**20
 ID = r"(?P<run_id>[^/]+)"
 
 
@@ -58,10 +60,19 @@ class OrtlabHandler(APIHandler):
             raise web.HTTPError(404, f"no run {run_id!r} under the runs root {str(root)!r}")
         return RunDir(path)
 
-    def json_body(self) -> Any:
+    async def json_body(self) -> Any:
+        """The request's JSON body: 413 past MAX_BODY_BYTES (before parsing), 400 if it is not JSON. Parsed in the
+        executor: a large or deeply nested document must not hold the event loop, which serves every other request."""
+        body = self.request.body or b"null"
+        if len(body) > MAX_BODY_BYTES:
+            raise web.HTTPError(
+                413,
+                f"the request body is {len(body)} bytes; ortlab accepts at most {MAX_BODY_BYTES} "
+                "(a run spec is a few KiB: send the spec's fields, not data)",
+            )
         try:
-            return json.loads(self.request.body or b"null")
-        except ValueError as e:
+            return await self.io(json.loads, body)
+        except (ValueError, RecursionError) as e:
             raise web.HTTPError(400, f"the request body is not JSON: {e}") from None
 
 
@@ -82,7 +93,7 @@ class RunsHandler(OrtlabHandler):
         from ortlab.server.actions import HelperFailed, run_helper
         from ortlab.spec import RunSpec, SpecError
 
-        data = self.json_body()
+        data = await self.json_body()
         if not isinstance(data, dict):
             problems = [f"a run spec is a JSON object of fields (got {type(data).__name__})"]
             return self.reply(400, {"message": "invalid run spec", "problems": problems})

@@ -2,11 +2,16 @@
 
 The sidebar polls the runs list every second or so, and a runs folder collects hundreds of runs over time.
 Re-reading every metrics.jsonl on every poll (what `ortlab.runner.compare.row_for` does, fine for a one-off CLI
-table) would cost a full parse of every run's history per request. `RunIndex` keeps, per run folder, the byte
-offset it has read up to and the few facts a row shows (latest step, loss, samples/s, the mix), and on each
-request folds in only the lines appended since: a finished run costs a `stat`, a running one the bytes of its
-last few steps. The status is read fresh every time (it is small, and `RunDir.status()` is also where a dead
-process is noticed).
+table) would cost a full parse of every run's history per request. `RunIndex` keeps, per run folder, a
+`SummaryFollower` (the byte offset read up to and the run's `RunSummary`), and on each request folds in only the
+lines appended since: a finished run costs a `stat`, a running one the bytes of its last few steps. The status is
+read fresh every time (it is small, and `RunDir.status()` is also where a dead process is noticed).
+
+A run folder can hold anything, a metrics file of hundreds of MiB included (one of 171 MiB, read whole under one
+lock, took 10 s and 1.6 GB while every other request waited). So one request reads at most ROWS_BUDGET_BYTES of
+metrics over all runs (a run with more left says `catching_up`, and the next polls read on), the reading holds only
+that run's own lock, and a request that finds a run being read by another one answers with that run's last view
+rather than waiting. Memory is one read piece per reader, never a file.
 
 Nothing here imports torch, tornado or jupyter: the benchmark and the tests drive it directly.
 """
@@ -19,11 +24,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ortlab.runner.rundir import TERMINAL, RunDir, read_metrics
+from ortlab import safeio
+from ortlab.runner.rundir import TERMINAL, RunDir
+from ortlab.runner.stream import MetricsStream, SummaryFollower
 
 # A metrics request reads at most this many bytes (a client that asked from offset 0 on a very long run gets the
 # rest on its next request, from the offset returned).
 METRICS_CHUNK_BYTES = 8 * 2**20
+# One runs-list request reads at most this many bytes of metrics over all runs (new runs, or a huge history).
+ROWS_BUDGET_BYTES = 16 * 2**20
+SPEC_LIMIT = 2**20  # a spec.yaml is a few KiB
 
 
 def _number(value: Any) -> float | None:
@@ -32,43 +42,23 @@ def _number(value: Any) -> float | None:
 
 @dataclass
 class _Follow:
-    """What one run's metrics stream has said so far, and where reading stopped."""
+    """One run's follower, its lock (held only while reading that run), and the view of its last refresh."""
 
-    offset: int = 0
-    inode: tuple[int, int] | None = None  # (device, inode) of the file read: a replaced file is read afresh
+    follower: SummaryFollower
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    view: dict[str, Any] = field(default_factory=dict)
+    caught_up: bool = False
+    read_once: bool = False
     mtime: float = 0.0
-    step: int = 0
-    max_steps: int | None = None
-    loss: float | None = None
-    samples_per_s: float | None = None
-    steady_samples_per_s: float | None = None
-    accelerations: dict[str, Any] = field(default_factory=dict)
-    verified: bool = False
     spec_max_steps: int | None = None
     spec_read: bool = False
-
-    def fold(self, record: dict[str, Any]) -> None:
-        event = record.get("event")
-        if event == "step":
-            if isinstance(record.get("step"), int):
-                self.step = max(self.step, record["step"])
-            self.loss = _number(record.get("loss"))
-            self.samples_per_s = _number(record.get("samples_per_s"))
-        elif event == "train_begin":
-            steps = record.get("max_steps")
-            if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0:
-                self.max_steps = steps
-        if event in ("train_begin", "verified", "train_end") and isinstance(record.get("accelerations"), dict):
-            self.accelerations = record["accelerations"]
-            self.verified = self.verified or event != "train_begin"
-        if event == "train_end" and isinstance(record.get("summary"), dict):
-            self.steady_samples_per_s = _number(record["summary"].get("steady_samples_per_s"))
 
 
 class RunIndex:
     """Rows for the runs under `root`, each refreshed from the bytes appended since the last request.
 
-    Thread-safe: the server calls it from its executor threads (disk reads stay off the event loop).
+    Thread-safe: the server calls it from its executor threads (disk reads stay off the event loop). The index's
+    own lock guards only its table of runs; reading a run's metrics holds that run's lock, never the index's.
     """
 
     def __init__(self, root: str | os.PathLike):
@@ -95,15 +85,14 @@ class RunIndex:
     def rows(self) -> list[dict[str, Any]]:
         dirs = self.run_dirs()
         with self._lock:
-            rows = [self._row_locked(d) for d in dirs]
             present = {d.id for d in dirs}
             for gone in [k for k in self._follows if k not in present]:
                 del self._follows[gone]  # a removed run folder: forget it (a new one of that name starts afresh)
-        return rows
+        budget = [ROWS_BUDGET_BYTES]  # shared by the runs of this one request
+        return [self._row(d, None, budget) for d in dirs]
 
     def row(self, run: RunDir, status: dict[str, Any] | None = None) -> dict[str, Any]:
-        with self._lock:
-            return self._row_locked(run, status)
+        return self._row(run, status, [ROWS_BUDGET_BYTES])
 
     def detail(self, run: RunDir) -> dict[str, Any]:
         """One run's row, plus its status.json, its spec as run (JSON) and result.json (None until completed).
@@ -121,21 +110,30 @@ class RunIndex:
             spec, spec_error = None, str(e)
         return {**row, "status": status, "spec": spec, "spec_error": spec_error, "result": run.result()}
 
-    def _row_locked(self, run: RunDir, status: dict[str, Any] | None = None) -> dict[str, Any]:
+    def _follow(self, run: RunDir) -> _Follow:
+        with self._lock:
+            follow = self._follows.get(run.id)
+            if follow is None:
+                follower = SummaryFollower(run.path)
+                follow = self._follows[run.id] = _Follow(follower, view=follower.summary.view())
+            return follow
+
+    def _row(self, run: RunDir, status: dict[str, Any] | None, budget: list[int]) -> dict[str, Any]:
         status = run.status() if status is None else status
-        follow = self._refresh(run)
+        follow = self._follow(run)
+        self._refresh(follow, budget)
+        view = follow.view
         state = status.get("state", "unknown")
         ended = state in TERMINAL
-        acc = follow.accelerations
-        requested = [k for k, v in acc.items() if isinstance(v, dict) and v.get("requested")]
-        applied = [k for k, v in acc.items() if isinstance(v, dict) and v.get("applied")]
+        requested, applied = view["requested"], view["applied"]
         # Before the first step is verified (or the run ended), "applied: false" only means "not checked yet".
-        not_applied = [k for k in requested if k not in applied] if follow.verified or ended else []
-        step = follow.step
+        not_applied = [k for k in requested if k not in applied] if view["verified"] or ended else []
+        step = view["step"]
         if isinstance(status.get("step"), int) and not isinstance(status.get("step"), bool):
             step = max(step, status["step"])
-        max_steps = follow.max_steps or self._spec_max_steps(run, follow)
-        samples = follow.steady_samples_per_s if ended and follow.steady_samples_per_s else follow.samples_per_s
+        max_steps = view["max_steps"] or self._spec_max_steps(run, follow)
+        steady = view["steady_samples_per_s"]
+        samples = steady if ended and steady else view["samples_per_s"]
         updated = max(_number(status.get("updated")) or 0.0, follow.mtime)
         return {
             "id": run.id,
@@ -143,37 +141,35 @@ class RunIndex:
             "step": step,
             "max_steps": max_steps,
             "samples_per_s": samples,
-            "loss": follow.loss,
+            "loss": view["loss"],
             "requested": requested,
             "applied": applied,
             "not_applied": not_applied,
-            "verified": follow.verified,
+            "verified": view["verified"],
             "paused": bool(status.get("paused")) and state == "running",
             "error": status.get("error") if state == "failed" else None,
             "updated": updated,
+            "catching_up": not follow.caught_up,  # more of its metrics is still to be read (the next polls read on)
+            "skipped_lines": view["skipped"],  # lines of its metrics that could not be read (see MetricsStream)
         }
 
-    def _refresh(self, run: RunDir) -> _Follow:
-        follow = self._follows.get(run.id)
+    @staticmethod
+    def _refresh(follow: _Follow, budget: list[int]) -> None:
+        """Fold in the run's new lines, within what is left of this request's budget. A run that another request
+        is reading now is not waited for: its last view answers."""
+        if budget[0] <= 0 and follow.read_once:
+            return  # this request has read its share: the next poll reads on
+        if not follow.lock.acquire(blocking=False):
+            return
         try:
-            st = run.metrics_path.stat()
-        except FileNotFoundError:
-            st = None
-        inode = (st.st_dev, st.st_ino) if st else None
-        if follow is None or (st is not None and (inode != follow.inode or st.st_size < follow.offset)):
-            # First sight, or the file was replaced or cut: read it from the start.
-            keep = follow if follow is not None and follow.spec_read else None
-            follow = _Follow(inode=inode)
-            if keep is not None:
-                follow.spec_max_steps, follow.spec_read = keep.spec_max_steps, True
-            self._follows[run.id] = follow
-        if st is None or st.st_size == follow.offset:
-            return follow
-        records, follow.offset = read_metrics(run.metrics_path, follow.offset)
-        for record in records:
-            follow.fold(record)
-        follow.mtime = st.st_mtime
-        return follow
+            stream = follow.follower.stream
+            before = stream.offset
+            summary = follow.follower.refresh(max(budget[0], 1))
+            budget[0] -= stream.offset - before if stream.offset >= before else stream.offset
+            follow.view, follow.caught_up, follow.mtime = summary.view(), stream.caught_up, stream.mtime
+            follow.read_once = True
+        finally:
+            follow.lock.release()
 
     @staticmethod
     def _spec_max_steps(run: RunDir, follow: _Follow) -> int | None:
@@ -185,7 +181,7 @@ class RunIndex:
                 import yaml
 
                 loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-                data = yaml.load(run.spec_path.read_text(), Loader=loader)
+                data = yaml.load(safeio.read_bytes(run.path, "spec.yaml", SPEC_LIMIT), Loader=loader)
                 steps = (data.get("hyper") or {}).get("max_steps") if isinstance(data, dict) else None
                 if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0:
                     follow.spec_max_steps = steps
@@ -197,18 +193,25 @@ class RunIndex:
 def metrics_since(run: RunDir, offset: int) -> dict[str, Any]:
     """Complete metrics records after byte `offset`, and the offset to ask from next time.
 
-    Only the bytes after `offset` are read (at most METRICS_CHUNK_BYTES), so polling a running run every second
-    costs the size of its newest lines. An offset past the end of the file means the client followed another
-    file (the run folder was replaced): ValueError, so that it starts again from 0.
+    Only the bytes after `offset` are read (at most METRICS_CHUNK_BYTES, plus one line), so polling a running run
+    every second costs the size of its newest lines. An offset past the end of the file means the client followed
+    another file (the run folder was replaced): ValueError, so that it starts again from 0. Lines that could not be
+    read (too long, not JSON) are passed over and listed in `skipped` (offset, length, why).
     """
-    try:
-        size = run.metrics_path.stat().st_size
-    except FileNotFoundError:
-        size = 0
-    if offset > size:
+
+    def past_end() -> None:
         raise ValueError(
-            f"offset {offset} is past the end of the run's metrics ({size} bytes): the run folder was replaced; "
-            "read again from offset 0"
+            f"offset {offset} is past the end of the run's metrics ({stream.size} bytes): the run folder was "
+            "replaced; read again from offset 0"
         )
-    records, new_offset = read_metrics(run.metrics_path, offset, max_bytes=METRICS_CHUNK_BYTES)
-    return {"records": records, "offset": new_offset}
+
+    stream = MetricsStream(run.path, offset, on_restart=past_end)
+    records = stream.read(METRICS_CHUNK_BYTES)
+    if offset > stream.size:  # no file (any more), or one that cannot be read
+        past_end()
+    answer: dict[str, Any] = {"records": records, "offset": stream.offset}
+    if stream.problem:
+        answer["problem"] = stream.problem
+    if stream.skips:
+        answer["skipped"] = [s.to_dict() for s in stream.skips]
+    return answer

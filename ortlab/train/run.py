@@ -490,7 +490,7 @@ def _auto_mix(spec, run, model_path, prepared, train_ds, collate, log) -> dict[s
 
 def _stored_choice(run: RunDir) -> dict[str, Any] | None:
     """A resumed run trains with the mix it started with (its `auto` record), not a new decision."""
-    for record in run.metrics():
+    for record in run.records():
         if record.get("event") == "auto":
             return record.get("choice")
     return None
@@ -527,17 +527,16 @@ def _new_head_note(model_path: str, spec: RunSpec, label_names: list[str]) -> st
 
 
 def _previous_eval(run: RunDir) -> dict[str, Any] | None:
-    for record in run.metrics():
-        if record.get("event") == "eval" and record.get("phase") == "before":
-            return {k: v for k, v in record.items() if k.startswith("eval_")}
-    return None
+    from ortlab.runner.stream import summary_of
+
+    return summary_of(run.path).eval_before
 
 
 def _summary(run: RunDir, trainer: Any) -> dict[str, Any]:
     """Throughput over the whole run, resumed parts included (each part has its own warm-up)."""
     from ortlab.runner.compare import summarize
 
-    return summarize(run.metrics(), trainer.args.metrics_warmup_steps)
+    return summarize(run.records(), trainer.args.metrics_warmup_steps)
 
 
 def _headline(metrics: dict[str, float]) -> str:

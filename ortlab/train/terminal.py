@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from ortlab.runner.stream import RunSummary
+
 
 class Terminal:
     """The user's terminal during a foreground run.
@@ -49,6 +51,7 @@ class Terminal:
         self._eval: Any = None
         self._train_started = 0.0
         self._graph_pending = False
+        self.summary = RunSummary()  # the run's records folded as they come: the bar shows its latest step
 
     # --- the capture -----------------------------------------------------------------------------------------
 
@@ -130,18 +133,19 @@ class Terminal:
 
     def on_record(self, record: dict[str, Any]) -> None:
         """A metrics record of the run: steps move the bar; an acceleration that did not apply is said at once."""
+        self.summary.fold(record)
         event = record.get("event")
         if event == "step" and self._bar is not None:
             if self._graph_pending:
                 self._graph_pending = False
                 took = time.monotonic() - self._train_started
                 self.say(f"training graph ready ({took:.1f} s, first step included)")
-            loss, sps = record.get("loss"), record.get("samples_per_s")
+            loss, sps = self.summary.loss, self.summary.samples_per_s
             self._bar.update(
                 self._bar.task_ids[0],
-                completed=record.get("step", 0),
-                loss=f"loss {loss:.4f}" if isinstance(loss, (int, float)) else "",
-                speed=f"{sps:.1f} samples/s" if isinstance(sps, (int, float)) else "",
+                completed=self.summary.step,
+                loss=f"loss {loss:.4f}" if loss is not None else "",
+                speed=f"{sps:.1f} samples/s" if sps is not None else "",
             )
         elif event == "acceleration" and record.get("message"):
             self.say(f"[red]{record['message']}[/]")

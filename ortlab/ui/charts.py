@@ -23,6 +23,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from ortlab.runner.stream import RunSummary
 from ortlab.ui.display import RefreshedDisplay
 from ortlab.ui.summary import run_label, static_summary
 from ortlab.ui.svg import PALETTE
@@ -78,6 +79,9 @@ class RunMonitor(RefreshedDisplay, widgets.VBox):
         self._pending: dict[int, tuple[list, list]] = {}  # trace index -> (xs, ys) waiting to be sent
         self._traces: dict[tuple[str, str], int] = {}
         self._runs: dict[str, Any] = {}
+        # Each run's summary, folded from the records as they are drawn: the workbench's table reads these instead
+        # of re-reading every run's metrics file on each refresh.
+        self.summaries: dict[str, RunSummary] = {}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.on_change: Any = None  # called after new points were sent and when a followed run ends
@@ -92,13 +96,14 @@ class RunMonitor(RefreshedDisplay, widgets.VBox):
         """Overlay `run`; its history is drawn at once, then live points as they come (if `follow`)."""
         if run.id in self._runs:
             return
+        self.summaries[run.id] = RunSummary()
         self._runs[run.id] = run
         if follow:
             t = threading.Thread(target=self._follow, args=(run,), daemon=True, name=f"ortlab-follow-{run.id}")
             t.start()
             self._threads.append(t)
         else:
-            for record in run.metrics():
+            for record in run.dir.records():  # in bounded pieces, not the whole file at once
                 self.consume(run.id, record)
             self.flush()
 
@@ -114,6 +119,9 @@ class RunMonitor(RefreshedDisplay, widgets.VBox):
 
     def consume(self, run_id: str, record: dict[str, Any]) -> None:
         """Take one metrics record (from a stream or a recording); buffered until the next flush."""
+        summary = self.summaries.get(run_id)
+        if summary is not None:
+            summary.fold(record)
         event = record.get("event")
         if event in ("train_begin", "verified", "train_end", "acceleration"):
             self._relabel(run_id, record)
@@ -143,7 +151,8 @@ class RunMonitor(RefreshedDisplay, widgets.VBox):
 
             index = [p for p, _ in PANELS].index(panel)
             row, col = index // 2 + 1, index % 2 + 1
-            label = run_label(self._runs.get(run_id), run_id)
+            summary = self.summaries.get(run_id)
+            label = run_label(None, run_id, summary.accelerations if summary is not None else None)
             # One colour per run across the panels (the legend, on the loss panel only, names them all).
             color = PALETTE[list(self._runs).index(run_id) % len(PALETTE)] if run_id in self._runs else None
             self.figure.add_trace(
@@ -212,13 +221,13 @@ class RunMonitor(RefreshedDisplay, widgets.VBox):
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
         bundle = super()._repr_mimebundle_(**kwargs) or {}
-        html, text = static_summary(list(self._runs.values()))
+        html, text = static_summary(list(self._runs.values()), summaries=self.summaries)
         bundle["text/html"] = html
         bundle["text/plain"] = text
         return bundle
 
     def __repr__(self) -> str:
-        return static_summary(list(self._runs.values()))[1]
+        return static_summary(list(self._runs.values()), summaries=self.summaries)[1]
 
     def wait_idle(self, timeout: float = 10.0) -> None:
         """For tests and scripts: return when every followed run has ended and all points were sent."""

@@ -14,10 +14,10 @@ def run_label_text(run: Any, run_id: str, accelerations: dict[str, Any] | None =
     """`run-id [ort+fused_adam]`, unescaped: the accelerations that really applied (requested ones, marked `?`,
     until known)."""
     if accelerations is None and run is not None:
-        from ortlab.runner.compare import row_for
+        from ortlab.runner.stream import summary_of
 
-        row = row_for(run.dir)
-        return f"{run_id} [{_names(row.applied, row.requested)}]"
+        summary = summary_of(run.dir.path)
+        return f"{run_id} [{_names(summary.applied, summary.requested)}]"
     accelerations = accelerations or {}
     applied = [k for k, v in accelerations.items() if v.get("applied")]
     requested = [k for k, v in accelerations.items() if v.get("requested")]
@@ -48,11 +48,12 @@ def _table_row(r: Any) -> dict[str, str]:
     }
 
 
-def rows(runs: list[Any], baseline: str | None = None) -> list[dict[str, str]]:
-    """One table row per run (plain strings; `table_html` escapes them)."""
+def rows(runs: list[Any], baseline: str | None = None, summaries: dict[str, Any] | None = None) -> list[dict[str, str]]:
+    """One table row per run (plain strings; `table_html` escapes them). `summaries`: run id -> a `RunSummary` the
+    caller keeps current (the live charts' own), so a refresh does not re-read the runs' metrics."""
     from ortlab.runner.compare import compare
 
-    return [_table_row(r) for r in compare([run.dir for run in runs], baseline=baseline)]
+    return [_table_row(r) for r in compare([run.dir for run in runs], baseline=baseline, summaries=summaries)]
 
 
 def table_html(data: list[dict[str, str]]) -> str:
@@ -68,13 +69,16 @@ def table_html(data: list[dict[str, str]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def static_summary(runs: list[Any], title: str = "ortlab runs") -> tuple[str, str]:
+def static_summary(
+    runs: list[Any], title: str = "ortlab runs", summaries: dict[str, Any] | None = None
+) -> tuple[str, str]:
     """(html, text) views of `runs` for front ends without widgets: a state line, the loss and throughput curves
-    as inline SVG (`ortlab.ui.svg`) and the comparison table, all read from the run folders now."""
+    as inline SVG (`ortlab.ui.svg`) and the comparison table, read from the run folders now (the table from
+    `summaries` where the caller keeps them current)."""
     from ortlab.runner.compare import compare
     from ortlab.ui.svg import runs_chart_html
 
-    compared = compare([run.dir for run in runs]) if runs else []
+    compared = compare([run.dir for run in runs], summaries=summaries) if runs else []
     data = [_table_row(r) for r in compared]
     text_lines = [title + (":" if data else ": no runs yet")]
     for row in data:

@@ -161,15 +161,14 @@ def runs_chart_html(runs: list[Any], labels: dict[str, str] | None = None) -> st
             Series(label, color),
         )
         try:
-            records = run.metrics()
+            for r in run.dir.records():  # in bounded pieces: memory for the points, not for the file
+                if r.get("event") == "step":
+                    train.add(r.get("step"), r.get("loss"))
+                    sps.add(r.get("step"), r.get("samples_per_s"))
+                elif r.get("event") == "eval":
+                    evals.add(r.get("step"), r.get("eval_loss"))
         except OSError:  # a run folder removed under us: its curve is simply absent
-            records = []
-        for r in records:
-            if r.get("event") == "step":
-                train.add(r.get("step"), r.get("loss"))
-                sps.add(r.get("step"), r.get("samples_per_s"))
-            elif r.get("event") == "eval":
-                evals.add(r.get("step"), r.get("eval_loss"))
+            pass
         loss += [train, evals]
         speed.append(sps)
         legend.append((label, color))

@@ -622,7 +622,11 @@ class Workbench(RefreshedDisplay, widgets.VBox):
     def refresh_comparison(self) -> None:
         self._last_refresh = time.monotonic()
         if self._runs:
-            self.comparison.value = table_html(rows(list(self._runs.values()), baseline=self.baseline.value))
+            # From the summaries the live charts fold as they draw: no run's metrics file is read again here.
+            runs = list(self._runs.values())
+            self.comparison.value = table_html(
+                rows(runs, baseline=self.baseline.value, summaries=self.monitor.summaries)
+            )
         self.refresh_generations()
 
     def refresh_generations(self) -> None:
@@ -638,7 +642,9 @@ class Workbench(RefreshedDisplay, widgets.VBox):
         return list(self._runs.values())
 
     def _summary(self) -> tuple[str, str]:
-        summary_html, text = static_summary(list(self._runs.values()), title="ortlab workbench")
+        summary_html, text = static_summary(
+            list(self._runs.values()), title="ortlab workbench", summaries=self.monitor.summaries
+        )
         summary_html += self.generations.value
         try:
             spec_text = self.spec().to_yaml()
