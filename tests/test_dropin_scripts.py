@@ -115,9 +115,12 @@ def compare(ortlab_out: Path, reference_out: Path, also_applied: tuple[str, ...]
     ours, theirs = losses(ortlab_out), losses(reference_out)
     assert len(ours) == len(theirs) == STEPS
     assert max(abs(a - b) for a, b in zip(ours, theirs, strict=True)) < PARITY, (ours, theirs)
-    # output_dir holds what transformers writes, plus ortlab's record with the saved model (and its hidden folder)
+    # output_dir holds what transformers writes, plus ortlab's record with the saved model; the metrics stream went
+    # beside TensorBoard's logs (--logging_dir tb)
     extra = {p.name for p in ortlab_out.iterdir()} - {p.name for p in reference_out.iterdir()}
-    assert extra == {"ortlab_accelerations.json", ".ortlab"}, extra
+    assert extra == {"ortlab_accelerations.json"}, extra
+    events = [json.loads(line)["event"] for line in (ortlab_out.parent / "tb" / "ortlab_metrics.jsonl").open()]
+    assert events[0] == "train_begin" and events[-1] == "train_end", events
     return record
 
 
