@@ -8,12 +8,35 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
+
+
+class _Commands(TyperGroup):
+    """Lists each command with its whole first sentence, wrapped: click cuts it to one line ("the...")."""
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(limit=10_000)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+# Help is click's plain layout, not typer's rich panels: those split 76 columns among six table columns (option,
+# short option, --no- option, its short form, type, help) and, at 80 columns, cut option names short
+# (`--max-train-sampl…`); they also read help text as rich markup (`ortlab[ui]` lost its `[ui]`). Click wraps the
+# descriptions and never cuts a name (a long one gets its description on the next line).
+PLAIN_HELP: dict[str, Any] = {"rich_markup_mode": None, "cls": _Commands}
 
 app = typer.Typer(
     help="ortlab: fine-tune Hugging Face models fast, with ONNX Runtime training and friends.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    **PLAIN_HELP,
 )
 
 
@@ -163,6 +186,7 @@ def bundle_command(
 runtime_app = typer.Typer(
     help="Second Python runtimes ortlab builds and launches runs in (compile: torch >= 2.7 for torch.compile).",
     no_args_is_help=True,
+    **PLAIN_HELP,
 )
 app.add_typer(runtime_app, name="runtime")
 
@@ -202,6 +226,7 @@ def runtime_list() -> None:
 cluster_app = typer.Typer(
     help="A local Ray head to run remote runs on (`--cluster local`): loopback only, token authentication.",
     no_args_is_help=True,
+    **PLAIN_HELP,
 )
 app.add_typer(cluster_app, name="cluster")
 
