@@ -92,7 +92,8 @@ def run_script(name: str, tmp_path: Path, flags: list[str], reference: bool) -> 
         port = s.getsockname()[1]
     # one-process torch.distributed, as a launcher would set it (DeepSpeed needs it; ortlab would set it itself)
     dist = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
-    env = {**os.environ, **dist, "PYTHONPATH": str(SCRIPTS)}
+    path = os.pathsep.join(filter(None, [str(SCRIPTS), os.environ.get("PYTHONPATH")]))  # keep a checkout first
+    env = {**os.environ, **dist, "PYTHONPATH": path}
     common = ["--output_dir", str(out), "--do_train", "--max_steps", str(STEPS), "--per_device_train_batch_size", "4"]
     common += ["--learning_rate", "1e-3", "--logging_steps", "1", "--save_strategy", "no", "--report_to", "none"]
     common += ["--seed", "0", "--disable_tqdm", "true"]
