@@ -8,12 +8,35 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
+
+
+class _Commands(TyperGroup):
+    """Lists each command with its whole first sentence, wrapped: click cuts it to one line ("the...")."""
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(limit=10_000)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+# Help is click's plain layout, not typer's rich panels: those split 76 columns among six table columns (option,
+# short option, --no- option, its short form, type, help) and, at 80 columns, cut option names short
+# (`--max-train-sampl…`); they also read help text as rich markup (`ortlab[ui]` lost its `[ui]`). Click wraps the
+# descriptions and never cuts a name (a long one gets its description on the next line).
+PLAIN_HELP: dict[str, Any] = {"rich_markup_mode": None, "cls": _Commands}
 
 app = typer.Typer(
     help="ortlab: fine-tune Hugging Face models fast, with ONNX Runtime training and friends.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    **PLAIN_HELP,
 )
 
 
@@ -163,6 +186,7 @@ def bundle_command(
 runtime_app = typer.Typer(
     help="Second Python runtimes ortlab builds and launches runs in (compile: torch >= 2.7 for torch.compile).",
     no_args_is_help=True,
+    **PLAIN_HELP,
 )
 app.add_typer(runtime_app, name="runtime")
 
@@ -202,6 +226,7 @@ def runtime_list() -> None:
 cluster_app = typer.Typer(
     help="A local Ray head to run remote runs on (`--cluster local`): loopback only, token authentication.",
     no_args_is_help=True,
+    **PLAIN_HELP,
 )
 app.add_typer(cluster_app, name="cluster")
 
@@ -243,20 +268,79 @@ def cluster_stop() -> None:
     typer.echo("local Ray head stopped" if cluster.stop() else "no local Ray head was running")
 
 
+# The options that set a RunSpec field, `train`'s and `tune`'s alike: the option's parameter name -> the field's
+# path. Each command builds its overrides from its own parameters with `_overrides(locals())`, so an option is
+# mapped to the spec once, here. Values spelled otherwise on the command line are converted in SPEC_VALUES.
+SPEC_OPTIONS: dict[str, tuple[str, ...]] = {
+    "model": ("model", "name"),
+    "data": ("data", "source"),
+    "task": ("task",),
+    "text_column": ("data", "text_column"),
+    "label_column": ("data", "label_column"),
+    "source_column": ("data", "source_column"),
+    "target_column": ("data", "target_column"),
+    "messages_column": ("data", "messages_column"),
+    "prompt_column": ("data", "prompt_column"),
+    "response_column": ("data", "response_column"),
+    "packing": ("data", "packing"),
+    "max_train_samples": ("data", "max_train_samples"),
+    "max_eval_samples": ("data", "max_eval_samples"),
+    "epochs": ("hyper", "epochs"),
+    "max_steps": ("hyper", "max_steps"),
+    "learning_rate": ("hyper", "learning_rate"),
+    "batch_size": ("hyper", "batch_size"),
+    "max_length": ("hyper", "max_length"),
+    "max_target_length": ("hyper", "max_target_length"),
+    "ort": ("accel", "ort"),
+    "fused_adam": ("accel", "fused_adam"),
+    "zero_stage": ("accel", "zero_stage"),
+    "precision": ("accel", "precision"),
+    "tune": ("accel", "tune"),
+    "torch_compile": ("accel", "torch_compile"),
+    "lora": ("adapter", "kind"),
+    "adapter_rank": ("adapter", "rank"),
+    "report_to": ("report_to",),
+    "output_dir": ("output_dir",),
+    "name": ("name",),
+    "seed": ("seed",),
+    "cluster": ("target", "cluster"),
+}
+SPEC_VALUES: dict[str, Any] = {
+    "tune": lambda on: "measure" if on else None,
+    "lora": lambda on: None if on is None else "lora" if on else "none",
+    "report_to": lambda values: _names(values),
+}
+
+
+def _overrides(options: dict[str, Any]) -> dict[tuple[str, ...], Any]:
+    """The spec fields a command's options set (None: not given), from its parameters (`locals()`)."""
+    return {
+        path: SPEC_VALUES.get(name, lambda v: v)(options[name])
+        for name, path in SPEC_OPTIONS.items()
+        if name in options
+    }
+
+
+# Declared once for both commands that take them.
+SpecFile = Annotated[Path | None, typer.Argument(help="a RunSpec as YAML or JSON (default: the embedded default)")]
+ModelOption = Annotated[str | None, typer.Option(help="Hub model id or local folder")]
+DataOption = Annotated[str | None, typer.Option(help="Hub dataset id, local file/folder, or embedded:NAME")]
+SourceColumnOption = Annotated[str | None, typer.Option(help="seq2seq: the input text column")]
+TargetColumnOption = Annotated[str | None, typer.Option(help="seq2seq: the output text column")]
+
+
 @app.command()
 def train(
-    spec_file: Annotated[
-        Path | None, typer.Argument(help="a RunSpec as YAML or JSON (default: the embedded default)")
-    ] = None,
-    model: Annotated[str | None, typer.Option(help="Hub model id or local folder")] = None,
-    data: Annotated[str | None, typer.Option(help="Hub dataset id, local file/folder, or embedded:NAME")] = None,
+    spec_file: SpecFile = None,
+    model: ModelOption = None,
+    data: DataOption = None,
     task: Annotated[
         str | None, typer.Option(help="the task: sequence- or token-classification, causal-lm, or seq2seq")
     ] = None,
     text_column: Annotated[str | None, typer.Option()] = None,
     label_column: Annotated[str | None, typer.Option()] = None,
-    source_column: Annotated[str | None, typer.Option(help="seq2seq: the input text column")] = None,
-    target_column: Annotated[str | None, typer.Option(help="seq2seq: the output text column")] = None,
+    source_column: SourceColumnOption = None,
+    target_column: TargetColumnOption = None,
     messages_column: Annotated[
         str | None, typer.Option(help="causal-lm chat data: the column of {role, content} turns")
     ] = None,
@@ -319,40 +403,7 @@ def train(
     """Train a RunSpec: checks everything first, then trains in the foreground (or detached) and prints eval
     before and after."""
 
-    overrides = {
-        ("model", "name"): model,
-        ("data", "source"): data,
-        ("task",): task,
-        ("data", "text_column"): text_column,
-        ("data", "label_column"): label_column,
-        ("data", "source_column"): source_column,
-        ("data", "target_column"): target_column,
-        ("data", "messages_column"): messages_column,
-        ("data", "prompt_column"): prompt_column,
-        ("data", "response_column"): response_column,
-        ("data", "packing"): packing,
-        ("data", "max_train_samples"): max_train_samples,
-        ("data", "max_eval_samples"): max_eval_samples,
-        ("hyper", "epochs"): epochs,
-        ("hyper", "max_steps"): max_steps,
-        ("hyper", "learning_rate"): learning_rate,
-        ("hyper", "batch_size"): batch_size,
-        ("hyper", "max_length"): max_length,
-        ("hyper", "max_target_length"): max_target_length,
-        ("accel", "ort"): ort,
-        ("accel", "fused_adam"): fused_adam,
-        ("accel", "zero_stage"): zero_stage,
-        ("accel", "precision"): precision,
-        ("accel", "tune"): "measure" if tune else None,
-        ("accel", "torch_compile"): torch_compile,
-        ("adapter", "kind"): None if lora is None else "lora" if lora else "none",
-        ("adapter", "rank"): adapter_rank,
-        ("report_to",): _names(report_to),
-        ("output_dir",): output_dir,
-        ("name",): name,
-        ("seed",): seed,
-        ("target", "cluster"): cluster,
-    }
+    overrides = _overrides(locals())
     try:
         spec = _build_spec(spec_file, overrides)
         if adapter_rank is not None and spec.adapter.kind == "none":
@@ -427,16 +478,14 @@ def _build_spec(spec_file: Path | None, overrides: dict[tuple[str, ...], Any]):
 
 @app.command("tune")
 def tune_cmd(
-    spec_file: Annotated[
-        Path | None, typer.Argument(help="a RunSpec as YAML or JSON (default: the embedded default)")
-    ] = None,
-    model: Annotated[str | None, typer.Option(help="Hub model id or local folder")] = None,
-    data: Annotated[str | None, typer.Option(help="Hub dataset id, local file/folder, or embedded:NAME")] = None,
+    spec_file: SpecFile = None,
+    model: ModelOption = None,
+    data: DataOption = None,
     task: Annotated[str | None, typer.Option(help="the task")] = None,
     text_column: Annotated[str | None, typer.Option()] = None,
     label_column: Annotated[str | None, typer.Option()] = None,
-    source_column: Annotated[str | None, typer.Option(help="seq2seq: the input text column")] = None,
-    target_column: Annotated[str | None, typer.Option(help="seq2seq: the output text column")] = None,
+    source_column: SourceColumnOption = None,
+    target_column: TargetColumnOption = None,
     batch_size: Annotated[int | None, typer.Option()] = None,
     max_length: Annotated[int | None, typer.Option()] = None,
     cache: Annotated[bool, typer.Option("--cache/--no-cache", help="reuse an earlier measurement")] = True,
@@ -448,19 +497,9 @@ def tune_cmd(
     """Measure which acceleration mix trains fastest here, on the spec's model and batches (about a minute).
 
     Runs that leave accelerations at 'auto' reuse the result (cached per model, shapes and machine)."""
+    overrides = _overrides(locals())
     import json
 
-    overrides = {
-        ("model", "name"): model,
-        ("data", "source"): data,
-        ("task",): task,
-        ("data", "text_column"): text_column,
-        ("data", "label_column"): label_column,
-        ("data", "source_column"): source_column,
-        ("data", "target_column"): target_column,
-        ("hyper", "batch_size"): batch_size,
-        ("hyper", "max_length"): max_length,
-    }
     from ortlab.tune import TuneError, tune_spec
 
     try:

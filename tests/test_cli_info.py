@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -91,3 +93,39 @@ def test_info_with_no_runs_folder(tmp_path, monkeypatch):
     monkeypatch.delenv("ORTLAB_RUNS", raising=False)
     data = json.loads(_info(tmp_path / "no-such-runs-folder", "--json"))
     assert data["runs"] == 0
+
+
+def _commands(command, path: tuple[str, ...] = ()):
+    """Every command of the CLI (groups included) with the words that reach it."""
+    yield path, command
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from _commands(sub, (*path, name))
+
+
+def _whole(name: str, text: str) -> bool:
+    return re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text) is not None
+
+
+NARROW = {"COLUMNS": "80", "TERMINAL_WIDTH": "80"}  # click reads COLUMNS; rich (typer's panels) TERMINAL_WIDTH too
+
+
+def test_help_at_80_columns_shows_every_option_name_whole():
+    import typer
+
+    # as a user runs them ...
+    for args in ((), ("train",)):
+        proc = subprocess.run(
+            [ORTLAB, *args, "--help"], capture_output=True, text=True, timeout=60, env={**os.environ, **NARROW}
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert _whole("--max-train-samples" if args else "build-ort-extensions", proc.stdout), proc.stdout
+    # ... and every command's help, in this process
+    for path, command in _commands(typer.main.get_command(app)):
+        result = CliRunner().invoke(app, [*path, "--help"], env=NARROW)
+        assert result.exit_code == 0, result.output
+        text = result.output
+        names = [n for p in command.params for n in (*p.opts, *p.secondary_opts)]
+        names += list(getattr(command, "commands", {}))
+        cut = [n for n in names if not _whole(n, text)]
+        assert not cut, f"`ortlab {' '.join(path)} --help` cuts {cut} at 80 columns:\n{text}"
+        assert max(map(len, text.splitlines())) <= 80, text

@@ -77,6 +77,36 @@ def test_bad_input_fails_fast_and_leaves_no_run(tmp_path, bad_files, args, expec
     assert not out.exists() or not any(out.iterdir()), "a failed check must not leave a run folder"
 
 
+def test_train_and_tune_map_their_options_to_the_spec_through_one_table():
+    import inspect
+
+    from ortlab import cli
+    from ortlab.spec import RunSpec
+
+    fields = RunSpec().model_dump(mode="json")
+    for name, path in cli.SPEC_OPTIONS.items():
+        node = fields
+        for key in path[:-1]:
+            node = node[key]
+        assert path[-1] in node, f"--{name} sets {'.'.join(path)}, which the RunSpec does not have"
+    # every option of either command is in the table, or is the command's own (not a spec field)
+    own = {
+        "train": {"spec_file", "quiet", "verbose", "detach"},
+        "tune_cmd": {"spec_file", "cache", "compile", "json_out"},
+    }
+    for command, not_spec in own.items():
+        unmapped = set(inspect.signature(getattr(cli, command)).parameters) - not_spec - set(cli.SPEC_OPTIONS)
+        assert not unmapped, f"{command} has options that set no spec field: {unmapped}"
+    given = {"model": "m", "data": None, "lora": False, "tune": True, "report_to": ["a,b", "c"], "quiet": True}
+    assert cli._overrides(given) == {
+        ("model", "name"): "m",
+        ("data", "source"): None,
+        ("accel", "tune"): "measure",
+        ("adapter", "kind"): "none",
+        ("report_to",): ["a", "b", "c"],
+    }
+
+
 def _train_yaml(tmp_path: Path, spec: dict) -> dict:
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))

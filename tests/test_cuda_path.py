@@ -131,7 +131,7 @@ def cpu_run(tmp_path_factory):
     )  # fmt: skip
     trainer = ORTTrainer(model=_bert(), args=args, train_dataset=Data())
     trainer.train()
-    return [json.loads(line) for line in Path(args.metrics_path).read_text().splitlines()], trainer
+    return trainer.metrics_records, trainer
 
 
 def test_cpu_metrics_carry_model_flops_and_say_why_there_is_no_mfu(cpu_run):
@@ -189,7 +189,7 @@ def test_cuda_metrics_records_have_gpu_memory_and_mfu(tmp_path):
     trainer = ORTTrainer(model=_bert(), args=args, train_dataset=Data())
     trainer.train()
     assert trainer.accelerations["tf32"].applied == capable, trainer.accelerations["tf32"]
-    records = [json.loads(line) for line in Path(args.metrics_path).read_text().splitlines()]
+    records = trainer.metrics_records
     begin = next(r for r in records if r["event"] == "train_begin")
     steps = [r for r in records if r["event"] == "step"]
     assert begin["device"]["type"] == "cuda" and begin["device"]["name"] == torch.cuda.get_device_name()

@@ -368,19 +368,55 @@ def test_a_fallback_is_reported_even_when_ort_retries_and_recovers(tmp_path, mon
 
 @pytest.mark.slow
 def test_output_dir_holds_what_trainer_writes(tmp_path):
+    # transformers' own test_save_best_checkpoint counts output_dir's entries after training with save_strategy
+    # "best"; an extra entry of ortlab's made it fail ("3 != 2"). Trainer and ORTTrainer, same settings: same entries.
     import json
 
-    _, trainer = fit(tiny_gpt2, LMData(), True, tmp_path, steps=4, save_strategy="steps", save_steps=2)
-    out = tmp_path / "ort"
-    visible = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
-    assert visible == ["checkpoint-2", "checkpoint-4"], visible
-    for checkpoint in ("checkpoint-2", "checkpoint-4"):
-        record = json.loads((out / checkpoint / "ortlab_accelerations.json").read_text())
+    from transformers import Trainer, TrainingArguments
+
+    best = {
+        "eval_strategy": "steps",
+        "eval_steps": 1,
+        "save_strategy": "best",
+        "metric_for_best_model": "loss",
+        "learning_rate": 1e-2,
+        "trainer_kwargs": {"eval_dataset": LMData(8)},
+    }
+    _, trainer = fit(tiny_gpt2, LMData(), True, tmp_path, **best)
+    values = {k: v for k, v in trainer.args.to_dict().items() if k in ("max_steps", "seed", "report_to")}
+    plain = TrainingArguments(
+        output_dir=str(tmp_path / "plain"),
+        per_device_train_batch_size=4,
+        disable_tqdm=True,
+        **values,
+        **{k: v for k, v in best.items() if k != "trainer_kwargs"},
+    )
+    Trainer(model=tiny_gpt2(), args=plain, train_dataset=LMData(), eval_dataset=LMData(8)).train()
+    ours, theirs = tmp_path / "ort", tmp_path / "plain"
+    entries = sorted(p.name for p in theirs.iterdir())
+    assert entries and all(e.startswith("checkpoint-") for e in entries), entries
+    assert sorted(p.name for p in ours.iterdir()) == entries
+    for checkpoint in entries:
+        # the record of what applied goes with each saved model, and nothing else of ortlab's
+        extra = {p.name for p in (ours / checkpoint).iterdir()} - {p.name for p in (theirs / checkpoint).iterdir()}
+        assert extra == {"ortlab_accelerations.json"}, extra
+        record = json.loads((ours / checkpoint / "ortlab_accelerations.json").read_text())
         assert record["accelerations"]["ort"]["applied"] is True
         assert record["accelerations"]["ort"]["details"]["evaluate_predict"].startswith("PyTorch")
-    events = [json.loads(line)["event"] for line in (out / ".ortlab" / "metrics.jsonl").read_text().splitlines()]
-    assert events[0] == "train_begin" and events[-1] == "train_end"
-    assert trainer.args.metrics_path == str(out / ".ortlab" / "metrics.jsonl")
+    # no run folder and no logging_dir: the metrics stream is kept in memory
+    assert trainer.args.metrics_file is None
+    events = [r["event"] for r in trainer.metrics_records]
+    assert events[0] == "train_begin" and events[-1] == "train_end" and "verified" in events, events
+
+
+def test_the_metrics_stream_goes_to_logging_dir_or_metrics_path_never_to_output_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "logs"))  # what logging_dir sets (restored after)
+    assert _args(tmp_path).metrics_file is None
+    assert _args(tmp_path, metrics_path="").metrics_file is None
+    assert _args(tmp_path, metrics_path=str(tmp_path / "m.jsonl")).metrics_file == str(tmp_path / "m.jsonl")
+    with pytest.warns(Warning, match="logging_dir"):
+        args = _args(tmp_path / "out", logging_dir=str(tmp_path / "logs"))
+    assert args.metrics_file == str(tmp_path / "logs" / "ortlab_metrics.jsonl")
 
 
 # --- 2. what Optimum-era scripts pass --------------------------------------------------------------------------

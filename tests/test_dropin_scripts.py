@@ -92,7 +92,8 @@ def run_script(name: str, tmp_path: Path, flags: list[str], reference: bool) -> 
         port = s.getsockname()[1]
     # one-process torch.distributed, as a launcher would set it (DeepSpeed needs it; ortlab would set it itself)
     dist = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
-    env = {**os.environ, **dist, "PYTHONPATH": str(SCRIPTS)}
+    path = os.pathsep.join(filter(None, [str(SCRIPTS), os.environ.get("PYTHONPATH")]))  # keep a checkout first
+    env = {**os.environ, **dist, "PYTHONPATH": path}
     common = ["--output_dir", str(out), "--do_train", "--max_steps", str(STEPS), "--per_device_train_batch_size", "4"]
     common += ["--learning_rate", "1e-3", "--logging_steps", "1", "--save_strategy", "no", "--report_to", "none"]
     common += ["--seed", "0", "--disable_tqdm", "true"]
@@ -115,9 +116,12 @@ def compare(ortlab_out: Path, reference_out: Path, also_applied: tuple[str, ...]
     ours, theirs = losses(ortlab_out), losses(reference_out)
     assert len(ours) == len(theirs) == STEPS
     assert max(abs(a - b) for a, b in zip(ours, theirs, strict=True)) < PARITY, (ours, theirs)
-    # output_dir holds what transformers writes, plus ortlab's record with the saved model (and its hidden folder)
+    # output_dir holds what transformers writes, plus ortlab's record with the saved model; the metrics stream went
+    # beside TensorBoard's logs (--logging_dir tb)
     extra = {p.name for p in ortlab_out.iterdir()} - {p.name for p in reference_out.iterdir()}
-    assert extra == {"ortlab_accelerations.json", ".ortlab"}, extra
+    assert extra == {"ortlab_accelerations.json"}, extra
+    events = [json.loads(line)["event"] for line in (ortlab_out.parent / "tb" / "ortlab_metrics.jsonl").open()]
+    assert events[0] == "train_begin" and events[-1] == "train_end", events
     return record
 
 

@@ -82,8 +82,9 @@ def test_toggles_show_what_the_doctor_says(workbench):
     assert workbench.toggles["ort"].disabled is False  # available in the development environment
 
 
-def recorded_run(tmp_path, steps: int = 200, name: str = "recorded") -> Run:
-    """A run folder holding a recorded metrics stream (as a finished ORT + fused Adam run writes it)."""
+def recorded_run(tmp_path, steps: int = 200, name: str = "recorded", extra: dict | None = None) -> Run:
+    """A run folder holding a recorded metrics stream (as a finished ORT + fused Adam run writes it on a CPU;
+    `extra` adds numbers to each step, e.g. a GPU's)."""
     run = RunDir.create(tmp_path / name, RunSpec(name=name))
     applied = {
         "ort": {"requested": True, "applied": True},
@@ -107,6 +108,7 @@ def recorded_run(tmp_path, steps: int = 200, name: str = "recorded") -> Run:
                 "tokens": 512,
                 "learning_rate": 1e-4,
                 "epoch": step / steps,
+                **(extra or {}),
             }
         )
         if step % 50 == 0:
@@ -285,6 +287,33 @@ def test_live_chart_reads_on_light_and_dark_themes(tmp_path):
         assert trace.marker.color == trace.line.color
     assert set(colors) == {"first", "second"}
     assert len(colors["first"]) == len(colors["second"]) == 1 and colors["first"] != colors["second"]
+    monitor.close()
+
+
+def test_gpu_panels_are_drawn_only_for_runs_that_have_gpu_numbers(tmp_path):
+    from ortlab.ui import RunMonitor
+    from ortlab.ui.charts import PANELS
+
+    monitor = RunMonitor()
+    monitor.add_run(recorded_run(tmp_path, steps=3, name="cpu"), follow=False)
+    layout = monitor.figure.layout
+
+    def shown() -> list[str]:
+        titles = [title for _, title in PANELS]
+        return [a.text for a in layout.annotations if a.text in titles and a.visible is not False]
+
+    cpu_panels = ["loss (train, eval)", "samples/s", "step time (s)", "peak memory (MB)"]
+    assert shown() == cpu_panels  # no empty MFU or GPU-memory panel on a CPU
+    assert layout.xaxis5.visible is False and layout.yaxis6.visible is False
+    assert layout.yaxis3.domain[0] == 0.0, "two rows fill the figure"
+    # A GPU whose peak FLOP/s is unknown brings memory but no MFU: its panel alone joins, in a third row.
+    gpu = recorded_run(tmp_path, steps=3, name="gpu", extra={"gpu_mem_reserved_mb": 2048.0})
+    monitor.add_run(gpu, follow=False)
+    assert shown() == [*cpu_panels, "GPU memory reserved (MB)"]
+    assert layout.yaxis6.visible is True and layout.yaxis5.visible is False
+    assert layout.yaxis6.domain[0] == 0.0 and layout.yaxis3.domain[0] > 0.0
+    memory = [t for t in monitor.figure.data if t.xaxis == "x6"]
+    assert [t.legendgroup for t in memory] == ["gpu"] and list(memory[0].y) == [2048.0] * 3
     monitor.close()
 
 

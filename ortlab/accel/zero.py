@@ -14,6 +14,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from ortlab.accel import NOT_PROBED, Availability, package_version
+from ortlab.netutil import LOOPBACK, free_port
 
 
 @lru_cache(maxsize=2)
@@ -106,16 +107,12 @@ def ensure_process_group_env() -> bool:
 
     if "RANK" in os.environ or "WORLD_SIZE" in os.environ:
         return False
-    import socket
-
     import torch
     import torch.distributed as dist
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     os.environ.update(
-        {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+        {"MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
     )
     os.environ.setdefault("GLOO_SOCKET_IFNAME", LOOPBACK_INTERFACE)
     if not dist.is_initialized():

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ortlab.netutil import LOOPBACK, free_port
 from ortlab.runner.rundir import (
     TERMINAL,
     RunDir,
@@ -273,12 +273,6 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _ortlab_path() -> str:
     return str(Path(__file__).resolve().parent.parent.parent)
 
@@ -418,8 +412,8 @@ def _start(run: RunDir, spec: Any, resume: bool = False) -> subprocess.Popen:
             "-m",
             "torch.distributed.run",
             f"--nproc_per_node={spec.target.processes}",
-            "--master_addr=127.0.0.1",  # one machine: rendezvous on loopback only
-            f"--master_port={_free_port()}",
+            f"--master_addr={LOOPBACK}",  # one machine: rendezvous on loopback only
+            f"--master_port={free_port()}",
             *worker,
         ]
     else:

@@ -27,7 +27,7 @@ __all__ = ["ORT_FUSED", "ORTOptimizerNames", "ORTTrainingArguments"]
 logger = logging.getLogger("ortlab")
 
 ORT_FUSED = ORTOptimizerNames.ADAMW_ORT_FUSED.value
-METRICS_FILE = os.path.join(".ortlab", "metrics.jsonl")
+METRICS_FILE = "ortlab_metrics.jsonl"  # in logging_dir, when one is given (see ORTTrainingArguments.metrics_file)
 
 
 @accepts_optimum_era_arguments
@@ -95,8 +95,9 @@ class ORTTrainingArguments(OptimumEraFields, TrainingArguments):
     metrics_path: str | None = field(
         default=None,
         metadata={
-            "help": "Append-only JSON-lines file for per-step metrics; default <output_dir>/.ortlab/metrics.jsonl "
-            "(a hidden folder: output_dir lists only what transformers writes), '' to disable."
+            "help": "Append-only JSON-lines file for per-step metrics. By default never in output_dir (which holds "
+            "only what transformers writes): <logging_dir>/ortlab_metrics.jsonl when logging_dir is given, else kept "
+            "in memory (trainer.metrics_records). '' writes no stream at all."
         },
     )
     ortlab_config: dict | str | None = field(
@@ -132,8 +133,6 @@ class ORTTrainingArguments(OptimumEraFields, TrainingArguments):
         self._configure_processes()
         super().__post_init__()
         self._count_cpu_deepspeed_processes()
-        if self.metrics_path is None:
-            self.metrics_path = os.path.join(self.output_dir, METRICS_FILE)
 
     def _configure_processes(self) -> None:
         if self.zero_stage and not self.deepspeed:
@@ -161,6 +160,16 @@ class ORTTrainingArguments(OptimumEraFields, TrainingArguments):
             state.num_processes = dist.get_world_size()
             state.process_index = dist.get_rank()
             state.local_process_index = int(os.environ.get("LOCAL_RANK", dist.get_rank()))
+
+    @property
+    def metrics_file(self) -> str | None:
+        """Where the metrics stream is written: `metrics_path` when given (a run folder's file); else beside
+        Trainer's own logs, in `logging_dir`, when the script names one; else nowhere (the trainer keeps it in
+        memory). Never in output_dir: transformers' own tests and users' scripts count what is there."""
+        if self.metrics_path is not None:
+            return self.metrics_path or None
+        logging_dir = getattr(self, "logging_dir", None)  # Optimum-era field, set after __post_init__ (compat)
+        return os.path.join(logging_dir, METRICS_FILE) if logging_dir else None
 
     @property
     def ort_options(self) -> ORTOptions:

@@ -39,16 +39,24 @@ def _clean(value: Any) -> Any:
 
 
 class JsonLinesSink:
-    """Append-only JSON-lines writer; `None` path writes nothing (but still calls `also`)."""
+    """Append-only JSON-lines writer; `None` path writes nothing (but still calls `also`).
 
-    def __init__(self, path: str | os.PathLike | None, also: Callable[[dict], None] | None = None):
+    `keep=True` also keeps every record in `records`: the stream of a trainer that has no file to write to (a
+    script's ORTTrainer without a run folder or logging_dir) stays readable in memory.
+    """
+
+    def __init__(self, path: str | os.PathLike | None, also: Callable[[dict], None] | None = None, keep: bool = False):
         self.path = Path(path) if path else None
         self.also = also
+        self.keep = keep
+        self.records: list[dict[str, Any]] = []
         self._file: IO[str] | None = None
 
     def __call__(self, record: dict[str, Any]) -> None:
         record = {k: _clean(v) for k, v in record.items()}
         record.setdefault("time", time.time())
+        if self.keep:
+            self.records.append(record)
         if self.path is not None:
             if self._file is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)

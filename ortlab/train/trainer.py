@@ -110,11 +110,20 @@ class ORTTrainer(Trainer):
         self._precision_probe: Any = None
         self._step_counters: dict[str, float] = {"samples": 0, "tokens": 0, "loss": 0.0, "flops": 0.0}
         self._shape: Any = False  # ortlab.flops.ModelShape, None when it cannot be counted; False: not yet counted
-        self.metrics_sink = JsonLinesSink(args.metrics_path or None, also=on_metrics)
+        # Never into output_dir (transformers' own tests count what is there): the run folder's file, logging_dir,
+        # or memory (see ORTTrainingArguments.metrics_file).
+        path = args.metrics_file
+        self.metrics_sink = JsonLinesSink(path, also=on_metrics, keep=path is None and args.metrics_path is None)
         self.step_metrics = StepMetricsCallback(self, self.metrics_sink)
         self.add_callback(self.step_metrics)
 
     _args_class: type = ORTTrainingArguments
+
+    @property
+    def metrics_records(self) -> list[dict[str, Any]]:
+        """The metrics stream's records, kept in memory when no file receives them (no metrics_path, no
+        logging_dir); empty when a file does (read that file) or the stream is off (metrics_path='')."""
+        return self.metrics_sink.records
 
     @staticmethod
     def get_ort_optimizer_cls_and_kwargs(args: TrainingArguments) -> tuple[type, dict[str, Any]]:

@@ -1,5 +1,5 @@
 """Live charts of runs: train/eval loss, samples/s, step time, peak memory, and on a GPU MFU and reserved memory
-(empty panels on a CPU, which has neither), several runs overlaid.
+(drawn only once a run brings such numbers: a CPU run has neither), several runs overlaid.
 
 `RunMonitor(run)` follows each run's metrics stream in a background thread and draws with a plotly
 `FigureWidget`. Points are buffered and sent at most every `throttle_s` seconds in one `batch_update`: a
@@ -36,6 +36,11 @@ PANELS = (
     ("mfu", "MFU (model FLOPs / GPU peak)"),
     ("gpu_mem_reserved_mb", "GPU memory reserved (MB)"),
 )
+# The last row's panels: a CPU run has no MFU (no known peak) and no GPU memory. Each is laid out only once a run
+# brings a point for it; until then the figure is two rows, without empty panels.
+GPU_PANELS = ("mfu", "gpu_mem_reserved_mb")
+ROWS_HEIGHT = {2: 500, 3: 740}
+ROWS_SPACING = {2: 0.2, 3: 0.14}  # about the same gap in pixels
 TRANSPARENT = "rgba(0,0,0,0)"
 NEUTRAL_TEXT = "#808080"  # about 4:1 contrast on white and on JupyterLab's dark background
 NEUTRAL_GRID = "rgba(128,128,128,0.25)"
@@ -62,7 +67,29 @@ def _figure() -> Any:
     widget.update_xaxes(**axis)
     widget.update_yaxes(**axis)
     widget.update_annotations(font={"color": NEUTRAL_TEXT})  # the panel titles
+    _arrange(widget, set())
     return widget
+
+
+def _arrange(widget: Any, with_data: set[str]) -> None:
+    """Show every panel but the GPU ones without data (axes and title hidden), in two rows or, with a GPU panel,
+    three; the domains come from plotly's own grid of that many rows."""
+    from plotly.subplots import make_subplots
+
+    rows = 3 if with_data & set(GPU_PANELS) else 2
+    grid = make_subplots(rows=rows, cols=2, horizontal_spacing=0.08, vertical_spacing=ROWS_SPACING[rows]).layout
+    with widget.batch_update():
+        widget.layout.height = ROWS_HEIGHT[rows]
+        for i, (name, _) in enumerate(PANELS):
+            shown = name not in GPU_PANELS or name in with_data
+            axis = "" if i == 0 else str(i + 1)
+            title = widget.layout.annotations[i]
+            widget.layout[f"xaxis{axis}"].visible = shown
+            widget.layout[f"yaxis{axis}"].visible = shown
+            title.visible = shown
+            if i < rows * 2:
+                widget.layout[f"yaxis{axis}"].domain = grid[f"yaxis{axis}"].domain
+                title.y = grid[f"yaxis{axis}"].domain[1]
 
 
 class RunMonitor(RefreshedDisplay, widgets.VBox):
@@ -78,6 +105,7 @@ class RunMonitor(RefreshedDisplay, widgets.VBox):
         self._lock = threading.Lock()
         self._pending: dict[int, tuple[list, list]] = {}  # trace index -> (xs, ys) waiting to be sent
         self._traces: dict[tuple[str, str], int] = {}
+        self._with_data: set[str] = set()  # the GPU panels some run brought a point for (see _arrange)
         self._runs: dict[str, Any] = {}
         # Each run's summary, folded from the records as they are drawn: the workbench's table reads these instead
         # of re-reading every run's metrics file on each refresh.
@@ -149,6 +177,9 @@ class RunMonitor(RefreshedDisplay, widgets.VBox):
         if key not in self._traces:
             import plotly.graph_objects as go
 
+            if panel in GPU_PANELS and panel not in self._with_data:
+                self._with_data.add(panel)
+                _arrange(self.figure, self._with_data)
             index = [p for p, _ in PANELS].index(panel)
             row, col = index // 2 + 1, index % 2 + 1
             summary = self.summaries.get(run_id)

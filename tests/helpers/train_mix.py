@@ -100,6 +100,7 @@ def main() -> None:
     before = {n: q.detach().clone() for n, q in model.named_parameters()}
     args = ORTTrainingArguments(
         output_dir=a.out,
+        metrics_path=os.path.join(a.out, "metrics.jsonl"),  # read by tests/test_trainer.py
         use_ort="ort" in mix,
         ort_fallback=a.fallback,
         optim="adamw_ort_fused" if "fused_adam" in mix else "adamw_torch",

@@ -1,0 +1,19 @@
+"""A free TCP port on loopback, for the processes ortlab starts (stdlib only: a bottom-layer utility).
+
+Binding port 0 makes the OS pick a free port; the socket is closed before the port is handed on, so another
+process could take it in between (every launcher that is handed a port has this race; torchrun picks its own the
+same way). Always on 127.0.0.1: ortlab's rendezvous and listeners never face the network.
+"""
+
+from __future__ import annotations
+
+import socket
+
+LOOPBACK = "127.0.0.1"
+
+
+def free_port() -> int:
+    """A port on loopback that was free a moment ago: torchrun's --master_port, a one-process group's MASTER_PORT."""
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]
