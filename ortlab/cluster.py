@@ -84,7 +84,13 @@ def _ensure_token(folder: Path, new: bool = False) -> Path:
     path = token_path(folder)
     if new or not path.exists():
         safeio.write_bytes(folder, path.name, secrets.token_hex(32).encode(), durable=True, mode=0o600)
-    fd = safeio.open_in(folder, path.name)  # a link planted there is refused, not followed
+    try:
+        fd = safeio.open_in(folder, path.name)  # a link planted there is refused, not followed
+    except safeio.UnsafePath:
+        raise ClusterError(
+            f"the head's token file {path} is a link or not a regular file, so it is not used: replace it with "
+            "`ortlab cluster start --new-token`"
+        ) from None
     try:
         os.fchmod(fd, 0o600)
     finally:

@@ -303,6 +303,20 @@ def test_cluster_stop_ends_only_its_own_head(head):
     assert not Path(head["temp_dir"]).exists()
 
 
+def test_a_linked_token_file_is_refused_and_a_new_token_replaces_the_link(tmp_path):
+    """A link where the token file should be is not followed (the old code chmodded its target and used it)."""
+    other = tmp_path / "someone-elses-file"
+    other.write_text("not a token")
+    os.chmod(other, 0o644)
+    (tmp_path / "auth_token").symlink_to(other)
+    with pytest.raises(cluster.ClusterError, match=r"is a link or not a regular file.*--new-token"):
+        cluster._ensure_token(tmp_path)
+    assert stat.S_IMODE(other.stat().st_mode) == 0o644
+    path = cluster._ensure_token(tmp_path, new=True)
+    assert not path.is_symlink() and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert other.read_text() == "not a token" and len(path.read_text()) == 64
+
+
 def test_a_head_that_listens_beyond_loopback_is_refused(monkeypatch, tmp_path):
     """Should a Ray version bind anything to the network again, the start fails and names it (the real head's
     listeners are checked in test_every_listener_of_the_head_is_on_loopback)."""
