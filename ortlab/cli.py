@@ -235,12 +235,19 @@ app.add_typer(cluster_app, name="cluster")
 def cluster_start(
     num_cpus: Annotated[int | None, typer.Option(help="CPUs the head offers to jobs (default: all)")] = None,
     num_gpus: Annotated[int | None, typer.Option(help="GPUs the head offers to jobs (default: all)")] = None,
+    new_token: Annotated[
+        bool,
+        typer.Option(
+            "--new-token",
+            help="replace the head's token before starting (the old one stops working); the head must be stopped",
+        ),
+    ] = False,
 ) -> None:
     """Start the local Ray head (or say where the running one is). Returns once it can run jobs."""
     from ortlab import cluster
 
     try:
-        record = cluster.start(num_cpus=num_cpus, num_gpus=num_gpus)
+        record = cluster.start(num_cpus=num_cpus, num_gpus=num_gpus, new_token=new_token)
     except cluster.ClusterError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None

@@ -1,10 +1,24 @@
 """A local Ray head to run remote runs on: `ortlab cluster start | status | stop`.
 
 The head is what `target.cluster: local` means, and what the tests use. It is an ordinary Ray head (`ray start
---head --block`) with everything bound to 127.0.0.1, explicit free ports (two heads on one machine must not clash
-on Ray's defaults), and token authentication on: Ray's Jobs API runs any command it is sent, so a head without a
+--head --block`) with token authentication on: Ray's Jobs API runs any command it is sent, so a head without a
 token would let any local user run code as you. ortlab generates the token and keeps it in a 0600 file in its
 cache folder (`RAY_AUTH_TOKEN_PATH` points the head at it); it is never printed nor put in a run folder.
+`ortlab cluster start --new-token` replaces it (a stopped head only: a running head keeps the token it read).
+
+Every listener of every process of the head is on 127.0.0.1, which `--node-ip-address=127.0.0.1` alone does not
+give: Ray turns 127.0.0.1 into the machine's address unless `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0` (its local-only
+mode), and only a loopback node address makes GCS, raylet, workers, agents and metrics servers bind loopback.
+Ray binds its own ports (port 0, each process reports what it got), so no port is picked, released and bound
+later (a window in which another local user could listen there and receive the token Ray's processes send each
+other). Two ports are not left to Ray: the dashboard's (ortlab must know it, and on port 0 the dashboard's
+HTTP server cannot be told from its metrics server in the same process) and the client server's (`ray start`
+cannot switch it off; nothing sends it a token). Those are picked free; before any token is sent to the dashboard,
+its port is checked to be listened on by the head's own process tree, so a squatter makes the start fail, never
+receives the token. Once ready, the
+head is refused (stopped, with an error) if any of its processes listens beyond loopback. Ray's session files
+live in a fresh 0700 folder under /tmp (unpredictable name; Ray makes its own folders 0777, so the private one is
+their parent).
 
 The head runs in its own process group; its PID, create time and address are recorded in `head.json`.
 `status` checks that recorded process (never a process found by name) and `stop` ends only that group:
@@ -23,13 +37,18 @@ import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from ortlab import safeio
 
 LOCAL = "local"
 # How long a cluster address may take to answer before it is called unreachable.
@@ -59,15 +78,23 @@ def token_path(folder: Path | None = None) -> Path:
     return (folder or cluster_dir()) / "auth_token"
 
 
-def _ensure_token(folder: Path) -> Path:
-    """The local head's token file, created once with owner-only permissions (never readable by others, even
-    for an instant: the file is created 0600, not chmodded afterwards)."""
+def _ensure_token(folder: Path, new: bool = False) -> Path:
+    """The local head's token file: created (or, with `new`, replaced) with owner-only permissions from the start
+    (never readable by others, even for an instant), atomically and without following a link."""
     path = token_path(folder)
-    if not path.exists():
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_hex(32))
-    os.chmod(path, 0o600)
+    if new or not path.exists():
+        safeio.write_bytes(folder, path.name, secrets.token_hex(32).encode(), durable=True, mode=0o600)
+    try:
+        fd = safeio.open_in(folder, path.name)  # a link planted there is refused, not followed
+    except safeio.UnsafePath:
+        raise ClusterError(
+            f"the head's token file {path} is a link or not a regular file, so it is not used: replace it with "
+            "`ortlab cluster start --new-token`"
+        ) from None
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
     return path
 
 
@@ -82,6 +109,54 @@ def _free_ports(n: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+def _private_temp() -> Path:
+    """A fresh folder for Ray's session files that only this user can enter: an unpredictable name, mode 0700.
+
+    Ray makes its temp folder and everything in it 0777 (it chmods them, whatever they were created with), so Ray
+    gets a subfolder of this one. Under /tmp, not $TMPDIR: Ray's unix sockets live below it, and a socket's path
+    must stay under about 107 bytes."""
+    return Path(tempfile.mkdtemp(prefix="ortlab-ray-", dir="/tmp"))
+
+
+def listeners(pid: int) -> list[tuple[int, str, str, int]]:
+    """Every listening TCP socket and bound UDP socket of `pid` and its descendants: (pid, name, ip, port)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        family = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+    found = []
+    for proc in family:
+        try:
+            name = proc.name()
+            conns = proc.net_connections(kind="inet")
+        except psutil.Error:  # ended meanwhile
+            continue
+        for c in conns:
+            if c.status == psutil.CONN_LISTEN or (c.type == socket.SOCK_DGRAM and not c.raddr):
+                found.append((proc.pid, name, c.laddr.ip, c.laddr.port))
+    return found
+
+
+def _loopback(ip: str) -> bool:
+    return ip in ("127.0.0.1", "::1", "::ffff:127.0.0.1")
+
+
+def dashboard_is_ours(record: dict[str, Any]) -> bool:
+    """Is the recorded head alive and its dashboard port listened on, on loopback, by the head's own process tree?
+
+    Check it before sending the head a token: the port was picked free and handed to Ray, so in between another
+    local user could have started listening there."""
+    from ortlab.runner.rundir import process_alive
+
+    port = urllib.parse.urlsplit(record.get("address", "")).port
+    if not isinstance(record.get("pid"), int) or not process_alive(record["pid"], record.get("create_time")):
+        return False
+    return any(p == port and _loopback(ip) for _, _, ip, p in listeners(record["pid"]))
 
 
 def _ray_program() -> str:
@@ -111,40 +186,47 @@ def status(folder: Path | None = None) -> dict[str, Any]:
 
 
 def start(
-    folder: Path | None = None, num_cpus: int | None = None, num_gpus: int | None = None, timeout: float = 180.0
+    folder: Path | None = None,
+    num_cpus: int | None = None,
+    num_gpus: int | None = None,
+    timeout: float = 180.0,
+    new_token: bool = False,
 ) -> dict[str, Any]:
-    """Start the local head (or return the running one's record); returns once it can run jobs."""
+    """Start the local head (or return the running one's record); returns once it can run jobs.
+
+    `new_token` replaces the token first (a leaked one stops working on the new head); it is refused while a
+    head runs, since that head keeps the token it started with."""
     from ortlab.runner import _child_env
     from ortlab.runner.rundir import process_create_time, write_json
 
     folder = folder or cluster_dir()
     current = status(folder)
     if current["running"]:
+        if new_token:
+            raise ClusterError(
+                f"a local Ray head is running (pid {current['pid']}) and keeps the token it started with: stop it "
+                "first (`ortlab cluster stop`), then `ortlab cluster start --new-token`"
+            )
         return current
-    folder.mkdir(parents=True, exist_ok=True)
-    token = _ensure_token(folder)
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    token = _ensure_token(folder, new=new_token)
     ray = _ray_program()
-    gcs, dashboard, client, agent, agent_grpc, metrics, env_agent, node_mgr, obj_mgr = _free_ports(9)
-    # Ray's session folder holds unix sockets whose paths must stay short (about 100 characters).
-    temp = Path("/tmp") / f"ortlab-ray-{os.getuid()}-{gcs}"
+    dashboard, client = _free_ports(2)
+    private = _private_temp()
     cmd = [
         ray,
         "start",
         "--head",
         "--block",
         "--node-ip-address=127.0.0.1",
-        f"--port={gcs}",
+        "--port=0",  # GCS: Ray binds a free port itself and tells its processes through the session folder
         "--include-dashboard=true",
         "--dashboard-host=127.0.0.1",
         f"--dashboard-port={dashboard}",
-        f"--dashboard-agent-listen-port={agent}",
-        f"--dashboard-agent-grpc-port={agent_grpc}",
-        f"--ray-client-server-port={client}",
-        f"--metrics-export-port={metrics}",
-        f"--runtime-env-agent-port={env_agent}",
-        f"--node-manager-port={node_mgr}",
-        f"--object-manager-port={obj_mgr}",
-        f"--temp-dir={temp}",
+        "--dashboard-agent-listen-port=0",  # Ray's default is a fixed 52365
+        f"--ray-client-server-port={client}",  # cannot be switched off (0 is refused); ortlab does not use it
+        "--no-monitor",  # the autoscaler (and its metrics server): a fixed single-node head has nothing to scale
+        f"--temp-dir={private / 'ray'}",
         "--disable-usage-stats",
         *([f"--num-cpus={num_cpus}"] if num_cpus is not None else []),
         *([f"--num-gpus={num_gpus}"] if num_gpus is not None else []),
@@ -154,18 +236,30 @@ def start(
     env.pop("RAY_ADDRESS", None)
     # Jobs run with the `python` on the head's PATH: this interpreter's.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token), RAY_USAGE_STATS_ENABLED="0")
+    env.update(
+        RAY_AUTH_MODE="token",
+        RAY_AUTH_TOKEN_PATH=str(token),
+        RAY_USAGE_STATS_ENABLED="0",
+        # Ray's local-only mode: without it Ray replaces 127.0.0.1 by the machine's address, and its processes
+        # then listen on that address or on all of them.
+        RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
+        # The dashboard's Prometheus server: a free port of its own instead of the fixed 44227 (two heads clash).
+        DASHBOARD_METRIC_PORT="0",
+    )
     log = folder / "head.log"
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
-        )
+    try:
+        with log.open("ab") as out:
+            proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+            )
+    except OSError:
+        _remove_private_temp(str(private))
+        raise
     record = {
         "pid": proc.pid,
         "create_time": process_create_time(proc.pid),
         "address": f"http://127.0.0.1:{dashboard}",
-        "gcs_address": f"127.0.0.1:{gcs}",
-        "temp_dir": str(temp),
+        "temp_dir": str(private),
         "storage": str(folder / "storage"),
         "log": str(log),
         "started": time.time(),
@@ -173,25 +267,45 @@ def start(
     write_json(_record_path(folder), record)
     try:
         _wait_ready(record, folder, proc, timeout)
+        _refuse_exposed(record, folder)
     except BaseException:
         stop(folder)
         raise
     return {**record, "running": True}
 
 
+def _refuse_exposed(record: dict[str, Any], folder: Path) -> None:
+    """Every listener of the started head is on loopback, or the head is refused (a Ray that changed how it binds
+    must not silently open ports to the network)."""
+    exposed = [
+        f"{name} (pid {pid}) on {ip}:{port}" for pid, name, ip, port in listeners(record["pid"]) if not _loopback(ip)
+    ]
+    if exposed:
+        raise ClusterError(
+            "the Ray head listens beyond loopback, so ortlab stopped it: "
+            + "; ".join(exposed)
+            + f". Is this Ray version supported? See {folder / 'head.log'}"
+        )
+
+
 def _wait_ready(record: dict[str, Any], folder: Path, proc: subprocess.Popen, timeout: float) -> None:
-    """The dashboard answers before jobs can run: the head is ready once a no-op job has succeeded."""
+    """The dashboard answers before jobs can run: the head is ready once a no-op job has succeeded. No token is
+    sent before the dashboard's port is seen listened on by the head's own processes."""
     deadline = time.monotonic() + timeout
     client = None
     while client is None:
         if proc.poll() is not None:
             raise ClusterError(f"the Ray head ended at start (exit {proc.returncode}); see {folder / 'head.log'}")
         try:
-            client = connect(record["address"], token=token_path(folder).read_text().strip())
+            if dashboard_is_ours(record):
+                client = connect(record["address"], token=token_path(folder).read_text().strip())
         except ClusterError:
+            pass
+        if client is None:
             if time.monotonic() > deadline:
                 raise ClusterError(
-                    f"the Ray head did not answer within {timeout:.0f} s; see {folder / 'head.log'}"
+                    f"the Ray head did not answer within {timeout:.0f} s (is another process on its dashboard port "
+                    f"{record['address']}?); see {folder / 'head.log'}"
                 ) from None
             time.sleep(0.5)
     job = None
@@ -224,8 +338,9 @@ def stop(folder: Path | None = None, timeout: float = 5.0) -> bool:
 
     folder = folder or cluster_dir()
     record = status(folder)
-    if not record["running"]:
+    if not record["running"]:  # ended by itself (a failed start): its session folder is left to remove
         _record_path(folder).unlink(missing_ok=True)
+        _remove_private_temp(record.get("temp_dir"))
         return False
     pid = record["pid"]
     try:
@@ -245,9 +360,21 @@ def stop(folder: Path | None = None, timeout: float = 5.0) -> bool:
             child.kill()
     psutil.wait_procs(family, timeout=5)
     _record_path(folder).unlink(missing_ok=True)
-    if record.get("temp_dir", "").startswith("/tmp/ortlab-ray-"):
-        shutil.rmtree(record["temp_dir"], ignore_errors=True)
+    _remove_private_temp(record.get("temp_dir"))
     return True
+
+
+def _remove_private_temp(path: Any) -> None:
+    """Remove the head's session folder: only a real folder of ours that `_private_temp` could have made (the
+    record is a file; a path in it is not trusted further than that)."""
+    if not isinstance(path, str) or Path(path).parent != Path("/tmp") or not Path(path).name.startswith("ortlab-ray-"):
+        return
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return
+    if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid():
+        shutil.rmtree(path, ignore_errors=True)
 
 
 # --- connecting to a cluster -----------------------------------------------------------------------------------

@@ -144,15 +144,18 @@ def read_json(folder: str | os.PathLike, rel: str | os.PathLike, limit: int = MA
     return json.loads(read_bytes(folder, rel, limit))
 
 
-def write_bytes(folder: str | os.PathLike, rel: str | os.PathLike, data: bytes, durable: bool = False) -> None:
+def write_bytes(
+    folder: str | os.PathLike, rel: str | os.PathLike, data: bytes, durable: bool = False, mode: int = 0o644
+) -> None:
     """Replace `folder/rel` with `data`, atomically: a new file beside it renamed over it, no link followed.
 
     `durable` fsyncs the file and its folder, so a power cut leaves the old or the new content, never half.
+    `mode` is the new file's from its creation (0o600 for a secret: never readable by others, even for an instant).
     """
     parts = _parts(rel)
     with _parent_fd(folder, parts, create=True) as dfd:
         tmp = f".{parts[-1]}.{os.getpid()}.{threading.get_ident()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)

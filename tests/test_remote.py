@@ -7,10 +7,14 @@ Jobs API and watched through its local run folder, exactly as a notebook would.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import select
 import signal
+import socket
 import stat
+import threading
 import time
 from pathlib import Path
 
@@ -62,6 +66,31 @@ def steps_of(run) -> list[int]:
     return [r["step"] for r in run.metrics() if r["event"] == "step"]
 
 
+def head_listeners(pid: int) -> list[tuple[str, str, int]]:
+    """(process name, ip, port) of every listening TCP socket and unconnected UDP socket of the head's whole tree
+    (read here with psutil, not with ortlab's own `cluster.listeners`)."""
+    import psutil
+
+    root = psutil.Process(pid)
+    found = []
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            name, conns = proc.name(), proc.net_connections(kind="inet")
+        except psutil.NoSuchProcess:
+            continue
+        for c in conns:
+            if c.status == psutil.CONN_LISTEN or (c.type == socket.SOCK_DGRAM and not c.raddr):
+                found.append((name, c.laddr.ip, c.laddr.port))
+    return found
+
+
+def assert_loopback_only(head) -> list[tuple[str, str, int]]:
+    found = head_listeners(head["pid"])
+    exposed = [f for f in found if f[1] not in ("127.0.0.1", "::1", "::ffff:127.0.0.1")]
+    assert not exposed, f"the head listens beyond loopback: {exposed}"
+    return found
+
+
 def test_cluster_start_records_the_head_and_keeps_its_token_private(head):
     record = cluster.status()
     assert record["running"] and record["pid"] == head["pid"]
@@ -69,6 +98,85 @@ def test_cluster_start_records_the_head_and_keeps_its_token_private(head):
     mode = stat.S_IMODE(cluster.token_path().stat().st_mode)
     assert mode == 0o600, oct(mode)
     assert cluster.start()["pid"] == head["pid"], "a second start returns the running head"
+    token = cluster.token_path().read_text()
+    with pytest.raises(cluster.ClusterError, match=r"keeps the token it started with: stop it first"):
+        cluster.start(new_token=True)
+    assert cluster.token_path().read_text() == token, "a running head's token is not replaced under it"
+
+
+def test_the_heads_session_folder_is_private_and_unpredictable(head):
+    """Ray's session folder (sockets, logs, runtime envs) is inside a 0700 folder of ours with a random name: not
+    /tmp/ortlab-ray-<uid>-<port>, a name another user could create first, and not Ray's 0777 folder itself."""
+    temp = Path(head["temp_dir"])
+    info = temp.lstat()
+    assert stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
+    assert stat.S_IMODE(info.st_mode) == 0o700, oct(info.st_mode)
+    assert (temp / "ray" / "session_latest" / "sockets").is_dir(), "Ray's files are inside the private folder"
+    assert temp.parent == Path("/tmp") and temp.name.startswith("ortlab-ray-")
+    suffix = temp.name.removeprefix("ortlab-ray-")
+    ports = {str(port) for _, _, port in head_listeners(head["pid"])}
+    assert suffix not in ports and str(os.getuid()) not in suffix.split("-"), "the name says nothing guessable"
+
+
+def test_every_listener_of_the_head_is_on_loopback(head):
+    """GCS, raylet, workers, agents, the client server, the metrics servers: all bound to 127.0.0.1 (Ray alone
+    binds most of them to all addresses or to the machine's address, even with --node-ip-address=127.0.0.1)."""
+    found = assert_loopback_only(head)
+    names = {name for name, _, _ in found}
+    assert {"gcs_server", "raylet", "ray::DashboardAgent", "ray::RuntimeEnvAgent"} <= names, names
+    assert int(head["address"].rsplit(":", 1)[1]) in {port for _, _, port in found}
+
+
+def test_a_squatter_on_the_heads_ports_never_receives_the_token(tmp_path, monkeypatch):
+    """The ports ortlab hands to Ray are free when picked; another local user may listen there before Ray binds
+    them. Here every such port is taken: the start fails with an error, and no squatter is ever sent the token."""
+    squatters: list[socket.socket] = []
+
+    def taken_ports(n: int) -> list[int]:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            s.listen(16)
+            s.setblocking(False)
+            squatters.append(s)
+        return [s.getsockname()[1] for s in squatters[-n:]]
+
+    received = bytearray()
+    done = threading.Event()
+
+    def listen() -> None:
+        conns: list[socket.socket] = []
+        while not done.is_set():
+            ready, _, _ = select.select(squatters + conns, [], [], 0.2)
+            for s in ready:
+                if s in squatters:
+                    conn, _ = s.accept()
+                    conn.setblocking(False)
+                    conns.append(conn)
+                else:
+                    with contextlib.suppress(OSError):
+                        received.extend(s.recv(65536))
+
+    monkeypatch.setattr(cluster, "_free_ports", taken_ports)
+    made: list[Path] = []
+    real_temp = cluster._private_temp
+    monkeypatch.setattr(cluster, "_private_temp", lambda: made.append(real_temp()) or made[-1])
+    folder = tmp_path / "squatted"
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
+    try:
+        with pytest.raises(cluster.ClusterError, match=r"ended at start|did not answer"):
+            cluster.start(folder, num_cpus=1, timeout=60)
+    finally:
+        done.set()
+        listener.join(5)
+        for s in squatters:
+            s.close()
+    token = (folder / "auth_token").read_bytes()
+    assert squatters, "ports were handed out"
+    assert token not in bytes(received) and b"Bearer" not in bytes(received), bytes(received)[:200]
+    assert not cluster.status(folder)["running"]
+    assert made and not made[0].exists(), "the failed head's session folder is removed"
 
 
 def test_a_remote_run_streams_live_completes_and_comes_home(head, make_spec, capfd):
@@ -76,6 +184,7 @@ def test_a_remote_run_streams_live_completes_and_comes_home(head, make_spec, cap
     wait_paused(run, timeout=150)
     assert run.state == "running"
     assert steps_of(run) == [1, 2, 3], "the metrics arrive while the job runs"
+    assert_loopback_only(head)  # the job's driver and its training worker included
     # A second handle (a restarted kernel) follows from the start, with nothing twice.
     other = ortlab.attach(run.id, root=run.path.parent)
     run.unpause()
@@ -194,6 +303,29 @@ def test_cluster_stop_ends_only_its_own_head(head):
     assert not Path(head["temp_dir"]).exists()
 
 
+def test_a_linked_token_file_is_refused_and_a_new_token_replaces_the_link(tmp_path):
+    """A link where the token file should be is not followed (the old code chmodded its target and used it)."""
+    other = tmp_path / "someone-elses-file"
+    other.write_text("not a token")
+    os.chmod(other, 0o644)
+    (tmp_path / "auth_token").symlink_to(other)
+    with pytest.raises(cluster.ClusterError, match=r"is a link or not a regular file.*--new-token"):
+        cluster._ensure_token(tmp_path)
+    assert stat.S_IMODE(other.stat().st_mode) == 0o644
+    path = cluster._ensure_token(tmp_path, new=True)
+    assert not path.is_symlink() and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert other.read_text() == "not a token" and len(path.read_text()) == 64
+
+
+def test_a_head_that_listens_beyond_loopback_is_refused(monkeypatch, tmp_path):
+    """Should a Ray version bind anything to the network again, the start fails and names it (the real head's
+    listeners are checked in test_every_listener_of_the_head_is_on_loopback)."""
+    found = [(11, "raylet", "127.0.0.1", 40001), (12, "gcs_server", "::", 6379), (13, "agent", "192.0.2.2", 52365)]
+    monkeypatch.setattr(cluster, "listeners", lambda pid: found)
+    with pytest.raises(cluster.ClusterError, match=r"gcs_server \(pid 12\) on :::6379; agent \(pid 13\) on 192"):
+        cluster._refuse_exposed({"pid": 10}, tmp_path)
+
+
 def test_the_monitor_finds_a_tag_behind_another_writers_partial_line(tmp_path):
     """Seen in the benchmark: a progress bar's '\\r' line without a newline ran into a metric line of the job's log."""
     from ortlab.runner import remote
@@ -210,3 +342,35 @@ def test_the_monitor_finds_a_tag_behind_another_writers_partial_line(tmp_path):
     monitor.log.close()
     assert [r["step"] for r in RunDir(tmp_path).metrics()] == [1, 2], "each record once, in order"
     assert "Writing model shards" in (tmp_path / "logs" / "run.log").read_text()
+
+
+def test_new_token_replaces_the_token_and_the_old_one_is_refused(tmp_path, monkeypatch):
+    """`ortlab cluster start --new-token` on a stopped head: a new 0600 token, and the new head refuses the old one.
+
+    It starts a second head (the module's own was stopped by the test above): 10-20 s on an idle machine, 650 MB
+    while it runs, so it runs last and alone."""
+    import urllib.error
+    import urllib.request
+
+    from typer.testing import CliRunner
+
+    from ortlab.cli import app
+
+    monkeypatch.setenv("ORTLAB_CLUSTER_DIR", str(tmp_path / "cluster"))
+    (tmp_path / "cluster").mkdir()
+    old = cluster._ensure_token(tmp_path / "cluster").read_text().strip()  # what the previous head used
+    runner = CliRunner()
+    try:
+        out = runner.invoke(app, ["cluster", "start", "--new-token", "--num-cpus", "1"])
+        assert out.exit_code == 0, out.output
+        new = cluster.token_path().read_text().strip()
+        assert new != old and len(new) == 64
+        assert stat.S_IMODE(cluster.token_path().stat().st_mode) == 0o600
+        address = cluster.status()["address"]
+        request = urllib.request.Request(address + "/api/jobs/", headers={"Authorization": f"Bearer {old}"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        assert refused.value.code in (401, 403)
+        cluster.connect("local")  # the new token is accepted
+    finally:
+        cluster.stop()

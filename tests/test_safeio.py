@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 
 import pytest
 
@@ -32,6 +33,19 @@ def test_write_never_follows_a_link(tmp_path):
     assert victim.read_text() == "precious"  # the link was replaced, not written through
     assert not (folder / "control" / "stop").is_symlink()
     assert (folder / "control" / "stop").read_bytes() == b"1"
+
+
+def test_a_secret_is_written_owner_only_from_its_creation(tmp_path):
+    """A token replaced over a world-readable file is 0600 at once (never chmodded after the write)."""
+    (tmp_path / "auth_token").write_text("old")
+    os.chmod(tmp_path / "auth_token", 0o644)
+    old_umask = os.umask(0)  # the mode must not depend on the caller's umask being strict
+    try:
+        safeio.write_bytes(tmp_path, "auth_token", b"new", mode=0o600)
+    finally:
+        os.umask(old_umask)
+    assert stat.S_IMODE((tmp_path / "auth_token").stat().st_mode) == 0o600
+    assert (tmp_path / "auth_token").read_bytes() == b"new"
 
 
 def test_write_refuses_a_linked_folder_on_the_way(tmp_path):
