@@ -74,7 +74,9 @@ def _client(spec: Any) -> Any:
     from ortlab import cluster
 
     try:
-        return cluster.connect(spec.target.cluster)
+        # The launcher passes only an address the user named (the spec given to `launch`, or one `Run.resume`
+        # checked: see `ortlab.runner._trusted_target`), so the user's token may go there.
+        return cluster.connect(spec.target.cluster, trusted=True)
     except cluster.ClusterError as e:
         raise _error(str(e)) from None
 
@@ -227,7 +229,10 @@ def start(run: RunDir, spec: Any, resume: bool = False) -> subprocess.Popen:
         log.write(f"\n$ ray job {job_id} on {spec.target.cluster}: {entry}\n".encode())
         log.flush()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "ortlab.runner.remote", "monitor", str(run.path.resolve())],
+            [
+                *(sys.executable, "-m", "ortlab.runner.remote", "monitor", str(run.path.resolve())),
+                *("--cluster", spec.target.cluster),
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -312,13 +317,17 @@ def doctor_main() -> int:
 
 
 class Monitor:
-    """Brings one remote run's stream, state and results into its local run folder."""
+    """Brings one remote run's stream, state and results into its local run folder.
 
-    def __init__(self, path: str | os.PathLike):
+    `cluster` is the address its launcher was given by the user (passed on the command line), never the one the
+    folder's spec.yaml says: the monitor sends the user's Ray token there on every poll.
+    """
+
+    def __init__(self, path: str | os.PathLike, cluster: str):
         self.run = RunDir(path)
         status = self.run.read_status()
         self.launcher = status["launcher"]
-        self.spec = self.run.spec()
+        self.cluster = cluster
         self.remote = RunDir(self.launcher["storage"])
         self.job_id = self.launcher["job_id"]
         # Records already here are skipped (a monitor restarted, a resumed run's job re-sends the history).
@@ -377,17 +386,21 @@ class Monitor:
             self.feed(chunk)
             self.forward_controls()
 
+    def connect(self) -> Any:
+        from ortlab import cluster
+
+        # The address came from the user through the launcher (see the class docstring), so the token may go there.
+        return cluster.connect(self.cluster, trusted=True)
+
     def follow(self) -> None:
         import asyncio
-
-        from ortlab import cluster
 
         silent_since: float | None = None
         client, reason = None, ""
         while True:
             self.forward_controls()
             try:
-                client = client or cluster.connect(self.spec.target.cluster)
+                client = client or self.connect()
                 state = str(client.get_job_status(self.job_id).value)
                 silent_since = None
             except Exception as e:  # the head is gone, or restarting: give it LOST_GRACE_S
@@ -399,7 +412,7 @@ class Monitor:
                     return self.finish(
                         "FAILED",
                         None,
-                        f"the cluster {self.spec.target.cluster} stopped answering for {LOST_GRACE_S:.0f} s (head "
+                        f"the cluster {self.cluster} stopped answering for {LOST_GRACE_S:.0f} s (head "
                         f"restarted or node lost): {reason}",
                     )
                 time.sleep(1.0)
@@ -499,8 +512,8 @@ class Monitor:
                 shutil.copytree(last, self.run.checkpoints / last.name)
 
 
-def monitor_main(path: str) -> int:
-    Monitor(path).follow()
+def monitor_main(path: str, cluster: str) -> int:
+    Monitor(path, cluster).follow()
     return 0
 
 
@@ -514,12 +527,13 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--resume", action="store_true")
     m = sub.add_parser("monitor")
     m.add_argument("run_dir")
+    m.add_argument("--cluster", required=True, help="the address the launcher was given (not the folder's)")
     sub.add_parser("doctor")
     a = p.parse_args(argv)
     if a.command == "worker":
         return worker_main(a.run_dir, a.resume)
     if a.command == "monitor":
-        return monitor_main(a.run_dir)
+        return monitor_main(a.run_dir, a.cluster)
     return doctor_main()
 
 
