@@ -695,13 +695,30 @@ def stop(run_id: Annotated[str, typer.Argument(help="run id or folder")], root: 
 
 
 @app.command()
-def resume(run_id: Annotated[str, typer.Argument(help="run id or folder")], root: RootOption = None) -> None:
+def resume(
+    run_id: Annotated[str, typer.Argument(help="run id or folder")],
+    root: RootOption = None,
+    python: Annotated[
+        str | None,
+        typer.Option(
+            help="resume in this interpreter (the run folder's target.python is started only when it is this "
+            "Python, an ortlab runtime or listed in $ORTLAB_TRUSTED_PYTHONS)"
+        ),
+    ] = None,
+    cluster: Annotated[
+        str | None,
+        typer.Option(
+            help="resume on this Ray cluster address (your Ray token goes to the folder's target.cluster only when "
+            "it is 'local' or listed in $ORTLAB_RAY_ADDRESSES)"
+        ),
+    ] = None,
+) -> None:
     """Continue a stopped run from its last checkpoint (in the background; watch with `ortlab follow`)."""
     from ortlab.runner import RunError
 
     run = _attach(run_id, root)
     try:
-        run.resume()
+        run.resume(python=python, cluster=cluster)
     except RunError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from ortlab.addresses import credentials_problem
 from ortlab.assets import EMBEDDED_MODEL_ID
 
 Task = Literal["sequence-classification", "token-classification", "causal-lm", "seq2seq"]
@@ -263,8 +264,13 @@ class TargetSpec(_Strict):
             return cluster
         from urllib.parse import urlsplit
 
+        # First: the message about a credential must not quote the address (problems are shown and logged).
+        problem = credentials_problem(cluster)
+        if problem:
+            raise ValueError(problem)
         parts = urlsplit(cluster)
-        if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/") or parts.query:
+        bad = parts.path not in ("", "/") or parts.query or parts.fragment
+        if parts.scheme not in ("http", "https") or not parts.hostname or bad:
             raise ValueError(
                 "give a Ray Jobs address such as http://127.0.0.1:8265 (the dashboard's), or 'local' for the head "
                 "that `ortlab cluster start` starts"

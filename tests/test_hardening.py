@@ -224,16 +224,134 @@ def test_two_concurrent_resumes_start_one_worker(tmp_path, monkeypatch):
     assert all("only a stopped or failed run can resume" in o for o in outcomes if o != "started")
 
 
-def test_resume_checks_the_interpreter_a_run_folder_names(tmp_path):
-    fake = tmp_path / "python"
-    fake.write_text("#!/bin/sh\nexit 0\n")  # executable, but not a Python that can run ortlab
-    fake.chmod(0o755)
-    for python, message in ((tmp_path / "missing-python", "not an executable file"), (fake, "not a Python")):
-        run = _stopped_run_with_checkpoint(tmp_path / f"runs-{python.name}", target={"python": str(python)})
-        with pytest.raises(RunError, match=message):
+def _planted_python(folder: Path) -> tuple[Path, Path]:
+    """An executable a planted run folder names as its interpreter, and the marker file it writes if started."""
+    folder.mkdir(parents=True, exist_ok=True)
+    marker, program = folder / "it-ran", folder / "python"
+    program.write_text(f"#!/bin/sh\ntouch {marker}\nexit 0\n")  # executable, but not a Python that runs ortlab
+    program.chmod(0o755)
+    return program, marker
+
+
+def test_resume_never_starts_an_interpreter_a_run_folder_names(tmp_path, monkeypatch):
+    monkeypatch.delenv("ORTLAB_TRUSTED_PYTHONS", raising=False)
+    program, marker = _planted_python(tmp_path / "planted")
+    run = _stopped_run_with_checkpoint(tmp_path / "runs", target={"python": str(program)})
+    with pytest.raises(RunError, match=r"does not start a program that a run folder names.*--python.*TRUSTED_PYTHONS"):
+        Run(run.path).resume()
+    assert not marker.exists(), "the folder's program was started"
+    assert run.read_status()["state"] == "stopped", "nothing claimed, nothing changed"
+
+    # A link to this very interpreter in another folder is not this interpreter (it would read that folder's
+    # pyvenv.cfg and site-packages): refused too.
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / "bin" / "python").symlink_to(sys.executable)
+    linked = _stopped_run_with_checkpoint(tmp_path / "runs-link", target={"python": str(tmp_path / "venv/bin/python")})
+    with pytest.raises(RunError, match="does not start a program"):
+        Run(linked.path).resume()
+
+    # The user names it (an argument, or the setting): the check passes and the interpreter check starts it.
+    with pytest.raises(RunError, match="not a Python that can run ortlab"):
+        Run(run.path).resume(python=str(program))
+    assert marker.exists()
+    marker.unlink()
+    monkeypatch.setenv("ORTLAB_TRUSTED_PYTHONS", f"/elsewhere/bin/python{os.pathsep}{program}")
+    with pytest.raises(RunError, match="not a Python that can run ortlab"):
+        Run(run.path).resume()
+    assert marker.exists()
+    with pytest.raises(RunError, match="not an executable file"):
+        Run(run.path).resume(python=str(tmp_path / "missing-python"))
+    assert run.read_status()["state"] == "stopped"
+
+
+def test_cli_resume_names_the_interpreter(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from ortlab.cli import app
+
+    monkeypatch.delenv("ORTLAB_TRUSTED_PYTHONS", raising=False)
+    program, marker = _planted_python(tmp_path / "planted")
+    run = _stopped_run_with_checkpoint(tmp_path / "runs", target={"python": str(program)})
+    out = CliRunner().invoke(app, ["resume", "stopped", "--root", str(tmp_path / "runs")])
+    assert out.exit_code == 2 and "--python" in out.output and not marker.exists(), out.output
+    out = CliRunner().invoke(app, ["resume", "stopped", "--root", str(tmp_path / "runs"), "--python", str(program)])
+    assert out.exit_code == 2 and "not a Python" in out.output and marker.exists(), out.output
+    assert run.read_status()["state"] == "stopped"
+
+
+def test_resume_sends_nothing_to_a_cluster_a_run_folder_names(tmp_path, monkeypatch):
+    from header_recorder import recording_server
+
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "the-users-ray-token")
+    monkeypatch.delenv("ORTLAB_RAY_ADDRESSES", raising=False)
+    with recording_server("127.0.0.2") as (address, seen):
+        target = {"cluster": address, "storage": str(tmp_path / "storage")}
+        run = _stopped_run_with_checkpoint(tmp_path / "runs", target=target)
+        with pytest.raises(RunError, match=r"names the Ray cluster.*--cluster.*ORTLAB_RAY_ADDRESSES"):
             Run(run.path).resume()
-        assert run.read_status()["state"] == "stopped", "nothing started, nothing changed"
-        assert "$ " not in run.log_path.read_text() if run.log_path.exists() else True
+        assert seen == [], "a request went to the address a run folder names"
+        assert run.read_status()["state"] == "stopped"
+        # A configured address elsewhere is not this one.
+        monkeypatch.setenv("ORTLAB_RAY_ADDRESSES", "http://127.0.0.2:1, local")
+        with pytest.raises(RunError, match="names the Ray cluster"):
+            Run(run.path).resume()
+        assert seen == []
+        # The user names it (argument, or the setting): past the check, the token goes there (it is no Ray server,
+        # so the resume fails after that).
+        for allow in ({"cluster": address}, {}):
+            monkeypatch.setenv("ORTLAB_RAY_ADDRESSES", "" if allow else address)
+            with pytest.raises(RunError, match="not as a Ray dashboard"):
+                Run(run.path).resume(**allow)
+            assert seen and seen[0]["headers"].get("Authorization") == "Bearer the-users-ray-token", seen
+            seen.clear()
+            assert run.read_status()["state"] == "stopped"
+
+
+@pytest.mark.parametrize(
+    "address",
+    ["http://ray:s3cret-Tok@127.0.0.2:8265", "https://s3cret-Tok@ray.example:443", "http://h:8265/?token=s3cret-Tok"],
+)
+def test_credentials_in_a_cluster_address_are_refused_before_anything_is_stored(tmp_path, address):
+    spec = {"output_dir": str(tmp_path / "runs"), "target": {"cluster": address, "storage": str(tmp_path / "s")}}
+    with pytest.raises(SpecError, match=r"target\.cluster: the address carries (credentials|a credential)") as e:
+        ortlab.launch(spec)
+    assert "s3cret-Tok" not in str(e.value), "the refusal quotes the secret"
+    assert "RAY_AUTH_TOKEN" in str(e.value)
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "s").exists()
+    from ortlab import cluster
+
+    with pytest.raises(cluster.ClusterError, match="carries") as e:
+        cluster.connect(address, trusted=True)
+    assert "s3cret-Tok" not in str(e.value)
+
+
+def test_the_ray_token_goes_only_where_the_user_named(monkeypatch):
+    from ortlab import cluster
+
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "tok")
+    monkeypatch.delenv("ORTLAB_RAY_ADDRESSES", raising=False)
+    assert cluster.token_for("http://h:8265")[0] is None
+    assert "withheld" in cluster.token_for("http://h:8265")[1]
+    assert cluster.token_for("http://h:8265", trusted=True)[0] == "tok"
+    monkeypatch.setenv("ORTLAB_RAY_ADDRESSES", "https://other:8265, HTTP://H:8265/")
+    assert cluster.token_for("http://h:8265")[0] == "tok", "one server, two spellings"
+    assert cluster.token_for("http://h:8266")[0] is None, "another port is another server"
+    assert cluster.token_for("https://h:8265")[0] is None, "another scheme is another server"
+
+
+def test_a_token_never_travels_in_clear_to_another_machine_unasked(monkeypatch):
+    from ortlab import cluster
+
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "tok")
+    monkeypatch.delenv("ORTLAB_RAY_ALLOW_HTTP", raising=False)
+    # 192.0.2.1 is TEST-NET-1: never routed. The refusal comes before any connection.
+    with pytest.raises(cluster.ClusterError, match=r"travel in clear.*ORTLAB_RAY_ALLOW_HTTP=1"):
+        cluster.connect("http://192.0.2.1:8265", trusted=True)
+    for fine in ("http://127.0.0.1:8265", "http://127.0.0.2:8265", "http://localhost:8265", "http://[::1]:8265"):
+        cluster.check_transport(fine)  # loopback never leaves the machine
+    cluster.check_transport("https://192.0.2.1:8265")
+    monkeypatch.setenv("ORTLAB_RAY_ALLOW_HTTP", "1")
+    cluster.check_transport("http://192.0.2.1:8265")
 
 
 def test_resume_checks_the_stored_mix_against_this_machine(tmp_path):

@@ -182,6 +182,7 @@ def hostile_cases(f: dict[str, Path], tiny_bert: Path) -> list[tuple[str, dict |
         ("0 processes", with_(target__processes=0), "processes"),
         ("a misspelt field", with_(hyperr={"lr": 1}), "unknown field"),
         ("target interpreter that does not exist", with_(target__python="/nonexistent/python3"), "target.python"),
+        ("cluster address with a password in it", with_(target__cluster="http://ray:pw@127.0.0.1:8265"), "credentials"),
         ("spec file that is a YAML list", f["list.yaml"], "mapping"),
         ("spec file that is not valid YAML", f["broken.yaml"], "YAML"),
     ]

@@ -23,7 +23,7 @@ from gates import launch_gated, wait_paused
 
 import ortlab
 from ortlab import cluster
-from ortlab.runner import RunError
+from ortlab.runner import RunError, remote
 from ortlab.runner.compare import row_for
 from ortlab.runner.rundir import RunDir, process_alive
 
@@ -185,26 +185,39 @@ def test_a_remote_run_streams_live_completes_and_comes_home(head, make_spec, cap
     assert run.state == "running"
     assert steps_of(run) == [1, 2, 3], "the metrics arrive while the job runs"
     assert_loopback_only(head)  # the job's driver and its training worker included
+    # The job's log is everyone's: lines with ortlab's tag that are not its records (cut, or printed by other code)
+    # are skipped and counted. One such line used to kill the monitor: the run ended failed, its model away.
+    job_id = run.status()["launcher"]["job_id"]
+    driver_log = next(Path(head["temp_dir"]).glob(f"**/session_*/logs/job-driver-{job_id}.log"))
+    with driver_log.open("a") as f:  # (the job writes it in append mode too)
+        f.write(remote.METRIC_TAG + '{"seq": 3, "record": {"ev\n' + remote.METRIC_TAG + "not json\n")
     # A second handle (a restarted kernel) follows from the start, with nothing twice.
     other = ortlab.attach(run.id, root=run.path.parent)
     run.unpause()
     records = list(other.follow(timeout=150))
     assert run.wait(timeout=60)["state"] == "completed", run.status()
     assert [r["step"] for r in records if r["event"] == "step"] == list(range(1, 13))
-    remote = RunDir(run.status()["launcher"]["storage"])
-    assert run.metrics() == remote.metrics(), "the local stream is the remote one, in order, each record once"
+    storage = RunDir(run.status()["launcher"]["storage"])
+    assert run.metrics() == storage.metrics(), "the local stream is the remote one, in order, each record once"
     assert (run.path / "model" / "config.json").is_file() and run.result()["summary"]["steps"] == 12
     assert "accelerations" in run.result()
+    assert run.status()["skipped_lines"] == 2, run.status()
     assert row_for(run.dir).where == "cluster local", "`ortlab runs` says where it runs"
     report = run.export_onnx(samples=8, batch_sizes=(1,))
     assert report.good, report.to_dict()
-    token = cluster.token_path().read_text().strip()
     out = capfd.readouterr()
-    assert token not in out.out + out.err
-    for folder in (run.path, remote.path):
+    assert cluster.token_path().read_text().strip() not in out.out + out.err
+    assert_no_token(run.path, storage.path)
+
+
+def assert_no_token(*folders: Path) -> None:
+    """Neither the local head's token nor the user's own ($RAY_AUTH_TOKEN) is in any file of these folders."""
+    tokens = [cluster.token_path().read_text().strip(), os.environ.get("RAY_AUTH_TOKEN") or ""]
+    for folder in folders:
         for path in folder.rglob("*"):
             if path.is_file():
-                assert token.encode() not in path.read_bytes(), f"the token leaked into {path}"
+                data = path.read_bytes()
+                assert not any(t and t.encode() in data for t in tokens), f"a token leaked into {path}"
 
 
 def test_stop_resume_and_a_killed_worker(head, make_spec):
@@ -215,8 +228,8 @@ def test_stop_resume_and_a_killed_worker(head, make_spec):
     wait_paused(run, timeout=150)
     wait_paused(doomed, timeout=150)
 
-    remote = RunDir(doomed.status()["launcher"]["storage"])
-    os.kill(remote.read_status()["worker_pid"], signal.SIGKILL)
+    doomed_storage = RunDir(doomed.status()["launcher"]["storage"])
+    os.kill(doomed_storage.read_status()["worker_pid"], signal.SIGKILL)
 
     status = run.stop(timeout=120)
     assert status["state"] == "stopped", status
@@ -233,6 +246,7 @@ def test_stop_resume_and_a_killed_worker(head, make_spec):
 
     assert run.wait(timeout=150)["state"] == "completed", run.status()
     assert steps_of(run) == list(range(1, 9)), "resumed where it stopped, nothing twice, nothing missing"
+    assert_no_token(run.path, RunDir(run.status()["launcher"]["storage"]).path, doomed.path)
 
 
 def test_an_unauthenticated_submission_is_refused(head, make_spec, monkeypatch, tmp_path):
@@ -324,24 +338,94 @@ def test_a_head_that_listens_beyond_loopback_is_refused(monkeypatch, tmp_path):
     monkeypatch.setattr(cluster, "listeners", lambda pid: found)
     with pytest.raises(cluster.ClusterError, match=r"gcs_server \(pid 12\) on :::6379; agent \(pid 13\) on 192"):
         cluster._refuse_exposed({"pid": 10}, tmp_path)
+def _monitor(tmp_path: Path):
+    """A Monitor on a local run folder whose job's storage folder finished with a model and a result: the parts
+    of a remote run that the monitor's parsing and its end work on, without a cluster."""
+    local, storage = RunDir(tmp_path / "local"), RunDir(tmp_path / "storage" / "local")
+    for run in (local, storage):
+        (run.path / "logs").mkdir(parents=True)
+    (storage.model_dir).mkdir()
+    (storage.model_dir / "config.json").write_text("{}")
+    storage.result_path.write_text(json.dumps({"summary": {"steps": 3}}))
+    launcher = {"kind": "ray-job", "cluster": "local", "job_id": "job-1", "storage": str(storage.path)}
+    local.status_path.write_text(json.dumps({"state": "running", "launcher": launcher}))
+    return remote.Monitor(local.path, "local"), local
+
+
+class _EndedJob:
+    """What the monitor's end asks a Ray Jobs client: the whole log of a job that has ended."""
+
+    def __init__(self, logs: str):
+        self.logs = logs
+
+    def get_job_logs(self, job_id: str) -> str:
+        return self.logs
+
+    def get_job_info(self, job_id: str):
+        raise ConnectionError("the head went away")
+
+
+def test_the_monitor_skips_bad_tagged_lines_and_still_brings_the_results_home(tmp_path):
+    """A line with the metric tag that is not ortlab's record (cut, garbled, printed by other code) used to raise
+    out of feed: the monitor re-read the log in a loop and a job that succeeded ended failed, with no model."""
+    monitor, local = _monitor(tmp_path)
+    good = [remote.METRIC_TAG + json.dumps({"seq": i, "record": {"event": "step", "step": i + 1}}) for i in range(3)]
+    bad = [
+        remote.METRIC_TAG + '{"seq": 0, "record": {"event": "st',  # cut short
+        remote.METRIC_TAG + "print('hello')",  # another program's output
+        remote.METRIC_TAG + '{"seq": "0", "record": "step"}',  # JSON, not ortlab's shape
+        remote.METRIC_TAG + "[1, 2]",
+        remote.PAUSED_TAG + '"maybe"',
+        remote.METRIC_TAG + "1" * 5000,  # a number Python will not convert
+    ]
+    final = remote.FINAL_TAG + json.dumps({"state": "completed", "step": 3})
+    log = "\n".join([*bad[:2], good[0], *bad[2:], *good[1:], final]) + "\n"
+    monitor.begin_read()
+    monitor.feed(log)
+    monitor.begin_read()
+    monitor.feed(log)  # the stream read again from its start (a lost connection): nothing twice, not counted twice
+    assert [r["step"] for r in local.metrics()] == [1, 2, 3]
+    assert local.read_status()["skipped_lines"] == 6
+    monitor.finish("SUCCEEDED", _EndedJob(log), "")
+    status = local.read_status()
+    assert status["state"] == "completed", status
+    assert status["skipped_lines"] == 6 and "6 line(s)" in status["warning"], status
+    assert (local.model_dir / "config.json").is_file() and local.result()["summary"]["steps"] == 3
+    assert "print('hello')" in local.log_path.read_text(), "what was skipped is in the run's log"
+
+
+def test_one_failing_step_of_the_monitors_end_does_not_keep_the_model_away(tmp_path, monkeypatch):
+    monitor, local = _monitor(tmp_path)
+    monitor.feed(remote.FINAL_TAG + json.dumps({"state": "completed", "step": 3}) + "\n")
+
+    def broken(self, client):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(remote.Monitor, "catch_up", broken)
+    monitor.finish("SUCCEEDED", _EndedJob(""), "")
+    status = local.read_status()
+    assert status["state"] == "completed" and (local.model_dir / "config.json").is_file(), status
+    assert "disk full" in status["monitor_problems"][0]
+    # A monitor that fails outright says so in the status, with what to do, and brings home what is there.
+    monitor, local = _monitor(tmp_path / "again")
+    monkeypatch.setattr(remote.Monitor, "follow", lambda self: 1 / 0)
+    monkeypatch.setattr(remote, "Monitor", lambda path, cluster: monitor)
+    assert remote.monitor_main(str(local.path), "local") == 1
+    status = local.read_status()
+    assert status["state"] == "failed" and "ZeroDivisionError" in status["error"], status
+    assert "ray job stop job-1" in status["error"] and (local.model_dir / "config.json").is_file()
 
 
 def test_the_monitor_finds_a_tag_behind_another_writers_partial_line(tmp_path):
     """Seen in the benchmark: a progress bar's '\\r' line without a newline ran into a metric line of the job's log."""
-    from ortlab.runner import remote
-
-    (tmp_path / "logs").mkdir()
-    (tmp_path / "status.json").write_text(json.dumps({"state": "running"}))
-    monitor = remote.Monitor.__new__(remote.Monitor)
-    monitor.run, monitor.have, monitor.final, monitor.buffer = RunDir(tmp_path), 0, None, ""
-    monitor.log = (tmp_path / "logs" / "run.log").open("a")
+    monitor, local = _monitor(tmp_path)
     line = '{"seq": %d, "record": {"event": "step", "step": %d}}'
     monitor.feed("Writing model shards:   0%|  | 0/1\r" + remote.METRIC_TAG + line % (0, 1) + "\n")
     monitor.feed(remote.METRIC_TAG + line % (0, 1) + "\n" + remote.METRIC_TAG + (line % (1, 2))[:20])
     monitor.feed((line % (1, 2))[20:] + "\n")
     monitor.log.close()
-    assert [r["step"] for r in RunDir(tmp_path).metrics()] == [1, 2], "each record once, in order"
-    assert "Writing model shards" in (tmp_path / "logs" / "run.log").read_text()
+    assert [r["step"] for r in local.metrics()] == [1, 2], "each record once, in order"
+    assert "Writing model shards" in local.log_path.read_text()
 
 
 def test_new_token_replaces_the_token_and_the_old_one_is_refused(tmp_path, monkeypatch):

@@ -356,6 +356,45 @@ def test_stop_of_an_ended_run_is_409(api, runs):
     assert code == 409 and "running" in body["message"], body
 
 
+def _plant(runs_root: Path, name: str, **target: str) -> RunDir:
+    """A stopped run with a checkpoint whose spec.yaml names `target`: a folder anyone could have put there."""
+    import yaml
+
+    run = RunDir(make_fake_run(runs_root, name, "stopped", steps=3))
+    spec = run.spec().model_dump(mode="json")
+    spec["target"].update(target)
+    run.spec_path.write_text(yaml.safe_dump(spec))
+    (run.checkpoints / "checkpoint-3").mkdir(parents=True)
+    (run.checkpoints / "checkpoint-3" / "trainer_state.json").write_text("{}")
+    return run
+
+
+def test_resume_of_a_planted_folder_runs_nothing_and_sends_no_token(api, runs_root, tmp_path, monkeypatch):
+    """One POST must not start the program a folder names, nor send the user's Ray token where it says."""
+    from header_recorder import recording_server
+
+    monkeypatch.delenv("ORTLAB_TRUSTED_PYTHONS", raising=False)
+    monkeypatch.delenv("ORTLAB_RAY_ADDRESSES", raising=False)
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "the-users-ray-token")  # the launch helper inherits the server's env
+    marker, program = tmp_path / "it-ran", tmp_path / "python"
+    program.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    program.chmod(0o755)
+    planted = _plant(runs_root, "planted-python", python=str(program))
+    code, body, _ = api("POST", "runs/planted-python/resume")
+    assert code == 409, body
+    assert "does not start a program that a run folder names" in body["message"], body
+    assert "ORTLAB_TRUSTED_PYTHONS" in body["message"], "the refusal says how to allow it"
+    assert not marker.exists(), "the planted interpreter was started"
+    assert planted.read_status()["state"] == "stopped"
+
+    with recording_server("127.0.0.2") as (address, seen):
+        planted = _plant(runs_root, "planted-cluster", cluster=address, storage=str(tmp_path / "storage"))
+        code, body, _ = api("POST", "runs/planted-cluster/resume")
+        assert code == 409 and "ORTLAB_RAY_ADDRESSES" in body["message"], body
+        assert seen == [], f"requests reached the address the folder names: {seen}"
+    assert planted.read_status()["state"] == "stopped"
+
+
 # --- settings, install, weight -----------------------------------------------------------------------------
 
 

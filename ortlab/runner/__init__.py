@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ortlab.cluster import ADDRESSES_ENV, is_configured
 from ortlab.netutil import LOOPBACK, free_port
 from ortlab.runner.rundir import (
     TERMINAL,
@@ -34,6 +35,8 @@ from ortlab.runner.rundir import (
 from ortlab.runner.stream import MetricsStream
 
 DEFAULT_ROOT = "ortlab-runs"
+# Interpreters (absolute paths separated by os.pathsep) a run folder's target.python may name on resume.
+TRUSTED_PYTHONS_ENV = "ORTLAB_TRUSTED_PYTHONS"
 # How long a status may stay unreadable (missing, or not JSON) before follow/wait give up with the reason.
 UNREADABLE_GRACE_S = 10.0
 # The environment of a torch.distributed process group. A launched run must not inherit these from a kernel
@@ -179,11 +182,16 @@ class Run:
     def unpause(self) -> None:
         self.dir.pause_path.unlink(missing_ok=True)
 
-    def resume(self) -> Run:
+    def resume(self, python: str | None = None, cluster: str | None = None) -> Run:
         """Continue a stopped (or failed) run from its last checkpoint, in a new run process.
 
         Exclusive: the run is claimed (`pending`) under its status lock, so a second `resume` of the same run,
         from this or any other process, is refused instead of starting a second worker on one folder.
+
+        A run folder is not trusted (it may come from anyone): the interpreter its spec names (`target.python`) is
+        started only when it is this one, one of ortlab's runtimes, or one listed in $ORTLAB_TRUSTED_PYTHONS; the
+        Ray token goes only to 'local' or an address in $ORTLAB_RAY_ADDRESSES. Otherwise RunError says how to allow
+        it: `python=` / `cluster=` resume in the interpreter / on the cluster you name here instead of the folder's.
         """
         spec = self.spec()
         if self.dir.last_checkpoint() is None:
@@ -191,6 +199,7 @@ class Run:
             if state not in ("stopped", "failed"):
                 raise RunError(f"run {self.id} is {state}: only a stopped or failed run can resume")
             raise RunError(f"run {self.id} has no checkpoint to resume from (it stopped before its first save)")
+        spec = _trusted_target(self.id, spec, python=python, cluster=cluster)
         if not spec.target.python and not spec.target.cluster:
             from ortlab.spec import RunSpec
 
@@ -299,9 +308,76 @@ def runtime_for(spec: Any) -> tuple[str, str | None]:
     return str(state.python), name
 
 
+def python_trusted(python: str) -> bool:
+    """Is `python` an interpreter this machine's user vouches for: this one, one of ortlab's runtimes, or one
+    listed in $ORTLAB_TRUSTED_PYTHONS?
+
+    Paths are compared as written (made absolute, links not resolved): a venv's `bin/python` is a link to the
+    base interpreter, and the same binary started through another folder's link reads that folder's
+    `pyvenv.cfg` and site-packages, so "the same file" is not "the same interpreter".
+    """
+    from ortlab.runtimes import RUNTIMES, python_for
+
+    wanted = os.path.abspath(python)
+    known = [sys.executable, *(str(p) for p in map(python_for, RUNTIMES) if p is not None), *trusted_pythons()]
+    return any(os.path.abspath(k) == wanted for k in known)
+
+
+def trusted_pythons() -> list[str]:
+    """The interpreters listed in $ORTLAB_TRUSTED_PYTHONS (absolute paths, separated by os.pathsep)."""
+    return [p for p in os.environ.get(TRUSTED_PYTHONS_ENV, "").split(os.pathsep) if p.strip()]
+
+
+def _trusted_target(run_id: str, spec: Any, python: str | None = None, cluster: str | None = None) -> Any:
+    """The spec a resumed run starts with: its folder's, whose interpreter and cluster address must be ones the
+    user vouches for on this machine, or the folder's with the interpreter / address the user names here.
+
+    Why here and not in RunSpec: a spec is the same value whoever wrote it; what differs is who named it. The
+    spec given to `launch` is the user's own (its target.python and target.cluster are used as given); the one
+    in a run folder may come from anyone (copied, cloned, unpacked, planted in the server's runs root), and
+    resume would otherwise start the program it names and send the user's Ray token to the address it names.
+    """
+    from ortlab.spec import RunSpec, SpecError
+
+    target = spec.target
+    if python is not None or cluster is not None:
+        if python is not None and cluster is not None:
+            raise RunError("resume: python and cluster exclude each other (a cluster run uses the cluster's python)")
+        if python is not None and target.cluster:
+            raise RunError(f"run {run_id} runs on the cluster {target.cluster!r}: resume it with cluster=, not python=")
+        if cluster is not None and not target.cluster:
+            raise RunError(f"run {run_id} runs on this machine: resume it without cluster= (or with python=)")
+        data = spec.model_dump(mode="json")
+        data["target"]["python" if python is not None else "cluster"] = python if python is not None else cluster
+        try:
+            return RunSpec.parse(data, stored=True)
+        except SpecError as e:
+            raise RunError(str(e)) from None
+    if target.python and not python_trusted(target.python):
+        raise RunError(
+            f"run {run_id}: its spec.yaml names the interpreter {target.python!r} (target.python), and ortlab does not "
+            "start a program that a run folder names (a folder may come from anyone). If you trust it, name it "
+            f"yourself: `ortlab resume {run_id} --python PATH` or `Run.resume(python=PATH)`, or list it in "
+            f"${TRUSTED_PYTHONS_ENV} (absolute paths separated by {os.pathsep!r}; for the Jupyter server, set it "
+            "before starting the server)"
+        )
+    if target.cluster and not is_configured(target.cluster):
+        raise RunError(
+            f"run {run_id}: its spec.yaml names the Ray cluster {target.cluster!r} (target.cluster), and ortlab sends "
+            "your Ray token only to an address you named on this machine ('local', or one listed in "
+            f"${ADDRESSES_ENV}). If you trust it, name it yourself: `ortlab resume {run_id} --cluster ADDRESS` or "
+            f"`Run.resume(cluster=ADDRESS)`, or list it in ${ADDRESSES_ENV} (for the Jupyter server, set it before "
+            "starting the server)"
+        )
+    return spec
+
+
 def _prepare(spec: Any) -> None:
     """Check the interpreter `runtime_for` picks for `spec` before anything starts there (see check_runtime).
-    A run for a cluster is checked there instead, by the cluster's own doctor (`ortlab.runner.remote`)."""
+    A run for a cluster is checked there instead, by the cluster's own doctor (`ortlab.runner.remote`).
+
+    `spec` is one whose target.python and target.cluster the user named: `launch`'s spec, or a resumed folder's
+    after `_trusted_target`. Its interpreter is started here, and its cluster is sent the user's Ray token."""
     if spec.target.cluster:
         from ortlab.runner import remote
 
@@ -318,9 +394,10 @@ def _prepare(spec: Any) -> None:
 def check_runtime(spec: Any) -> dict[str, Any]:
     """Check the interpreter a spec names (`target.python`) before anything starts in it, and its mix there.
 
-    A run folder's spec.yaml names a program that `resume` will execute, so it is checked like user input: the
-    file must exist and be executable, be a Python that can import ortlab's dependencies, and its own doctor
-    must say that every acceleration the spec asks for runs there. Raises RunError naming what is wrong.
+    Only an interpreter the user named reaches this (a run folder's is refused first, see `_trusted_target`), but
+    a typo or a broken environment should fail here, in seconds, not in the run: the file must exist and be
+    executable, be a Python that can import ortlab's dependencies, and its own doctor must say that every
+    acceleration the spec asks for runs there. Raises RunError naming what is wrong.
     """
     python = str(spec.target.python)
     path = Path(python)

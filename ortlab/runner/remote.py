@@ -35,12 +35,16 @@ from pathlib import Path
 from typing import Any
 
 from ortlab.runner.rundir import TERMINAL, RunDir, RunStateError, process_create_time, read_metrics
+from ortlab.safeio import dumps
 
 METRIC_TAG = "@@ortlab-metric "
 FINAL_TAG = "@@ortlab-final "
 DOCTOR_TAG = "@@ortlab-doctor "
 PAUSED_TAG = "@@ortlab-paused "
 TAGS = (METRIC_TAG, FINAL_TAG, PAUSED_TAG)
+# A tagged line longer than this is not one ortlab printed (a record is a few KiB, the final status with its
+# traceback tens); a partial line longer than this is cut, so a writer that never ends its line cannot fill memory.
+MAX_LINE_CHARS = 4 * 1024 * 1024
 # How long the cluster may stay silent (head restarted, network lost) before the run is declared failed.
 LOST_GRACE_S = 20.0
 DOCTOR_TIMEOUT_S = 180.0
@@ -74,7 +78,9 @@ def _client(spec: Any) -> Any:
     from ortlab import cluster
 
     try:
-        return cluster.connect(spec.target.cluster)
+        # The launcher passes only an address the user named (the spec given to `launch`, or one `Run.resume`
+        # checked: see `ortlab.runner._trusted_target`), so the user's token may go there.
+        return cluster.connect(spec.target.cluster, trusted=True)
     except cluster.ClusterError as e:
         raise _error(str(e)) from None
 
@@ -227,7 +233,10 @@ def start(run: RunDir, spec: Any, resume: bool = False) -> subprocess.Popen:
         log.write(f"\n$ ray job {job_id} on {spec.target.cluster}: {entry}\n".encode())
         log.flush()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "ortlab.runner.remote", "monitor", str(run.path.resolve())],
+            [
+                *(sys.executable, "-m", "ortlab.runner.remote", "monitor", str(run.path.resolve())),
+                *("--cluster", spec.target.cluster),
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -312,24 +321,45 @@ def doctor_main() -> int:
 
 
 class Monitor:
-    """Brings one remote run's stream, state and results into its local run folder."""
+    """Brings one remote run's stream, state and results into its local run folder.
 
-    def __init__(self, path: str | os.PathLike):
+    `cluster` is the address its launcher was given by the user (passed on the command line), never the one the
+    folder's spec.yaml says: the monitor sends the user's Ray token there on every poll.
+
+    The job's log is not ortlab's alone: the training libraries, the user's code and anything the job prints write
+    to it, so a line that starts with one of ortlab's tags may still not be ortlab's record (cut, garbled, printed
+    by someone else). Such a line is written to the run's log and counted (`skipped_lines` in status.json), never
+    raised: one bad line must not cost a finished run its model.
+    """
+
+    def __init__(self, path: str | os.PathLike, cluster: str):
         self.run = RunDir(path)
         status = self.run.read_status()
         self.launcher = status["launcher"]
-        self.spec = self.run.spec()
+        self.cluster = cluster
         self.remote = RunDir(self.launcher["storage"])
         self.job_id = self.launcher["job_id"]
         # Records already here are skipped (a monitor restarted, a resumed run's job re-sends the history).
         self.have = len(read_metrics(self.run.metrics_path)[0])
         self.final: dict[str, Any] | None = None
         self.buffer = ""
+        # Bad tagged lines in the current read of the job's log, and the most any read saw. Every read (a tail,
+        # a tail restarted after a lost connection, the catch-up at the end) starts at the log's beginning, so the
+        # most one read counted is the log's number, however often it was read.
+        self.skipped, self.skipped_most, self.skipped_recorded = 0, 0, 0
+        self.problems: list[str] = []  # what went wrong in `finish`'s steps (each isolated, see `_step`)
         self.log = self.run.log_path.open("a", encoding="utf-8")
+
+    def begin_read(self) -> None:
+        """A new read of the job's log from its beginning."""
+        self.buffer, self.skipped = "", 0
 
     def feed(self, text: str) -> None:
         self.buffer += text
         *lines, self.buffer = self.buffer.split("\n")
+        if len(self.buffer) > MAX_LINE_CHARS:  # a writer that never ends its line: keep the memory bounded
+            self.log.write(f"{self.buffer[:200]}... ({len(self.buffer)} characters without a newline, cut)\n")
+            self.buffer = ""
         fresh = []
         for line in lines:
             # Another writer's partial line (a progress bar's "\r" without a newline) may precede a tag on the same
@@ -338,27 +368,50 @@ class Monitor:
             if at > 0:
                 self.log.write(line[:at] + "\n")
                 line = line[at:]
-            if line.startswith(METRIC_TAG):
-                item = json.loads(line[len(METRIC_TAG) :])
-                if item["seq"] == self.have:
-                    fresh.append(item["record"])
-                    self.have += 1
-            elif line.startswith(PAUSED_TAG):
-                self.run.update_status(paused=json.loads(line[len(PAUSED_TAG) :]))
-            elif line.startswith(FINAL_TAG):
-                self.final = json.loads(line[len(FINAL_TAG) :])
-            else:
+            tag = next((t for t in TAGS if line.startswith(t)), None)
+            if tag is None:
                 self.log.write(line + "\n")
+                continue
+            value = _tagged(tag, line)
+            if value is None:
+                self._skip(line)
+            elif tag == METRIC_TAG:
+                if value["seq"] == self.have:
+                    fresh.append(value["record"])
+                    self.have += 1
+            elif tag == PAUSED_TAG:
+                self.run.update_status(paused=value)
+            else:
+                self.final = value
         if fresh:
             with self.run.metrics_path.open("a", encoding="utf-8") as f:
-                f.write("".join(json.dumps(r) + "\n" for r in fresh))
-            steps = [r["step"] for r in fresh if r.get("event") == "step" and isinstance(r.get("step"), int)]
+                f.write("".join(dumps(r) + "\n" for r in fresh))
+            steps = [r["step"] for r in fresh if r.get("event") == "step" and _is_int(r.get("step"))]
             if self.run.read_status().get("state") == "pending":
                 with contextlib.suppress(RunStateError):
-                    self.run.set_status("running", started=time.time())
+                    self.run.set_status("running", started=time.time(), **self.skipped_fields())
             if steps:
                 self.run.update_status(step=max(steps))
+        if self.skipped_most != self.skipped_recorded:
+            self.run.update_status(**self.skipped_fields())
+            self.skipped_recorded = self.skipped_most
         self.log.flush()
+
+    def _skip(self, line: str) -> None:
+        self.skipped += 1
+        self.skipped_most = max(self.skipped_most, self.skipped)
+        cut = line if len(line) <= 300 else f"{line[:300]}... ({len(line)} characters)"
+        self.log.write(f"[ortlab monitor] skipped a tagged line that is not an ortlab record: {cut}\n")
+
+    def skipped_fields(self) -> dict[str, Any]:
+        """The status fields that say lines were skipped (none while none were)."""
+        if not self.skipped_most:
+            return {}
+        return {
+            "skipped_lines": self.skipped_most,
+            "warning": f"{self.skipped_most} line(s) of the job's log carried an ortlab tag but were not ortlab "
+            f"records (cut, garbled or printed by other code) and were skipped; they are in {self.run.log_path}",
+        }
 
     def forward_controls(self) -> None:
         """The local stop/pause requests (what Run.stop and Run.pause write) go to the storage folder."""
@@ -373,21 +426,26 @@ class Monitor:
                 self.remote.pause_path.unlink(missing_ok=True)
 
     async def _tail(self, client: Any) -> None:
+        self.begin_read()
         async for chunk in client.tail_job_logs(self.job_id):
             self.feed(chunk)
             self.forward_controls()
 
+    def connect(self) -> Any:
+        from ortlab import cluster
+
+        # The address came from the user through the launcher (see the class docstring), so the token may go there.
+        return cluster.connect(self.cluster, trusted=True)
+
     def follow(self) -> None:
         import asyncio
-
-        from ortlab import cluster
 
         silent_since: float | None = None
         client, reason = None, ""
         while True:
             self.forward_controls()
             try:
-                client = client or cluster.connect(self.spec.target.cluster)
+                client = client or self.connect()
                 state = str(client.get_job_status(self.job_id).value)
                 silent_since = None
             except Exception as e:  # the head is gone, or restarting: give it LOST_GRACE_S
@@ -399,7 +457,7 @@ class Monitor:
                     return self.finish(
                         "FAILED",
                         None,
-                        f"the cluster {self.spec.target.cluster} stopped answering for {LOST_GRACE_S:.0f} s (head "
+                        f"the cluster {self.cluster} stopped answering for {LOST_GRACE_S:.0f} s (head "
                         f"restarted or node lost): {reason}",
                     )
                 time.sleep(1.0)
@@ -409,7 +467,7 @@ class Monitor:
                 continue
             if state == "RUNNING" and self.run.read_status().get("state") == "pending":
                 with contextlib.suppress(RunStateError):
-                    self.run.set_status("running", started=time.time())
+                    self.run.set_status("running", started=time.time(), **self.skipped_fields())
             try:
                 # Pass the stop/pause requests on while the log stream is quiet, too.
                 asyncio.run(self._tail_with_controls(client))
@@ -423,6 +481,7 @@ class Monitor:
             if state in ("SUCCEEDED", "FAILED", "STOPPED"):
                 # The stream closed at the end: every tagged line has arrived.
                 return self.finish(state, client, reason)
+            time.sleep(0.3)  # the stream closed while the job runs: read it again, without spinning
 
     async def _tail_with_controls(self, client: Any) -> None:
         import asyncio
@@ -444,29 +503,49 @@ class Monitor:
         try:
             logs = client.get_job_logs(self.job_id)
         except Exception:
-            return
+            logs = ""
         tagged = [ln[ln.find("@@ortlab-") :] for ln in logs.splitlines() if "@@ortlab-" in ln]
         if tagged:
-            self.buffer = ""
+            self.begin_read()
             self.feed("\n".join(ln for ln in tagged if ln.startswith((METRIC_TAG, FINAL_TAG))) + "\n")
         # Last resort, the source of truth: records the log lost for good are in the storage's metrics.jsonl.
         with contextlib.suppress(OSError):
             missing = self.remote.metrics()[self.have :]
             if missing:
                 with self.run.metrics_path.open("a", encoding="utf-8") as f:
-                    f.write("".join(json.dumps(r) + "\n" for r in missing))
+                    f.write("".join(dumps(r) + "\n" for r in missing))
                 self.have += len(missing)
 
+    def _step(self, what: str, fn: Any, *args: Any) -> None:
+        """One step of `finish`, isolated: whatever it raises is logged, and the next steps still run."""
+        try:
+            fn(*args)
+        except Exception as e:
+            self.problems.append(f"{what}: {type(e).__name__}: {e}")
+            with contextlib.suppress(Exception):
+                import traceback
+
+                self.log.write(f"[ortlab monitor] {what} failed:\n{traceback.format_exc()}")
+                self.log.flush()
+
     def finish(self, job_state: str, client: Any, reason: str) -> None:
+        """Complete the records, bring the results home, then set the final state: each step on its own, so a
+        problem in one (a bad line, a lost connection) never keeps a finished job's model from coming home."""
         if self.buffer:
-            self.feed("\n")
+            self._step("reading the last line", self.feed, "\n")
         if client is not None:
-            self.catch_up(client)
-        self.bring_home()
+            self._step("catching up with the job's log", self.catch_up, client)
+        self._step("bringing the results home", self.bring_home)
+        self._step("recording the end", self._record_end, job_state, client, reason)
+
+    def _record_end(self, job_state: str, client: Any, reason: str) -> None:
         final = self.final or {}
         state = final.get("state")
-        fields = {k: final[k] for k in ("error", "traceback", "checkpoint") if k in final}
-        fields["step"] = final.get("step", self.run.last_step())
+        fields = {k: final[k] for k in ("error", "traceback", "checkpoint") if isinstance(final.get(k), str)}
+        fields["step"] = final["step"] if _is_int(final.get("step")) else self.run.last_step()
+        fields.update(self.skipped_fields())
+        if self.problems:
+            fields["monitor_problems"] = self.problems
         if state not in TERMINAL:
             state = "stopped" if job_state == "STOPPED" else "failed"
             message = reason
@@ -482,6 +561,17 @@ class Monitor:
                     fields["traceback"] = "\n".join(lines[-30:])
         with contextlib.suppress(RunStateError):
             self.run.set_status(state, job_state=job_state, **fields)
+
+    def give_up(self, why: str) -> None:
+        """The monitor itself failed (a bug, a full disk): bring home what is there and say so in the status,
+        rather than leave a `running` run whose monitor is gone. The job may still run on the cluster."""
+        self._step("bringing the results home", self.bring_home)
+        error = (
+            f"the monitor of the Ray job {self.job_id} failed ({why}); the job may still be running on "
+            f"{self.cluster}: see {self.run.log_path}, stop it with `ray job stop {self.job_id}` or resume the run"
+        )
+        with contextlib.suppress(RunStateError):
+            self.run.set_status("failed", error=error, step=self.run.last_step(), **self.skipped_fields())
 
     def bring_home(self) -> None:
         """model/, result.json, tune.json and the last checkpoint: export, push and resume read them here."""
@@ -499,8 +589,39 @@ class Monitor:
                 shutil.copytree(last, self.run.checkpoints / last.name)
 
 
-def monitor_main(path: str) -> int:
-    Monitor(path).follow()
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _tagged(tag: str, line: str) -> Any:
+    """The payload of a tagged line if it is what ortlab's job prints with `tag`, else None.
+
+    Metric: {"seq": n >= 0, "record": {...}}; paused: true or false; final: the status object.
+    """
+    if len(line) > MAX_LINE_CHARS:
+        return None
+    try:
+        value = json.loads(line[len(tag) :])
+    except ValueError:  # (JSONDecodeError, and a number too long to convert)
+        return None
+    if tag == METRIC_TAG:
+        ok = isinstance(value, dict) and _is_int(value.get("seq")) and value["seq"] >= 0
+        return value if ok and isinstance(value.get("record"), dict) else None
+    if tag == PAUSED_TAG:
+        return value if isinstance(value, bool) else None
+    return value if isinstance(value, dict) else None
+
+
+def monitor_main(path: str, cluster: str) -> int:
+    monitor = Monitor(path, cluster)
+    try:
+        monitor.follow()
+    except Exception as e:
+        import traceback
+
+        traceback.print_exc()
+        monitor.give_up(f"{type(e).__name__}: {e}")
+        return 1
     return 0
 
 
@@ -514,12 +635,13 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--resume", action="store_true")
     m = sub.add_parser("monitor")
     m.add_argument("run_dir")
+    m.add_argument("--cluster", required=True, help="the address the launcher was given (not the folder's)")
     sub.add_parser("doctor")
     a = p.parse_args(argv)
     if a.command == "worker":
         return worker_main(a.run_dir, a.resume)
     if a.command == "monitor":
-        return monitor_main(a.run_dir)
+        return monitor_main(a.run_dir, a.cluster)
     return doctor_main()
 
 

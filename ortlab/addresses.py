@@ -1,0 +1,69 @@
+"""Network addresses that may receive a secret: credentials refused, origins compared, loopback recognised.
+
+A Ray Jobs address (`target.cluster`) is stored in spec.yaml and status.json and written to the run's log, and it
+is where ortlab sends the user's Ray token. Three small facts decide whether that is safe, and the spec (which
+refuses an address that carries a credential) and the launcher (which decides whether a token may go there) must
+agree on them, so they live here, below both. Standard library only.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from urllib.parse import parse_qsl, urlsplit
+
+# Query or fragment keys that carry a secret in the usual URL conventions (token=, access_token=, api_key=, ...).
+_SECRET_KEY = re.compile(r"(token|key|secret|pass(word)?|auth|credential|session|signature|sig)", re.IGNORECASE)
+
+
+def credentials_problem(address: str) -> str | None:
+    """Why `address` must not be stored or used (it carries a credential), or None. Never quotes the credential.
+
+    A `user:password@` part or a token-like query or fragment would be written to spec.yaml, status.json and the
+    run's log, and travel in every URL a library logs. The Ray token goes in $RAY_AUTH_TOKEN (or the file
+    $RAY_AUTH_TOKEN_PATH) instead, which ortlab sends as a header and never writes anywhere.
+    """
+    try:
+        parts = urlsplit(address)
+    except ValueError:
+        return None  # not a URL at all: the caller's own check says what an address looks like
+    fix = "put the Ray token in $RAY_AUTH_TOKEN (or the file $RAY_AUTH_TOKEN_PATH) instead"
+    if "@" in parts.netloc:
+        return (
+            "the address carries credentials (a user:password@ part), which would be stored in spec.yaml, "
+            f"status.json and the run's log: give http(s)://HOST:PORT without it, and {fix}"
+        )
+    for text in (parts.query, parts.fragment):
+        for key, _ in parse_qsl(text, keep_blank_values=True):
+            if _SECRET_KEY.search(key):
+                return (
+                    f"the address carries a credential in its query or fragment ({key}=...), which would be stored "
+                    f"in spec.yaml, status.json and the run's log: give http(s)://HOST:PORT without it, and {fix}"
+                )
+    return None
+
+
+def origin(address: str) -> tuple[str, str, int] | None:
+    """(scheme, host, port) of an http(s) address, with the scheme's default port filled in; None if it is not one.
+
+    Two spellings of one server (`HTTP://Host:80/`, `http://host`) compare equal; anything else does not.
+    """
+    try:
+        parts = urlsplit(address.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https") or not parts.hostname:
+        return None
+    return scheme, parts.hostname.lower(), port or (443 if scheme == "https" else 80)
+
+
+def is_loopback(host: str) -> bool:
+    """Is `host` this machine only (127.0.0.0/8, ::1, `localhost`)? Traffic to it never leaves the machine."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
