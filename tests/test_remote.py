@@ -338,6 +338,8 @@ def test_a_head_that_listens_beyond_loopback_is_refused(monkeypatch, tmp_path):
     monkeypatch.setattr(cluster, "listeners", lambda pid: found)
     with pytest.raises(cluster.ClusterError, match=r"gcs_server \(pid 12\) on :::6379; agent \(pid 13\) on 192"):
         cluster._refuse_exposed({"pid": 10}, tmp_path)
+
+
 def _monitor(tmp_path: Path):
     """A Monitor on a local run folder whose job's storage folder finished with a model and a result: the parts
     of a remote run that the monitor's parsing and its end work on, without a cluster."""
