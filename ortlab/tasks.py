@@ -85,9 +85,11 @@ def _check_config(config_file: Any) -> None:
         )
 
 
-def resolve_model(name: str) -> str:
+def resolve_model(name: str, build: bool = True) -> str:
     """A local folder for `name`: a folder the user named, ortlab's packaged copy of a Hub id, or the Hub id
-    itself when it exists on a reachable Hub (checked fast; nothing is downloaded here)."""
+    itself when it exists on a reachable Hub (checked fast; nothing is downloaded here). With `build=False` a
+    packaged copy that must first be made (the embedded LLM, converted from GGUF once) is named, not made: the
+    data is checked before that cost."""
     import os
     from pathlib import Path
 
@@ -100,7 +102,14 @@ def resolve_model(name: str) -> str:
             raise ModelError(f"model.name: the folder {name!r} has no config.json: is it a Hugging Face model folder?")
         _check_config(path / "config.json")
         return str(path)
-    embedded = embedded_model_path(name)
+    if path.is_file():
+        # A weights file (.safetensors, .bin, .gguf ...) is not a model: the config and tokenizer live beside it.
+        what = "a GGUF file, which ortlab does not load directly" if path.suffix.lower() == ".gguf" else "a file"
+        raise ModelError(
+            f"model.name: {name!r} is {what}; name the Hugging Face model folder instead (config.json, the weights "
+            "and the tokenizer files together, as save_pretrained writes them)"
+        )
+    embedded = embedded_model_path(name, build=build)
     if embedded is not None:
         return str(embedded)
     if name.startswith((".", "/", "~")) or path.suffix:
@@ -125,18 +134,39 @@ TASK_FEATURES = {
 }
 
 
+# transformers' tables of model types per head (transformers.models.auto.modeling_auto), by ortlab task
+HEAD_TABLES = {
+    "sequence-classification": "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+    "token-classification": "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
+    "causal-lm": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+    "seq2seq": "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
+}
+
+
 def check_model_fits_task(path: str, task: str) -> None:
-    """A seq2seq run needs an encoder-decoder model: said from the model folder's config.json (plain JSON, no
-    torch, no weights), not by a transformers error after the weights have loaded. transformers writes
-    `is_encoder_decoder: true` into the config of every encoder-decoder model (T5, BART, Marian, ...); a Hub id not
-    downloaded yet is checked when it loads."""
+    """The model must have a head for the task: said from the model folder's config.json (plain JSON, no weights),
+    not by a transformers error after the weights have loaded (or, for a LoRA run, a traceback from peft). A
+    seq2seq run needs an encoder-decoder model: transformers writes `is_encoder_decoder: true` into the config of
+    every one (T5, BART, Marian, ...). A Hub id not downloaded yet is checked when it loads."""
     import json
     from pathlib import Path
 
     config_file = Path(path) / "config.json"
-    if task != "seq2seq" or not config_file.is_file():
+    if not config_file.is_file():
         return
     config = json.loads(config_file.read_text(encoding="utf-8"))  # valid: resolve_model checked it
+    model_type = config.get("model_type")
+    if task != "seq2seq":
+        import transformers.models.auto.modeling_auto as tables
+
+        fitting = [t for t, table in HEAD_TABLES.items() if model_type in getattr(tables, table)]
+        if task not in fitting:
+            raise ModelError(
+                f"model.name: a {model_type!r} model has no {task} head in transformers, so it cannot be trained "
+                "for that task; choose a model that has one, or a task this model has a head for "
+                f"({', '.join(fitting) or 'none that ortlab trains'})"
+            )
+        return
     if not config.get("is_encoder_decoder", False):
         raise ModelError(
             f"model.name: task seq2seq needs an encoder-decoder model (T5, BART, Marian, mT5, Pegasus, ...), but "
@@ -155,14 +185,24 @@ def load_tokenizer(path: str, revision: str | None = None):
     return tokenizer
 
 
-def load_model(path: str, task: str, label_names: list[str], revision: str | None = None):
+def load_model(
+    path: str, task: str, label_names: list[str], revision: str | None = None, pad_token_id: int | None = None
+):
     """The model with the head for `task`; classification heads sized for `label_names` (a pretrained head of
-    another size is replaced, which transformers 5 only does with ignore_mismatched_sizes)."""
+    another size is replaced, which transformers 5 only does with ignore_mismatched_sizes).
+
+    `pad_token_id` (the tokenizer's) goes into a config that has none: a decoder classifier (GPT-2, Llama) finds
+    each row's last real token by it, and without one refuses any batch of more than one row after the model has
+    loaded ("Cannot handle batch sizes > 1 if no padding token is defined")."""
     import transformers
 
     feature = get_feature(TASK_FEATURES[task])
     auto = getattr(transformers, feature.auto_class)
     kw: dict = {"revision": revision}
+    if pad_token_id is not None and label_names:
+        config = transformers.AutoConfig.from_pretrained(path, revision=revision)
+        if getattr(config, "pad_token_id", None) is None:
+            kw["pad_token_id"] = pad_token_id
     if label_names:
         kw.update(
             num_labels=len(label_names),

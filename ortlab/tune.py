@@ -641,9 +641,10 @@ def tune_spec(
     """`ortlab tune`: check the spec's model and data, then measure its candidate mixes (or reuse the cache)."""
     from ortlab.data import collator, tokenize
     from ortlab.tasks import load_tokenizer
-    from ortlab.train.run import check
+    from ortlab.train.run import check, fitted
 
     model_path, prepared = check(spec, progress)
+    spec = fitted(spec, prepared)
     tokenizer = load_tokenizer(model_path, spec.model.revision)
     train_ds, _ = tokenize(prepared, tokenizer, spec.task, spec.hyper.max_length, spec.hyper.max_target_length)
     batches = batches_from(

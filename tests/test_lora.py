@@ -184,6 +184,31 @@ def test_target_modules_are_checked_before_the_model_loads(tiny_llama, tmp_path)
     assert not list(tmp_path.iterdir())  # nothing that looks like a run was created
 
 
+def test_a_target_error_lists_the_linear_layers_in_a_fresh_process(tiny_bert):
+    # In a fresh process the model's module is first imported while the skeleton is built on the meta device, which
+    # failed inside torch._dynamo's import and surfaced as "ModuleNotFoundError: BertForSequenceClassification"
+    # (a process that has imported it already, as this one, never saw it).
+    import subprocess
+
+    from conftest import PYTHON
+
+    code = (
+        "from ortlab.adapters import AdapterError, check_model\n"
+        "for targets in (['no_such_layer'], ['classifier']):\n"
+        "    try:\n"
+        f"        check_model({str(tiny_bert)!r}, 'sequence-classification', targets)\n"
+        "    except AdapterError as e:\n"
+        "        print('REFUSED', e)\n"
+    )
+    out = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=300)
+    refused = [line for line in out.stdout.splitlines() if line.startswith("REFUSED")]
+    assert len(refused) == 2, out.stderr[-3000:]
+    assert "'no_such_layer' is not a Linear layer" in refused[0] and "dense, key, query, value" in refused[0]
+    # The head alone: peft trains it in full anyway, so an adapter there adapts nothing (peft's own error came
+    # after the model had loaded, without the layers).
+    assert "'classifier' is the task head" in refused[1] and "dense, key, query, value" in refused[1]
+
+
 def test_merging_the_saved_adapter_gives_the_saved_merged_model(runs):
     import torch
     from transformers import AutoModelForCausalLM

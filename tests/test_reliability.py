@@ -34,6 +34,7 @@ from conftest import PYTHON, ROOT
 from gates import launch_gated, wait_paused
 
 import ortlab
+from ortlab.assets import EMBEDDED_LLM_ID
 from ortlab.runner import Run, _start
 from ortlab.runner.rundir import STATES, TRANSITIONS, RunDir
 from ortlab.spec import RunSpec
@@ -118,10 +119,56 @@ def _files(tmp: Path) -> dict[str, Path]:
     write("model-unknown/config.json", '{"model_type": "no-such-architecture"}')
     write("list.yaml", "- a\n- b\n")
     write("broken.yaml", "name: [unclosed\n")
+    write(
+        "cyrillic.csv", "text,label\n" + "\n".join(f'"Съешь же ещё этих мягких булок {i}",{i % 2}' for i in range(30))
+    )
+    write(
+        "empty-text.jsonl",
+        "\n".join(json.dumps({"text": "" if i % 4 else "a review", "label": i % 2}) for i in range(30)),
+    )
+    write(
+        "missing-text.csv",
+        "text,label\n" + "\n".join("," + str(i % 2) if i == 7 else f"t {i},{i % 2}" for i in range(30)),
+    )
+    write(
+        "missing-label.csv", "text,label\n" + "\n".join(f"t {i}," + ("" if i == 5 else str(i % 2)) for i in range(30))
+    )
+    write("short.txt", "to be\nor not\n")
+    write("chat-strings.jsonl", "\n".join(json.dumps({"messages": ["Is it fresh?", "fresh"]}) for _ in range(20)))
+    write("model-t5/config.json", '{"model_type": "t5", "is_encoder_decoder": true}')
+    write("model.gguf", b"GGUF? no: a few bytes")
+    write("model.safetensors", b"\0" * 64)
     return made
 
 
-def hostile_cases(f: dict[str, Path], tiny_bert: Path) -> list[tuple[str, dict | Path, str]]:
+def _broken_models(tmp: Path, tiny_bert: Path, tiny_gpt2: Path) -> dict[str, Path]:
+    """Copies of the tiny models with one thing wrong, as a user would make them by hand."""
+
+    def copy(source: Path, name: str, drop: tuple[str, ...] = (), **config) -> Path:
+        folder = tmp / name
+        shutil.copytree(source, folder)
+        for file in drop:
+            (folder / file).unlink()
+        if config:
+            (folder / "config.json").write_text(
+                json.dumps({**json.loads((folder / "config.json").read_text()), **config})
+            )
+        return folder
+
+    no_pad = copy(tiny_gpt2, "gpt2-no-eos")
+    settings = json.loads((no_pad / "tokenizer_config.json").read_text())
+    (no_pad / "tokenizer_config.json").write_text(json.dumps({k: v for k, v in settings.items() if "_token" not in k}))
+    return {
+        "no-tokenizer": copy(tiny_bert, "bert-no-tokenizer", drop=("tokenizer.json", "tokenizer_config.json")),
+        "bigger-embeddings": copy(tiny_bert, "bert-8000-rows", vocab_size=8000),
+        "smaller-embeddings": copy(tiny_bert, "bert-500-rows", vocab_size=500),
+        "no-pad": no_pad,
+    }
+
+
+def hostile_cases(
+    f: dict[str, Path], tiny_bert: Path, broken: dict[str, Path], tiny_gpt2: Path
+) -> list[tuple[str, dict | Path, str]]:
     """(what, spec or spec file, a word the message must contain)."""
     m = str(tiny_bert)
     ok = {"model": {"name": m}, "data": {"source": str(f["ok.csv"])}}
@@ -185,6 +232,63 @@ def hostile_cases(f: dict[str, Path], tiny_bert: Path) -> list[tuple[str, dict |
         ("cluster address with a password in it", with_(target__cluster="http://ray:pw@127.0.0.1:8265"), "credentials"),
         ("spec file that is a YAML list", f["list.yaml"], "mapping"),
         ("spec file that is not valid YAML", f["broken.yaml"], "YAML"),
+        # The model and the data each fine alone, but not together (ortlab.fit): tokenizer, positions, padding.
+        (
+            "model folder without its tokenizer files (transformers would build an empty one)",
+            with_(model__name=str(broken["no-tokenizer"])),
+            "no tokenizer files",
+        ),
+        (
+            "another model's tokenizer: 2,000 tokens for 8,000 embedding rows",
+            with_(model__name=str(broken["bigger-embeddings"])),
+            "not the tokenizer this model was trained with",
+        ),
+        (
+            "a tokenizer larger than the embedding matrix (2,000 tokens, 500 rows)",
+            with_(model__name=str(broken["smaller-embeddings"])),
+            "have no embedding",
+        ),
+        (
+            "text the tokenizer cannot read (Cyrillic through an English WordPiece)",
+            with_(data__source=str(f["cyrillic.csv"])),
+            "% of the",
+        ),
+        ("max_length 4096 on a model with 128 positions", with_(hyper__max_length=4096), "positions for 128"),
+        (
+            "decoder tokenizer with neither pad nor end-of-sequence token, for classification",
+            with_(model__name=str(broken["no-pad"])),
+            "no pad token",
+        ),
+        (
+            "LoRA on a layer the model does not have",
+            with_(adapter={"kind": "lora", "target_modules": ["nope"]}),
+            "query",
+        ),
+        (
+            "LoRA on the classifier head alone",
+            with_(adapter={"kind": "lora", "target_modules": ["classifier"]}),
+            "dense, key, query, value",
+        ),
+        ("text column of mostly empty strings", with_(data__source=str(f["empty-text.jsonl"])), "empty"),
+        ("a text cell missing in a CSV", with_(data__source=str(f["missing-text.csv"])), "first: row 7"),
+        ("a label cell missing in a CSV", with_(data__source=str(f["missing-label.csv"])), "first: row 5"),
+        (
+            "a T5 (encoder-decoder) model for causal-lm",
+            with_(task="causal-lm", model__name=str(f["model-t5/config.json"].parent)),
+            "no causal-lm head",
+        ),
+        ("a GGUF file as the model", with_(model__name=str(f["model.gguf"])), "is a GGUF file"),
+        ("a weights file as the model", with_(model__name=str(f["model.safetensors"])), "is a file"),
+        (
+            "causal LM text shorter than one block of max_length",
+            with_(task="causal-lm", model__name=str(tiny_gpt2), data__source=str(f["short.txt"])),
+            "one block",
+        ),
+        (
+            "chat messages that are strings, for the embedded SmolLM2 (refused before its 20-40 s conversion)",
+            with_(task="causal-lm", model__name=EMBEDDED_LLM_ID, data__source=str(f["chat-strings.jsonl"])),
+            "needs a 'role' and a 'content'",
+        ),
     ]
 
 
@@ -204,24 +308,37 @@ def _cli(args: list[str], capfd) -> tuple[int, str, BaseException | None]:
     return code, out + err, error
 
 
-def test_hostile_inputs_are_refused_before_any_model_loads(tiny_bert, tmp_path, monkeypatch, capfd):
+def test_hostile_inputs_are_refused_before_any_model_loads(tiny_bert, tiny_gpt2, tmp_path, monkeypatch, capfd):
     import torch
+    from transformers import PreTrainedModel
 
+    import ortlab.assets
     import ortlab.tasks
 
     def no_model(*args, **kwargs):
         raise AssertionError("a model was loaded for a hostile input")
 
+    def no_conversion(*args, **kwargs):
+        raise AssertionError("the embedded LLM was converted for a hostile input")
+
+    # Weights never load (a tokenizer and a config may be read: they are how the model is checked against the data),
+    # and the embedded LLM is not converted from GGUF, in a cache of this test's own.
     monkeypatch.setattr(ortlab.tasks, "load_model", no_model)
-    monkeypatch.setattr(ortlab.tasks, "load_tokenizer", no_model)
+    monkeypatch.setattr(PreTrainedModel, "from_pretrained", no_model)
+    monkeypatch.setattr(ortlab.assets, "_llm_folder", no_conversion)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setenv("ORTLAB_CACHE", str(cache))
     monkeypatch.chdir(tmp_path)
     files = _files(tmp_path / "inputs")
-    cases = hostile_cases(files, tiny_bert)
+    cases = hostile_cases(files, tiny_bert, _broken_models(tmp_path / "models", tiny_bert, tiny_gpt2), tiny_gpt2)
     assert len(cases) >= 30
     failures = []
     for i, (what, spec, word) in enumerate(cases):
         if "fp16" in what and torch.cuda.is_available():
             continue
+        if "SmolLM2" in what and ortlab.assets.embedded_llm_gguf() is None:
+            continue  # without its package the id is a Hub id, refused as offline before the data is read
         case = tmp_path / f"case-{i}"
         case.mkdir()
         runs = case / "runs"
@@ -245,8 +362,11 @@ def test_hostile_inputs_are_refused_before_any_model_loads(tiny_bert, tmp_path, 
             problems.append(f"wrote outside the runs folder: {sorted(map(str, after - before))[:3]}")
         if runs.exists() and any(runs.iterdir()):
             problems.append("a run folder was created")
+        if (cache / "models").exists():
+            problems.append("the embedded LLM's folder was made")
         shown = message.split("error: ")[-1].removeprefix("invalid run spec: - ")
         shown = shown.replace(str(tmp_path), "TMP").replace(str(tiny_bert), "TINY-BERT")
+        shown = shown.replace(str(tiny_gpt2), "TINY-GPT2")
         REPORT["hostile inputs"].append({"case": what, "message": shown, "ok": not problems})
         if problems:
             failures.append(f"{what}: {'; '.join(problems)}\n    output: {message[:300]}")

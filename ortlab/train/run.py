@@ -103,22 +103,18 @@ def _dataloader_settings() -> dict[str, Any]:
 
 
 def check(spec: RunSpec, log: Callable[[str], None] = print):
-    """The cheap checks: where the model is, and whether the data fits the task. Returns what they found."""
+    """The cheap checks, data before models: where the model is, the data against the task, then the model's
+    tokenizer, positions and head against the data (config and tokenizer only: no weights). Returns what they found.
+
+    Nothing here materialises a model: the embedded LLM's first conversion from GGUF (20-40 s) waits until the data
+    has passed, and a LoRA run's layers are read from a skeleton on the meta device."""
     from ortlab.data import load_and_check
+    from ortlab.fit import check_fit
     from ortlab.tasks import check_model_fits_task, resolve_model
 
-    model_path = resolve_model(spec.model.name)
-    check_model_fits_task(model_path, spec.task)
+    located = resolve_model(spec.model.name, build=False)  # a folder checked, or a Hub id that exists: no download
+    check_model_fits_task(located, spec.task)
     prepared = load_and_check(spec.data, spec.task, spec.seed)
-    if prepared.chat:  # the tokenizer alone (no weights) says whether the conversations can be laid out
-        from ortlab.chat import ChatDataError, require_template
-        from ortlab.data import DataError
-        from ortlab.tasks import load_tokenizer
-
-        try:
-            require_template(load_tokenizer(model_path, spec.model.revision), spec.model.name)
-        except ChatDataError as e:
-            raise DataError(str(e)) from None
     columns = (
         f"chat: messages={prepared.messages_column!r}"
         if prepared.messages_column
@@ -130,6 +126,17 @@ def check(spec: RunSpec, log: Callable[[str], None] = print):
         + (f", label={prepared.label_column!r} ({prepared.num_labels} classes)" if prepared.label_column else "")
     )
     log(f"data: {len(prepared.train)} train / {len(prepared.eval)} eval rows, {columns}")
+    model_path = resolve_model(spec.model.name)  # the embedded LLM is made here, once, now that the data is good
+    check_model_fits_task(model_path, spec.task)  # again: the embedded LLM's config exists only now
+    tokenizer = check_fit(model_path, spec, prepared, log)
+    if prepared.chat:  # the tokenizer alone (no weights) says whether the conversations can be laid out
+        from ortlab.chat import ChatDataError, require_template
+        from ortlab.data import DataError
+
+        try:
+            require_template(tokenizer, spec.model.name)
+        except ChatDataError as e:
+            raise DataError(str(e)) from None
     if spec.adapter.kind == "lora":
         from ortlab.adapters import check_model
 
@@ -297,8 +304,9 @@ def _train(spec, run, model_path, prepared, resume, stop, progress, on_metrics, 
     from ortlab.train.trainer import ORTTrainer
 
     set_seed(spec.seed)  # a new classification head is initialised at load: same seed, same run
+    spec = fitted(spec, prepared)
     tokenizer = load_tokenizer(model_path, spec.model.revision)
-    model = load_model(model_path, spec.task, prepared.label_names, spec.model.revision)
+    model = load_model(model_path, spec.task, prepared.label_names, spec.model.revision, tokenizer.pad_token_id)
     params = sum(p.numel() for p in model.parameters())
     log(f"model loaded: {type(model).__name__}, {params / 1e6:.1f}M parameters ({time.monotonic() - loading:.1f} s)")
     if spec.adapter.kind == "lora":
@@ -410,6 +418,13 @@ def _train(spec, run, model_path, prepared, resume, stop, progress, on_metrics, 
         "parameters": trainer.parameters_record,
         "adapter": adapter,
     }
+
+
+def fitted(spec: RunSpec, prepared: Any) -> RunSpec:
+    """`spec` with the max_length the check settled on (the default clipped to the model's positions)."""
+    if prepared.max_length is None or prepared.max_length == spec.hyper.max_length:
+        return spec
+    return spec.model_copy(update={"hyper": spec.hyper.model_copy(update={"max_length": prepared.max_length})})
 
 
 def _generations(spec: RunSpec, run: RunDir, prepared: Any, log: Callable[[str], None]) -> Any:
