@@ -27,10 +27,11 @@ import errno
 import json
 import math
 import os
+import shutil
 import stat
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -88,8 +89,11 @@ def _parent_fd(folder: str | os.PathLike, parts: tuple[str, ...], create: bool =
                 nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
             except OSError as e:
                 if e.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise UnsafePath(e.errno, f"{'/'.join(parts[: i + 1])} in {os.fspath(folder)} is a link or "
-                                     "not a folder; ortlab does not follow links inside a run folder") from None
+                    raise UnsafePath(
+                        e.errno,
+                        f"{'/'.join(parts[: i + 1])} in {os.fspath(folder)} is a link or "
+                        "not a folder; ortlab does not follow links inside a run folder",
+                    ) from None
                 raise
             os.close(fd)
             fd = nxt
@@ -98,18 +102,15 @@ def _parent_fd(folder: str | os.PathLike, parts: tuple[str, ...], create: bool =
         os.close(fd)
 
 
-@contextmanager
-def _suppress(*kinds: type[BaseException]) -> Iterator[None]:
-    try:
-        yield
-    except kinds:
-        pass
+_suppress = suppress
 
 
 def _link_error(folder: str | os.PathLike, rel: str | os.PathLike, e: OSError) -> OSError:
     if e.errno in (errno.ELOOP, errno.ENOTDIR):
-        return UnsafePath(e.errno, f"{os.fspath(rel)} in {os.fspath(folder)} is a link; ortlab does not follow "
-                          "links inside a run folder")
+        return UnsafePath(
+            e.errno,
+            f"{os.fspath(rel)} in {os.fspath(folder)} is a link; ortlab does not follow links inside a run folder",
+        )
     return e
 
 
@@ -219,3 +220,80 @@ def regular_files(folder: str | os.PathLike) -> Iterator[Path]:
             path = Path(dirpath, name)
             if is_regular(path):
                 yield path
+
+
+def copy_files(
+    folder: str | os.PathLike,
+    rel: str | os.PathLike,
+    dest: str | os.PathLike,
+    select: Callable[[PurePosixPath], bool] | None = None,
+) -> list[str]:
+    """Copy the regular files below `folder/rel` into `dest` (same layout); returns what was skipped, and why.
+
+    For copying out of a folder ortlab does not control (publishing a run, bringing a remote run home): every
+    directory and file is opened relative to its parent's descriptor without following a link, so nothing outside
+    `folder` is copied, even if a link is swapped in during the copy. Links, FIFOs, devices and sockets are not
+    copied; each appears in the returned list as "path (why)", paths relative to `folder`, for the caller to say.
+    `select(path relative to folder/rel)` picks files; what it leaves out is not reported (that was the intent).
+    FileNotFoundError when `folder/rel` does not exist.
+    """
+    base = PurePosixPath(*_parts(rel))
+    skipped: list[str] = []
+    try:
+        with _parent_fd(folder, base.parts) as parent:
+            top = os.open(base.parts[-1], _DIR_FLAGS, dir_fd=parent)
+    except UnsafePath:
+        return [f"{base} (a link on the way to it)"]
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            return [f"{base} (a link or not a folder)"]
+        raise
+    try:
+        _copy_dir(top, base, PurePosixPath(), Path(dest), select, skipped)
+    finally:
+        os.close(top)
+    return skipped
+
+
+def _copy_dir(
+    dfd: int,
+    base: PurePosixPath,
+    sub: PurePosixPath,
+    dest: Path,
+    select: Callable[[PurePosixPath], bool] | None,
+    skipped: list[str],
+) -> None:
+    with os.scandir(dfd) as it:
+        entries = sorted(it, key=lambda e: e.name)
+    for entry in entries:
+        rel = sub / entry.name
+        shown = base / rel
+        if entry.is_symlink():
+            skipped.append(f"{shown} (a link)")
+        elif entry.is_dir(follow_symlinks=False):
+            try:
+                child = os.open(entry.name, _DIR_FLAGS, dir_fd=dfd)
+            except OSError:
+                skipped.append(f"{shown} (a link or not a folder)")
+                continue
+            try:
+                _copy_dir(child, base, rel, dest, select, skipped)
+            finally:
+                os.close(child)
+        elif not entry.is_file(follow_symlinks=False):
+            skipped.append(f"{shown} (not a regular file)")
+        elif select is None or select(rel):
+            try:
+                fd = os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+            except OSError:
+                skipped.append(f"{shown} (a link)")
+                continue
+            with os.fdopen(fd, "rb") as src:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    skipped.append(f"{shown} (not a regular file)")
+                    continue
+                os.set_blocking(fd, True)
+                target = dest.joinpath(*rel.parts)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with open(target, "wb") as out:
+                    shutil.copyfileobj(src, out)

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ortlab.runner.rundir import TERMINAL, RunDir, read_metrics
+from ortlab import safeio
+from ortlab.runner.rundir import DAMAGED, SPEC_MAX_BYTES, TERMINAL, RunDir, read_metrics
 
 # A metrics request reads at most this many bytes (a client that asked from offset 0 on a very long run gets the
 # rest on its next request, from the offset returned).
@@ -119,7 +120,15 @@ class RunIndex:
             spec, spec_error = run.spec().model_dump(mode="json"), None
         except (SpecError, OSError, ValueError) as e:
             spec, spec_error = None, str(e)
-        return {**row, "status": status, "spec": spec, "spec_error": spec_error, "result": run.result()}
+        result, result_error = run.read_result()
+        return {
+            **row,
+            "status": status,
+            "spec": spec,
+            "spec_error": spec_error,
+            "result": result,
+            "result_error": result_error,
+        }
 
     def _row_locked(self, run: RunDir, status: dict[str, Any] | None = None) -> dict[str, Any]:
         status = run.status() if status is None else status
@@ -149,7 +158,8 @@ class RunIndex:
             "not_applied": not_applied,
             "verified": follow.verified,
             "paused": bool(status.get("paused")) and state == "running",
-            "error": status.get("error") if state == "failed" else None,
+            # A damaged folder says why in the same place a failed run does (the sidebar shows `error`).
+            "error": status.get("error") if state == "failed" else status.get(DAMAGED) if state == DAMAGED else None,
             "updated": updated,
         }
 
@@ -185,7 +195,7 @@ class RunIndex:
                 import yaml
 
                 loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-                data = yaml.load(run.spec_path.read_text(), Loader=loader)
+                data = yaml.load(safeio.read_bytes(run.path, "spec.yaml", SPEC_MAX_BYTES), Loader=loader)
                 steps = (data.get("hyper") or {}).get("max_steps") if isinstance(data, dict) else None
                 if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0:
                     follow.spec_max_steps = steps
