@@ -754,12 +754,28 @@ def push(
     root: RootOption = None,
 ) -> None:
     """Publish a finished run: model (or a LoRA run's adapter), tokenizer, ONNX files (if exported), a model card."""
-    from ortlab.publish import PublishError, push_to_folder, push_to_git, push_to_hub
+    import warnings
+
+    from ortlab.publish import PublishWarning
 
     run = _attach(run_id, root)
     if sum(x is not None for x in (repo, to_folder, git)) != 1:
         typer.echo("error: give exactly one of --repo, --to-folder, --git", err=True)
         raise typer.Exit(2)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always", PublishWarning)
+        where = _publish(run, repo, to_folder, git, private, overwrite, include_checkpoints, merged)
+    for w in said:  # what was left out (links, FIFOs in the run folder), as one line each, not a Python warning
+        if issubclass(w.category, PublishWarning):
+            typer.echo(f"warning: {w.message}", err=True)
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    typer.echo(f"published {run.id}: {where}")
+
+
+def _publish(run, repo, to_folder, git, private, overwrite, include_checkpoints, merged) -> str:
+    from ortlab.publish import PublishError, push_to_folder, push_to_git, push_to_hub
+
     try:
         if repo:
             where = push_to_hub(
@@ -779,7 +795,7 @@ def push(
     except PublishError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
-    typer.echo(f"published {run.id}: {where}")
+    return str(where)
 
 
 @app.command()

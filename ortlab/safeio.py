@@ -227,6 +227,7 @@ def copy_files(
     rel: str | os.PathLike,
     dest: str | os.PathLike,
     select: Callable[[PurePosixPath], bool] | None = None,
+    descend: bool = True,
 ) -> list[str]:
     """Copy the regular files below `folder/rel` into `dest` (same layout); returns what was skipped, and why.
 
@@ -234,7 +235,8 @@ def copy_files(
     directory and file is opened relative to its parent's descriptor without following a link, so nothing outside
     `folder` is copied, even if a link is swapped in during the copy. Links, FIFOs, devices and sockets are not
     copied; each appears in the returned list as "path (why)", paths relative to `folder`, for the caller to say.
-    `select(path relative to folder/rel)` picks files; what it leaves out is not reported (that was the intent).
+    `select(path relative to folder/rel)` picks files; what it leaves out is not reported (that was the intent),
+    and neither are subfolders when `descend` is False (only the files directly in `folder/rel` are looked at).
     FileNotFoundError when `folder/rel` does not exist.
     """
     base = PurePosixPath(*_parts(rel))
@@ -249,7 +251,7 @@ def copy_files(
             return [f"{base} (a link or not a folder)"]
         raise
     try:
-        _copy_dir(top, base, PurePosixPath(), Path(dest), select, skipped)
+        _copy_dir(top, base, PurePosixPath(), Path(dest), select, skipped, descend)
     finally:
         os.close(top)
     return skipped
@@ -262,6 +264,7 @@ def _copy_dir(
     dest: Path,
     select: Callable[[PurePosixPath], bool] | None,
     skipped: list[str],
+    descend: bool = True,
 ) -> None:
     with os.scandir(dfd) as it:
         entries = sorted(it, key=lambda e: e.name)
@@ -269,19 +272,23 @@ def _copy_dir(
         rel = sub / entry.name
         shown = base / rel
         if entry.is_symlink():
-            skipped.append(f"{shown} (a link)")
+            if select is None or select(rel):
+                skipped.append(f"{shown} (a link)")
         elif entry.is_dir(follow_symlinks=False):
+            if not descend:
+                continue
             try:
                 child = os.open(entry.name, _DIR_FLAGS, dir_fd=dfd)
             except OSError:
                 skipped.append(f"{shown} (a link or not a folder)")
                 continue
             try:
-                _copy_dir(child, base, rel, dest, select, skipped)
+                _copy_dir(child, base, rel, dest, select, skipped, descend)
             finally:
                 os.close(child)
         elif not entry.is_file(follow_symlinks=False):
-            skipped.append(f"{shown} (not a regular file)")
+            if select is None or select(rel):
+                skipped.append(f"{shown} (not a regular file)")
         elif select is None or select(rel):
             try:
                 fd = os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
