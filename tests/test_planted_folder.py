@@ -24,7 +24,7 @@ from fake_runs import make_fake_run
 from ortlab import safeio
 from ortlab.runner import Run, RunError, runs
 from ortlab.runner.rundir import RunDir, process_create_time, write_json
-from ortlab.spec import RunSpec
+from ortlab.spec import RunSpec, SpecError
 
 SECRET = "-----BEGIN OPENSSH PRIVATE KEY----- s3cr3t"
 
@@ -208,7 +208,7 @@ def test_a_linked_spec_or_result_is_not_read(root, tmp_path):
     os.symlink(secret_yaml, run.spec_path)
     run.result_path.unlink()
     os.symlink(tmp_path / "secret.yaml", run.result_path)
-    with pytest.raises(safeio.UnsafePath):
+    with pytest.raises(SpecError, match=r"spec\.yaml in .* is a link"):
         run.spec()
     assert run.result() is None
     detail = RunIndex(root).detail(run)

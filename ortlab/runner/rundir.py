@@ -62,7 +62,7 @@ TRANSITIONS: dict[str | None, frozenset[str]] = {
 START_GRACE_S = 120.0
 # What a reader sees for a folder whose status cannot be trusted (never written: see the module's docstring).
 DAMAGED = "damaged"
-# spec.yaml is a page of YAML; the pause file holds a step number.
+# spec.yaml is a page of YAML: a file far larger than this is not one.
 SPEC_MAX_BYTES = 1024 * 1024
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
@@ -240,11 +240,16 @@ class RunDir:
 
     def spec(self) -> Any:
         """The spec as run (read as a record: `stored`). spec.yaml is read without following a link and with a
-        bound (SPEC_MAX_BYTES): OSError (`safeio.UnsafePath`, `safeio.TooLarge`) when it is not a plain file."""
-        from ortlab.spec import RunSpec
+        bound (SPEC_MAX_BYTES): SpecError saying why when it is missing, a link, a FIFO or too large."""
+        from ortlab.spec import RunSpec, SpecError
 
-        text = safeio.read_bytes(self.path, "spec.yaml", SPEC_MAX_BYTES).decode("utf-8", errors="replace")
-        return RunSpec.from_yaml(text, stored=True)
+        try:
+            data = safeio.read_bytes(self.path, "spec.yaml", SPEC_MAX_BYTES)
+        except FileNotFoundError:
+            raise SpecError([f"spec file {str(self.spec_path)!r} does not exist"]) from None
+        except OSError as e:
+            raise SpecError([f"spec.yaml cannot be read safely: {e.strerror or e}"]) from None
+        return RunSpec.from_yaml(data.decode("utf-8", errors="replace"), stored=True)
 
     # --- status --------------------------------------------------------------------------------------------
 
