@@ -357,3 +357,22 @@ def test_a_stop_right_after_a_resume_claims_the_run_survives(root, monkeypatch):
     Run(run.path).resume()
     assert run.read_status()["state"] == "pending"
     assert run.stop_requested(), "the stop asked for after the claim was erased by the resume"
+
+
+def test_the_cli_says_why_a_planted_folder_is_refused_without_a_traceback_or_escape_codes(root, monkeypatch):
+    from typer.testing import CliRunner
+
+    import ortlab.runner as runner
+    from ortlab.cli import app
+
+    monkeypatch.setattr(runner, "UNREADABLE_GRACE_S", 0.2)
+    parent = os.getppid()
+    planted(root, "forged", state="running", pid=parent, create_time=process_create_time(parent), updated=time.time())
+    planted(root, "ended", state="failed", error="\x1b]0;pwned\x07\x1b[2J boom")
+    cli = CliRunner()
+    stopped = cli.invoke(app, ["stop", "forged", "--root", str(root)])
+    assert stopped.exit_code == 2 and "nothing was signalled" in stopped.output, stopped.output
+    followed = cli.invoke(app, ["follow", "forged", "--root", str(root)])
+    assert followed.exit_code == 2 and "not this run's" in followed.output, followed.output
+    ended = cli.invoke(app, ["follow", "ended", "--root", str(root)])
+    assert "boom" in ended.output and "\x1b" not in ended.output
