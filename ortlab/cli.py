@@ -654,11 +654,28 @@ def follow(
     json_out: Annotated[bool, typer.Option("--json", help="print the raw JSON lines")] = False,
 ) -> None:
     """Print a run's metrics from the start, then live until it ends."""
+    from ortlab.chat import strip_controls
+    from ortlab.runner import RunError
+
+    run = _attach(run_id, root)
+    try:
+        _follow_lines(run, json_out)
+    except RunError as e:  # a status gone or damaged for a while: the reason, not a traceback
+        typer.echo(f"error: {strip_controls(str(e))}", err=True)
+        raise typer.Exit(2) from None
+    status = run.status()
+    # status.json is the run folder's: its words reach the terminal without control characters (escape sequences)
+    said = status.get("error") or status.get("damaged")
+    print(strip_controls(f"{run.id}: {status['state']}" + (f" ({said})" if said else "")))
+    if status["state"] in ("failed", "damaged"):
+        raise typer.Exit(1)
+
+
+def _follow_lines(run: Any, json_out: bool) -> None:
     import json
 
     from ortlab.scores import format_scores
 
-    run = _attach(run_id, root)
     for r in run.follow():
         if json_out:
             print(json.dumps(r), flush=True)
@@ -679,16 +696,19 @@ def follow(
 
             for line in generation_lines(r):
                 print(line, flush=True)
-    status = run.status()
-    print(f"{run.id}: {status['state']}" + (f" ({status['error']})" if status.get("error") else ""))
-    if status["state"] == "failed":
-        raise typer.Exit(1)
 
 
 @app.command()
 def stop(run_id: Annotated[str, typer.Argument(help="run id or folder")], root: RootOption = None) -> None:
     """Stop a run gracefully: it finishes its step, saves a checkpoint and ends `stopped`."""
-    status = _attach(run_id, root).stop()
+    from ortlab.chat import strip_controls
+    from ortlab.runner import RunError
+
+    try:
+        status = _attach(run_id, root).stop()
+    except RunError as e:  # a damaged folder, or a process that is not the run's: nothing was signalled
+        typer.echo(f"error: {strip_controls(str(e))}", err=True)
+        raise typer.Exit(2) from None
     typer.echo(
         f"{run_id}: {status['state']}" + (f", checkpoint {status['checkpoint']}" if status.get("checkpoint") else "")
     )
@@ -817,12 +837,28 @@ def push(
     root: RootOption = None,
 ) -> None:
     """Publish a finished run: model (or a LoRA run's adapter), tokenizer, ONNX files (if exported), a model card."""
-    from ortlab.publish import PublishError, push_to_folder, push_to_git, push_to_hub
+    import warnings
+
+    from ortlab.publish import PublishWarning
 
     run = _attach(run_id, root)
     if sum(x is not None for x in (repo, to_folder, git)) != 1:
         typer.echo("error: give exactly one of --repo, --to-folder, --git", err=True)
         raise typer.Exit(2)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always", PublishWarning)
+        where = _publish(run, repo, to_folder, git, private, overwrite, include_checkpoints, merged)
+    for w in said:  # what was left out (links, FIFOs in the run folder), as one line each, not a Python warning
+        if issubclass(w.category, PublishWarning):
+            typer.echo(f"warning: {w.message}", err=True)
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    typer.echo(f"published {run.id}: {where}")
+
+
+def _publish(run, repo, to_folder, git, private, overwrite, include_checkpoints, merged) -> str:
+    from ortlab.publish import PublishError, push_to_folder, push_to_git, push_to_hub
+
     try:
         if repo:
             where = push_to_hub(
@@ -842,7 +878,7 @@ def push(
     except PublishError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
-    typer.echo(f"published {run.id}: {where}")
+    return str(where)
 
 
 @app.command()

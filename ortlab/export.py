@@ -22,7 +22,6 @@ token). Latency is that of greedy generation, PyTorch's `generate` against the O
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import statistics
@@ -31,6 +30,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ortlab import safeio
 
 # A float32 export of the same graph differs from PyTorch by rounding only; more than this is a broken export.
 MAX_ABS_DIFF = 1e-3
@@ -135,13 +136,16 @@ def _publish(run: Any, tmp: Path, report: ExportReport) -> None:
     """Write the report and put `tmp` in place of <run>/onnx: the folder appears whole, with its report, or not at
     all; a previous export stays in place until the new one is complete (moved aside, then removed), so a failed
     re-export loses nothing."""
-    (tmp / "export.json").write_text(json.dumps(report.to_dict(), indent=2))
+    (tmp / "export.json").write_text(safeio.dumps(report.to_dict(), indent=2))  # NaN diffs as null: valid JSON
     out = run.path / "onnx"
     old = out.with_name(f".onnx-old-{os.getpid()}")
-    if out.exists():
+    if os.path.lexists(out):  # a planted link at onnx/ is moved aside like a folder, never followed
         out.rename(old)
     tmp.rename(out)
-    shutil.rmtree(old, ignore_errors=True)
+    if old.is_symlink():
+        old.unlink()
+    else:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _time_ms(fn: Any, repeats: int = 10) -> float:

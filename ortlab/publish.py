@@ -17,15 +17,18 @@ the base weights: a plain transformers model); the card says which, and names th
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import shutil
 import subprocess
 import tempfile
+import warnings
 from contextlib import contextmanager, suppress
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
+from ortlab import safeio
 from ortlab._version import __version__
 from ortlab.scores import format_scores
 
@@ -40,6 +43,11 @@ LFS_PATTERNS = ("*.safetensors", "*.onnx", "*.bin")
 
 class PublishError(RuntimeError):
     """The run cannot be published as asked; the message says what to do."""
+
+
+class PublishWarning(UserWarning):
+    """Something in the run folder was not published: a link, a FIFO or another file that is not a regular file
+    inside the folder (a `model/vocab.txt` linked to a private key must not be uploaded)."""
 
 
 def _completed(run: Any, merged: bool = False):
@@ -114,8 +122,7 @@ def model_card(run: Any, merged: bool = False) -> str:
     """The README.md that goes with the model: what it is, how it was trained, what was measured."""
     spec = run.spec()
     result = run.result() or {}
-    export = run.path / "onnx" / "export.json"
-    exported = json.loads(export.read_text()) if export.exists() else None
+    exported = _read_json(run, "onnx/export.json")
     applied = [k for k, v in result.get("accelerations", {}).items() if v.get("applied")]
     requested_not = [k for k, v in result.get("accelerations", {}).items() if v.get("requested") and not v["applied"]]
     summary = result.get("summary", {})
@@ -128,30 +135,31 @@ def model_card(run: Any, merged: bool = False) -> str:
     data = spec.data.source
     adapter = result.get("adapter") if _is_adapter_run(run) else None
     library = "peft" if adapter and not merged else "transformers"
-    front = ["---", f"library_name: {library}", f"pipeline_tag: {pipeline}", "tags:", "- ortlab", "- onnxruntime"]
-    if adapter:
-        front.append("- lora")
+    meta: dict[str, Any] = {
+        "library_name": library,
+        "pipeline_tag": pipeline,
+        "tags": ["ortlab", "onnxruntime", *(["lora"] if adapter else [])],
+    }
     if _public(spec.model.name) == spec.model.name:
-        front.append(f"base_model: {spec.model.name}")
+        meta["base_model"] = spec.model.name
     if not data.startswith("embedded:") and _public(data) == data:
-        front += ["datasets:", f"- {data}"]
-    front.append("---")
+        meta["datasets"] = [data]
 
     lines = [
-        *front,
+        *front_matter(meta),
         "",
-        f"# {run.id}",
+        f"# {card_text(run.id)}",
         "",
         f"Fine-tuned with [ortlab](https://github.com/ortlab/ortlab) {__version__} for **{spec.task}**.",
         "",
         "## Training",
         "",
-        f"- base model: `{_public(spec.model.name)}`",
-        f"- data: `{_public(data)}` ({spec.data.max_train_samples or 'all'} training rows)",
+        f"- base model: {_code(_public(spec.model.name))}",
+        f"- data: {_code(_public(data))} ({spec.data.max_train_samples or 'all'} training rows)",
         f"- hyperparameters: learning rate {spec.hyper.learning_rate}, batch size {spec.hyper.batch_size}, "
         f"{spec.hyper.max_steps or spec.hyper.epochs} {'steps' if spec.hyper.max_steps else 'epochs'}, "
         f"max length {spec.hyper.max_length}, seed {spec.seed}",
-        f"- accelerations that applied (verified during the run): {', '.join(applied) or 'none'}",
+        f"- accelerations that applied (verified during the run): {card_text(', '.join(applied)) or 'none'}",
     ]
     if adapter:
         at = lines.index("## Training")
@@ -164,7 +172,7 @@ def model_card(run: Any, merged: bool = False) -> str:
             f"{params.get('optimizer_state_bytes', 0) / 2**20:.1f} MiB"
         )
     if requested_not:
-        lines.append(f"- requested but NOT applied: {', '.join(requested_not)}")
+        lines.append(f"- requested but NOT applied: {card_text(', '.join(requested_not))}")
     lines += _tune_lines(run)
     if summary.get("steady_samples_per_s"):
         lines.append(
@@ -189,11 +197,21 @@ def model_card(run: Any, merged: bool = False) -> str:
     if result.get("eval_after"):
         lines.append(f"- after training: {format_scores(result['eval_after'])}")
     lines += _generation_lines(run)
-    if exported:
+    if isinstance(exported, dict) and isinstance(exported.get("variants"), dict):
         lines += ["", "## ONNX", ""]
-        for name, v in exported["variants"].items():
+        lines += _onnx_lines(exported["variants"])
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _onnx_lines(variants: dict[str, Any]) -> list[str]:
+    """One line per exported ONNX variant (export.json is read from the run folder: a malformed one is said)."""
+    lines = []
+    for name, v in variants.items():
+        try:
             lines.append(
-                f"- `onnx/{v['file']}` ({name}): max |logit diff| vs PyTorch {v['max_abs_diff']:.2e}, prediction "
+                f"- {_code('onnx/' + str(v['file']))} ({card_text(name)}): max |logit diff| vs PyTorch "
+                f"{v['max_abs_diff']:.2e}, prediction "
                 f"agreement {v['agreement']:.4f}"
                 + (
                     f", greedy generation equal to PyTorch's on {v['generation_agreement']:.0%} of inputs"
@@ -202,8 +220,51 @@ def model_card(run: Any, merged: bool = False) -> str:
                 )
                 + f", {'passed' if v['good'] else 'FAILED'} the parity check"
             )
-    lines.append("")
-    return "\n".join(lines)
+        except (KeyError, TypeError, ValueError):
+            lines.append(f"- {card_text(name)}: its entry in onnx/export.json is not readable")
+    return lines
+
+
+def _represent_str(dumper: Any, value: str) -> Any:
+    """A plain one-line word as YAML would write it; anything else (a newline, `---`, `: `) double-quoted."""
+    if value and value.isprintable() and value == value.strip() and not value.startswith(("-", "'", '"')):
+        return dumper.represent_str(value)
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style='"')
+
+
+def front_matter(meta: dict[str, Any]) -> list[str]:
+    """The card's YAML front matter lines (between `---` lines), emitted by a YAML dumper, never by hand: model
+    and data names come from the spec, and a newline or `---` in one must stay inside its value instead of
+    ending the front matter (or adding keys to it)."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    Dumper.add_representer(str, _represent_str)
+    text = yaml.dump(meta, Dumper=Dumper, sort_keys=False, width=float("inf"), allow_unicode=True)
+    return ["---", *text.rstrip("\n").split("\n"), "---"]
+
+
+def _code(value: Any, limit: int = 300) -> str:
+    """Text as a Markdown inline code span, inert: no line breaks or control characters, and a fence of more
+    backticks than any run of them inside (CommonMark), so nothing in it is read as Markdown or HTML."""
+    import re
+
+    from ortlab.chat import strip_controls
+
+    text = strip_controls(str(value).replace("\r", " ").replace("\n", " "))[:limit]
+    fence = "`" * (max((len(r) for r in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def _read_json(run: Any, rel: str) -> Any:
+    """A JSON file of the run folder (tune.json, onnx/export.json), or None: absent, a link, too large, not JSON."""
+    try:
+        return safeio.read_json(run.path, rel)
+    except (OSError, ValueError):
+        return None
 
 
 _MARKDOWN = set("\\`*_{}[]()#+-.!|<>&~=:")
@@ -239,18 +300,19 @@ def _generation_lines(run: Any) -> list[str]:
 
 def _adapter_lines(spec: Any, adapter: dict[str, Any], merged: bool) -> list[str]:
     base = _public(spec.model.name)
-    what = (
+    modules = adapter.get("target_modules") or []
+    what = card_text(
         f"LoRA adapter (rank {adapter.get('rank')}, alpha {adapter.get('alpha')}, on "
-        f"{', '.join(str(m) for m in adapter.get('target_modules', []))})"
+        f"{', '.join(str(m) for m in modules) if isinstance(modules, list) else modules})"
     )
     if merged:
         return [
-            f"This repository holds the **merged model**: a {what} trained on the base model `{base}` and folded "
+            f"This repository holds the **merged model**: a {what} trained on the base model {_code(base)} and folded "
             "into its weights. It loads with transformers alone.",
             "",
         ]
     return [
-        f"This repository holds a **{what}**, not a whole model: it needs the base model `{base}`. Load it with "
+        f"This repository holds a **{what}**, not a whole model: it needs the base model {_code(base)}. Load it with "
         "`peft.AutoPeftModel.from_pretrained(...)`, or `PeftModel.from_pretrained(base_model, ...)`.",
         "",
     ]
@@ -258,10 +320,8 @@ def _adapter_lines(spec: Any, adapter: dict[str, Any], merged: bool) -> list[str
 
 def _tune_lines(run: Any) -> list[str]:
     """The measurement that chose the mix (tune.json), as a table: every candidate and why it lost."""
-    path = run.path / "tune.json"
-    try:
-        tuned = json.loads(path.read_text())
-    except (OSError, ValueError):
+    tuned = _read_json(run, "tune.json")
+    if not isinstance(tuned, dict):
         return []
 
     def cell(value: Any, fmt: str) -> str:
@@ -270,43 +330,61 @@ def _tune_lines(run: Any) -> list[str]:
     lines = [
         "",
         f"The mix was chosen by measuring each candidate on this run's model and batches "
-        f"({tuned.get('rounds')} interleaved rounds, {cell(tuned.get('calibration_s'), '.0f')} s):",
+        f"({cell(tuned.get('rounds'), 'd')} interleaved rounds, {cell(tuned.get('calibration_s'), '.0f')} s):",
         "",
         "| mix | samples/s | vs plain | warm-up (s) | verdict |",
         "|---|---:|---:|---:|---|",
     ]
-    for m in tuned.get("candidates", []):
-        verdict = str(m.get("verdict", "")).replace("|", "/")
+    for m in tuned.get("candidates") or []:
+        if not isinstance(m, dict):
+            continue
         lines.append(
-            f"| {m.get('name')} | {cell(m.get('samples_per_s'), '.1f')} | {cell(m.get('ratio'), '.2f')} | "
-            f"{cell(m.get('warmup_s'), '.1f')} | {verdict} |"
+            f"| {card_text(m.get('name'))} | {cell(m.get('samples_per_s'), '.1f')} | {cell(m.get('ratio'), '.2f')} "
+            f"| {cell(m.get('warmup_s'), '.1f')} | {card_text(m.get('verdict', ''))} |"
         )
     return lines
 
 
+def _model_file(rel: PurePosixPath) -> bool:
+    """A file of the model folder itself (not of a subfolder) that is published."""
+    return len(rel.parts) == 1 and _matches(rel.name, MODEL_PATTERNS) and not _matches(rel.name, NEVER)
+
+
+def _matches(name: str, patterns: tuple[str, ...]) -> bool:
+    return any(fnmatch.fnmatch(name, p) for p in patterns)
+
+
 @contextmanager
 def staged(run: Any, include_checkpoints: bool = False, merged: bool = False):
-    """A temporary folder with exactly the files to publish (an adapter run's merged model with `merged`)."""
+    """A temporary folder with exactly the files to publish (an adapter run's merged model with `merged`).
+
+    Only regular files inside the run folder are staged (`safeio.copy_files`): a link (`model/vocab.txt` ->
+    ~/.ssh/id_rsa), a linked folder, a FIFO is left out and named in a PublishWarning, never followed.
+    """
     run = _completed(run, merged)
     with tempfile.TemporaryDirectory(prefix="ortlab-publish-") as tmp:
         stage = Path(tmp)
-        source = run.model_dir
+        source, rel = run.path, "model"
         if merged:
-            source = run.model_dir / "merged"
-            if not (source / "config.json").is_file():  # the run did not save it (adapter.save_merged): merge now
-                source = stage / ".merged"
-                _merge_into(run, source)
-        for f in sorted(source.iterdir()):
-            if f.is_file() and any(f.match(p) for p in MODEL_PATTERNS) and not any(f.match(p) for p in NEVER):
-                shutil.copy2(f, stage / f.name)
-        if source.parent == stage:
-            shutil.rmtree(source)
-        onnx = run.path / "onnx"
-        if onnx.is_dir():
-            shutil.copytree(onnx, stage / "onnx")
-        if include_checkpoints and run.checkpoints.is_dir():
-            shutil.copytree(
-                run.checkpoints, stage / "checkpoints", ignore=shutil.ignore_patterns(*NEVER_IN_CHECKPOINTS)
+            rel = "model/merged"
+            if not safeio.is_regular(run.path / rel / "config.json"):
+                # the run did not save it (adapter.save_merged): merge now, into the stage (ours)
+                _merge_into(run, stage / ".merged")
+                source, rel = stage, ".merged"
+        skipped = safeio.copy_files(source, rel, stage, select=_model_file, descend=False)
+        if source == stage:
+            shutil.rmtree(stage / rel)
+        if os.path.lexists(run.path / "onnx"):
+            skipped += safeio.copy_files(run.path, "onnx", stage / "onnx")
+        if include_checkpoints and os.path.lexists(run.checkpoints):
+            keep = lambda p: not any(_matches(part, NEVER_IN_CHECKPOINTS) for part in p.parts)  # noqa: E731
+            skipped += safeio.copy_files(run.path, "checkpoints", stage / "checkpoints", select=keep)
+        if skipped:
+            warnings.warn(
+                f"not published from run {run.id} (only regular files inside the run folder are): "
+                + "; ".join(skipped),
+                PublishWarning,
+                stacklevel=3,
             )
         (stage / "README.md").write_text(model_card(run, merged))
         spec = run.spec()

@@ -27,9 +27,10 @@ import errno
 import json
 import math
 import os
+import shutil
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -219,3 +220,87 @@ def regular_files(folder: str | os.PathLike) -> Iterator[Path]:
             path = Path(dirpath, name)
             if is_regular(path):
                 yield path
+
+
+def copy_files(
+    folder: str | os.PathLike,
+    rel: str | os.PathLike,
+    dest: str | os.PathLike,
+    select: Callable[[PurePosixPath], bool] | None = None,
+    descend: bool = True,
+) -> list[str]:
+    """Copy the regular files below `folder/rel` into `dest` (same layout); returns what was skipped, and why.
+
+    For copying out of a folder ortlab does not control (publishing a run, bringing a remote run home): every
+    directory and file is opened relative to its parent's descriptor without following a link, so nothing outside
+    `folder` is copied, even if a link is swapped in during the copy. Links, FIFOs, devices and sockets are not
+    copied; each appears in the returned list as "path (why)", paths relative to `folder`, for the caller to say.
+    `select(path relative to folder/rel)` picks files; what it leaves out is not reported (that was the intent),
+    and neither are subfolders when `descend` is False (only the files directly in `folder/rel` are looked at).
+    FileNotFoundError when `folder/rel` does not exist.
+    """
+    base = PurePosixPath(*_parts(rel))
+    skipped: list[str] = []
+    try:
+        with _parent_fd(folder, base.parts) as parent:
+            top = os.open(base.parts[-1], _DIR_FLAGS, dir_fd=parent)
+    except UnsafePath:
+        return [f"{base} (a link on the way to it)"]
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            return [f"{base} (a link or not a folder)"]
+        raise
+    try:
+        _copy_dir(top, base, PurePosixPath(), Path(dest), select, skipped, descend)
+    finally:
+        os.close(top)
+    return skipped
+
+
+def _copy_dir(
+    dfd: int,
+    base: PurePosixPath,
+    sub: PurePosixPath,
+    dest: Path,
+    select: Callable[[PurePosixPath], bool] | None,
+    skipped: list[str],
+    descend: bool = True,
+) -> None:
+    with os.scandir(dfd) as it:
+        entries = sorted(it, key=lambda e: e.name)
+    for entry in entries:
+        rel = sub / entry.name
+        shown = base / rel
+        if entry.is_symlink():
+            if select is None or select(rel):
+                skipped.append(f"{shown} (a link)")
+        elif entry.is_dir(follow_symlinks=False):
+            if not descend:
+                continue
+            try:
+                child = os.open(entry.name, _DIR_FLAGS, dir_fd=dfd)
+            except OSError:
+                skipped.append(f"{shown} (a link or not a folder)")
+                continue
+            try:
+                _copy_dir(child, base, rel, dest, select, skipped, descend)
+            finally:
+                os.close(child)
+        elif not entry.is_file(follow_symlinks=False):
+            if select is None or select(rel):
+                skipped.append(f"{shown} (not a regular file)")
+        elif select is None or select(rel):
+            try:
+                fd = os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+            except OSError:
+                skipped.append(f"{shown} (a link)")
+                continue
+            with os.fdopen(fd, "rb") as src:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    skipped.append(f"{shown} (not a regular file)")
+                    continue
+                os.set_blocking(fd, True)
+                target = dest.joinpath(*rel.parts)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with open(target, "wb") as out:
+                    shutil.copyfileobj(src, out)

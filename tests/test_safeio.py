@@ -115,3 +115,26 @@ def test_regular_files_skips_links_and_linked_folders(tmp_path):
     os.symlink(outside, model / "linked")
     found = sorted(p.relative_to(model).as_posix() for p in safeio.regular_files(model))
     assert found == ["config.json", "sub/weights.bin"]
+
+
+def test_copy_files_copies_regular_files_only_and_says_what_it_skipped(tmp_path):
+    folder, dest, outside = tmp_path / "run", tmp_path / "out", tmp_path / "outside"
+    (folder / "model" / "sub").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "id_rsa").write_text("PRIVATE KEY")
+    (folder / "model" / "config.json").write_text("{}")
+    (folder / "model" / "sub" / "weights.bin").write_bytes(b"w")
+    (folder / "model" / "skip.tmp").write_text("x")
+    os.symlink(outside / "id_rsa", folder / "model" / "vocab.txt")
+    os.symlink(outside, folder / "model" / "linked-dir")
+    os.mkfifo(folder / "model" / "pipe")
+    skipped = safeio.copy_files(folder, "model", dest, select=lambda p: p.suffix != ".tmp")
+    assert sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file()) == [
+        "config.json",
+        "sub/weights.bin",
+    ]
+    assert skipped == ["model/linked-dir (a link)", "model/pipe (not a regular file)", "model/vocab.txt (a link)"]
+    # the folder itself a link: nothing is copied from where it points
+    os.symlink(outside, folder / "onnx")
+    assert safeio.copy_files(folder, "onnx", tmp_path / "out2") == ["onnx (a link or not a folder)"]
+    assert not (tmp_path / "out2").exists()

@@ -395,6 +395,30 @@ def test_resume_of_a_planted_folder_runs_nothing_and_sends_no_token(api, runs_ro
     assert planted.read_status()["state"] == "stopped"
 
 
+def test_stop_on_a_planted_folder_never_writes_through_its_links(api, runs_root, tmp_path):
+    # A folder planted under the runs root: control/stop links to a file of the user's. Stop replaces the link
+    # with its own file; a forged pid (a live process that is not the run's) shows as damaged and is refused.
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    planted = RunDir.create(runs_root, ortlab.RunSpec(name="planted"))
+    planted.update_status(updated=time.time())  # claimed a moment ago: pending, Stop allowed
+    os.symlink(victim, planted.path / "control" / "stop")
+    code, body, _ = api("POST", "runs/planted/stop")
+    assert code == 202, body
+    assert victim.read_text() == "precious"
+    assert (planted.path / "control" / "stop").is_file() and not (planted.path / "control" / "stop").is_symlink()
+
+    forged = RunDir.create(runs_root, ortlab.RunSpec(name="forged"))
+    parent = os.getppid()
+    forged.set_status("running", pid=parent, create_time=ortlab.runner.process_create_time(parent))
+    code, body, _ = api("POST", "runs/forged/stop")
+    assert code == 409 and "damaged" in body["message"] and f"pid {parent}" in body["message"], body
+    assert not forged.stop_requested()
+    code, body, _ = api("GET", "runs")
+    row = next(r for r in body["runs"] if r["id"] == "forged")
+    assert row["state"] == "damaged" and "not this run's" in row["error"]
+
+
 # --- settings, install, weight -----------------------------------------------------------------------------
 
 

@@ -25,10 +25,10 @@ from typing import Any
 from ortlab.cluster import ADDRESSES_ENV, is_configured
 from ortlab.netutil import LOOPBACK, free_port
 from ortlab.runner.rundir import (
+    DAMAGED,
     TERMINAL,
     RunDir,
     RunStateError,
-    process_alive,
     process_create_time,
     resolve,
 )
@@ -113,9 +113,9 @@ class Run:
         stream = MetricsStream(self.path)
         unreadable = _Unreadable(self)
         while True:
-            # The run writes its last metrics before its final status: once the status says it ended, reading on
-            # to the end has every line.
-            state = unreadable.check(self.state)
+            # The run writes its last metrics before its final status: once the status says it ended, one more
+            # read has every line.
+            state = unreadable.check(self.status())
             ended = state in TERMINAL
             before = stream.offset
             for record in stream.records():  # bounded per call: a long history comes a chunk at a time
@@ -134,7 +134,7 @@ class Run:
         unreadable = _Unreadable(self)
         while True:
             status = self.status()
-            unreadable.check(status["state"])
+            unreadable.check(status)
             if status["state"] in TERMINAL:
                 if self._process is not None:
                     self._process.wait()
@@ -151,7 +151,12 @@ class Run:
         status = self.status()
         if status["state"] in TERMINAL:
             return status
-        self.dir.request_stop()
+        if status["state"] == DAMAGED:
+            raise RunError(f"run {self.id} is damaged: nothing was signalled, nothing asked of it: {status[DAMAGED]}")
+        try:
+            self.dir.request_stop()
+        except OSError as e:
+            raise RunError(f"run {self.id}: cannot ask for a stop ({e}); nothing was signalled") from None
         try:
             return self.wait(timeout=timeout)
         except TimeoutError:
@@ -176,11 +181,10 @@ class Run:
         The run keeps its memory and stays `running`; its status says `paused` while it waits. `at_step` makes a
         deterministic gate: the run holds exactly there, however fast the machine is.
         """
-        self.dir.pause_path.parent.mkdir(exist_ok=True)
-        self.dir.pause_path.write_text("" if at_step is None else str(int(at_step)))
+        self.dir.request_pause(at_step)
 
     def unpause(self) -> None:
-        self.dir.pause_path.unlink(missing_ok=True)
+        self.dir.clear_pause()
 
     def resume(self, python: str | None = None, cluster: str | None = None) -> Run:
         """Continue a stopped (or failed) run from its last checkpoint, in a new run process.
@@ -208,15 +212,17 @@ class Run:
         _prepare(spec)
         self.status()  # a dead 'running' run becomes 'failed' (and so resumable) here
         try:
-            self.dir.set_status("pending", expect={"stopped", "failed"}, pid=None, create_time=None, resumed=True)
+            # Claimed with its stop and pause requests cleared under the status lock: a stop asked for once the
+            # run shows `pending` reaches the new worker (see RunDir.claim).
+            self.dir.claim(pid=None, create_time=None, resumed=True)
         except RunStateError:
             state = self.dir.read_status().get("state")
             raise RunError(
                 f"run {self.id} is {state}: only a stopped or failed run can resume "
                 "(a second resume of the same run is refused)"
             ) from None
-        self.dir.clear_stop()
-        self.unpause()
+        except OSError as e:  # a planted link in control/ or at .status.lock
+            raise RunError(f"run {self.id} is damaged and cannot resume: {e}") from None
         self._process = _start(self.dir, spec, resume=True)
         return self
 
@@ -239,19 +245,23 @@ class Run:
 
 
 class _Unreadable:
-    """Ends a follow/wait whose status has been unreadable (missing, or not JSON) for UNREADABLE_GRACE_S."""
+    """Ends a follow/wait whose status has been unreadable (missing, or damaged) for UNREADABLE_GRACE_S."""
 
     def __init__(self, run: Run):
         self.run = run
         self.since: float | None = None
 
-    def check(self, state: str) -> str:
-        if state not in ("missing", "unknown"):
+    reason = ""
+
+    def check(self, status: dict[str, Any]) -> str:
+        state = status["state"]
+        if state not in ("missing", DAMAGED):
             self.since = None
             return state
+        self.reason = status.get(DAMAGED, "")
         self.since = self.since or time.monotonic()
         if time.monotonic() - self.since > UNREADABLE_GRACE_S:
-            what = "is missing" if state == "missing" else "is not valid JSON"
+            what = "is missing" if state == "missing" else f"cannot be trusted: {self.reason}"
             raise RunError(
                 f"run {self.run.id}: {self.run.dir.status_path} {what} (for {UNREADABLE_GRACE_S:.0f} s); the run "
                 "folder was removed or damaged: look at its logs/run.log"
@@ -260,21 +270,24 @@ class _Unreadable:
 
 
 def _is_run_process(run: RunDir, status: dict[str, Any]) -> bool:
-    """Is the recorded pid still this run's process (same create time, a worker of this very folder)?
+    """Is the recorded pid still this run's launched worker (same create time, a worker of this very folder,
+    leading its own process group), so that signalling its group reaches the run and nothing else?
 
     A pid from status.json alone is not enough before sending a signal: the process may have ended and the
-    pid been reused by anything, or the file may have been edited.
+    pid been reused by anything, or the file may have been edited (see `rundir.run_process`).
     """
     import psutil
 
-    pid, created = status.get("pid"), status.get("create_time")
-    if not pid or created is None or not process_alive(pid, created):
+    pid = status.get("pid")
+    if not run.owns_process(status):
         return False
     try:
         cmdline = psutil.Process(pid).cmdline()
-    except psutil.Error:
+        group = os.getpgid(pid)
+    except (psutil.Error, OSError):
         return False
-    return "ortlab.runner.worker" in cmdline and str(run.path.resolve()) in cmdline
+    launched = "ortlab.runner.worker" in cmdline and str(run.path.resolve()) in cmdline
+    return launched and group == pid  # started with start_new_session: the group is the worker's own
 
 
 def _signal_group(pid: int, sig: int) -> None:
@@ -495,8 +508,8 @@ def _start(run: RunDir, spec: Any, resume: bool = False) -> subprocess.Popen:
         ]
     else:
         cmd = [python, *worker]
-    run.log_path.parent.mkdir(exist_ok=True)
-    with run.log_path.open("ab") as log:
+    # Opened without following a link: a planted logs/run.log link would get the run's output appended elsewhere.
+    with os.fdopen(run.open_log(), "ab") as log:
         log.write(f"\n$ {' '.join(cmd)}\n".encode())
         log.flush()
         try:
@@ -550,8 +563,13 @@ def runs(root: str | os.PathLike | None = None) -> list[Run]:
     base = Path(root) if root else default_root()
     if not base.is_dir():
         return []
-    found = [Run(p) for p in base.iterdir() if not p.is_symlink() and p.is_dir() and (p / "status.json").is_file()]
+    # A folder whose status.json is there in any form (a link, a FIFO included) is listed: it shows as damaged.
+    found = [Run(p) for p in base.iterdir() if not p.is_symlink() and p.is_dir() and _has_status(p)]
     return sorted(found, key=lambda r: (r.path.stat().st_ctime, r.id))
+
+
+def _has_status(folder: Path) -> bool:
+    return os.path.lexists(folder / "status.json")
 
 
 def attach(run_id: str | os.PathLike, root: str | os.PathLike | None = None) -> Run:
@@ -573,7 +591,7 @@ def attach(run_id: str | os.PathLike, root: str | os.PathLike | None = None) -> 
         candidate = resolve(base, str(run_id))
     except ValueError as e:
         raise RunError(str(e)) from None
-    if not (candidate / "status.json").is_file():
+    if not _has_status(candidate):
         known = ", ".join(r.id for r in runs(base)) or "none"
         raise RunError(f"no run {str(run_id)!r} (runs under {base}: {known})")
     return Run(candidate)

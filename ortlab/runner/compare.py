@@ -29,6 +29,7 @@ class Row:
     ratios: dict[str, float | None] = field(default_factory=dict)
     auto: str | None = None  # how the 'auto' accelerations were decided: "measured", "default", or None (none)
     where: str = "local"  # where the run runs: "local", or "cluster ADDRESS" (see `where_for`)
+    damaged: str | None = None  # why the run folder cannot be trusted (state "damaged"), else None
 
 
 def where_for(status: dict[str, Any]) -> str:
@@ -39,13 +40,6 @@ def where_for(status: dict[str, Any]) -> str:
     return "local"
 
 
-def _status(run: Any) -> dict[str, Any]:
-    """The recorded status of a Run or a RunDir, as it is on disk (no liveness check: a row only reads)."""
-    from ortlab.runner.rundir import RunDir
-
-    return RunDir(run.path).read_status()
-
-
 def row_for(run: Any, summary: RunSummary | None = None) -> Row:
     """A comparison row from a run folder (finished or not: the metrics stream is enough). `summary`: the run's
     summary where the caller keeps one current (the workbench); else the stream is folded now, in bounded pieces."""
@@ -54,15 +48,17 @@ def row_for(run: Any, summary: RunSummary | None = None) -> Row:
     result = run.result() or {}
     after = result.get("eval_after") if isinstance(result, dict) else None
     scores = {k: after[k] for k in EVAL_KEYS if _number(after.get(k))} if isinstance(after, dict) and after else None
+    status = run.status()  # with the liveness check: a forged pid shows as damaged, with why
     return Row(
         run_id=run.id,
-        state=run.state,
+        state=status.get("state", "unknown"),
         requested=summary.requested,
         applied=summary.applied,
         summary=summary.throughput(),
         eval=scores if scores is not None else dict(summary.scores),
         auto=summary.auto,
-        where=where_for(_status(run)),
+        where=where_for(status),
+        damaged=status.get("damaged"),
     )
 
 
@@ -106,11 +102,14 @@ def _eval_cell(r: Row) -> str:
 
 
 def _applied_cell(r: Row) -> str:
+    """Rich markup: the names come from the run folder's metrics, so they are escaped."""
+    from rich.markup import escape
+
     missing = [a for a in r.requested if a not in r.applied]
-    applied = ", ".join(r.applied) or "none"
+    applied = escape(", ".join(r.applied) or "none")
     if r.auto:
-        applied += f" (auto: {r.auto})"
-    return applied + (f" [red](NOT: {', '.join(missing)})[/]" if missing else "")
+        applied += f" (auto: {escape(r.auto)})"
+    return applied + (f" [red](NOT: {escape(', '.join(missing))})[/]" if missing else "")
 
 
 def _fits(console: Any, table: Any) -> bool:
@@ -129,15 +128,17 @@ def render(rows: list[Row], console: Any = None) -> None:
     as lettered columns (A, B, ...) with the metrics as rows, which fits 80 columns for a handful of runs."""
     from rich import box
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
+    # Everything from a run folder (ids, states, acceleration names) is escaped: `[/x]` is rich markup.
     console = console or Console()
     base = rows[0].run_id if rows else "-"
     for r in rows:
         if r.ratios and all(v == 1.0 for v in r.ratios.values() if v is not None):
             base = r.run_id
             break
-    table = Table(title=f"baseline: {base} (x: run / baseline)", box=box.SIMPLE_HEAD)
+    table = Table(title=f"baseline: {escape(base)} (x: run / baseline)", box=box.SIMPLE_HEAD)
     for col in ("run", "state", "applied (requested)", "samples/s", "x", "warm-up s", "x", "peak MB", "x"):
         table.add_column(col, overflow="fold")
     table.add_column("final loss", overflow="fold")
@@ -147,8 +148,8 @@ def render(rows: list[Row], console: Any = None) -> None:
         table.add_column("MFU", overflow="fold")
     for r in rows:
         table.add_row(
-            r.run_id,
-            r.state,
+            escape(r.run_id),
+            escape(r.state),
             _applied_cell(r),
             _num(r.summary.get("steady_samples_per_s")),
             _num(r.ratios.get("samples_per_s"), ".3f"),
@@ -162,10 +163,13 @@ def render(rows: list[Row], console: Any = None) -> None:
         )
     if _fits(console, table):
         console.print(table)
+        _print_damaged(console, rows)
         return
     letters = [chr(ord("A") + i) if i < 26 else str(i + 1) for i in range(len(rows))]
     for letter, r in zip(letters, rows, strict=True):
-        console.print(f"[bold]{letter}[/] {r.run_id}" + ("  (baseline)" if r.run_id == base else ""), soft_wrap=True)
+        console.print(
+            f"[bold]{letter}[/] {escape(r.run_id)}" + ("  (baseline)" if r.run_id == base else ""), soft_wrap=True
+        )
 
     def with_ratio(value: str, ratio: Any) -> str:
         return value if value == "-" or not isinstance(ratio, (int, float)) else f"{value} ({ratio:.2f}x)"
@@ -175,7 +179,7 @@ def render(rows: list[Row], console: Any = None) -> None:
     for letter in letters:
         narrow.add_column(letter, overflow="fold")
     facts = {
-        "state": [r.state for r in rows],
+        "state": [escape(r.state) for r in rows],
         "applied": [_applied_cell(r) for r in rows],
         "samples/s": [
             with_ratio(_num(r.summary.get("steady_samples_per_s")), r.ratios.get("samples_per_s")) for r in rows
@@ -192,11 +196,23 @@ def render(rows: list[Row], console: Any = None) -> None:
     for name, cells in facts.items():
         narrow.add_row(name, *cells)
     console.print(narrow)
+    _print_damaged(console, rows)
+
+
+def _print_damaged(console: Any, rows: list[Row]) -> None:
+    """Why each damaged run folder is not trusted, one line each under the table."""
+    from rich.markup import escape
+
+    for r in rows:
+        if r.damaged:
+            console.print(f"[red]damaged[/] {escape(r.run_id)}: {escape(r.damaged)}", soft_wrap=True)
 
 
 def _mix_cell(r: Row) -> str:
-    """What applied, and whether 'auto' was measured for this run (the table is in its tune.json)."""
-    return (", ".join(r.applied) or "-") + (" (measured)" if r.auto == "measured" else "")
+    """What applied, and whether 'auto' was measured for this run (the table is in its tune.json); escaped."""
+    from rich.markup import escape
+
+    return escape(", ".join(r.applied) or "-") + (" (measured)" if r.auto == "measured" else "")
 
 
 def render_runs(rows: list[Row], title: str, console: Any = None) -> None:
@@ -207,13 +223,14 @@ def render_runs(rows: list[Row], title: str, console: Any = None) -> None:
     from rich.table import Table
 
     console = console or Console()
+    title = escape(title)  # the runs folder's path: a folder name can hold `[`
     table = Table(title=title, box=box.SIMPLE_HEAD)
     for col in ("run", "state", "where", "step", "applied", "samples/s", "eval"):
         table.add_column(col, overflow="fold")
     for r in rows:
         table.add_row(
-            r.run_id,
-            r.state,
+            escape(r.run_id),
+            escape(r.state),
             escape(r.where),
             str(r.summary["steps"]),
             _mix_cell(r),
@@ -225,11 +242,16 @@ def render_runs(rows: list[Row], title: str, console: Any = None) -> None:
         return
     if _fits(console, table):
         console.print(table)
+        _print_damaged(console, rows)
         return
     console.print(f"[bold]{title}[/]", soft_wrap=True)
     for r in rows:
-        console.print(f"[bold]{r.run_id}[/]  {r.state} ({escape(r.where)}), step {r.summary['steps']}", soft_wrap=True)
+        console.print(
+            f"[bold]{escape(r.run_id)}[/]  {escape(r.state)} ({escape(r.where)}), step {r.summary['steps']}",
+            soft_wrap=True,
+        )
         console.print(
             f"    applied: {_mix_cell(r)};  "
             f"{_num(r.summary.get('steady_samples_per_s'))} samples/s;  eval: {_eval_cell(r)}"
         )
+    _print_damaged(console, rows)

@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ortlab import safeio
 from ortlab.runner.rundir import TERMINAL, RunDir, RunStateError, process_create_time, read_metrics
 from ortlab.safeio import dumps
 
@@ -190,12 +191,11 @@ def start(run: RunDir, spec: Any, resume: bool = False) -> subprocess.Popen:
         try:
             if remote.read_status().get("state") in ("pending", "running"):  # its worker was killed: say so
                 remote.set_status("failed", error=f"the job {launcher['job_id']} ended ({previous}) without a result")
-            remote.set_status("pending", expect={"stopped", "failed"}, pid=None, create_time=None, resumed=True)
-        except RunStateError as e:
+            # Its stop and pause requests cleared under its status lock, before it shows `pending` (RunDir.claim).
+            remote.claim(pid=None, create_time=None, resumed=True)
+        except (RunStateError, OSError) as e:
             run.set_status("failed", error=f"the remote run folder cannot resume: {e}")
             raise _error(f"run {run.id} could not resume on the cluster: {e}") from None
-        remote.clear_stop()
-        remote.pause_path.unlink(missing_ok=True)
     else:
         # Run ids are unique in their runs folder, not in a storage that runs from several folders share.
         storage.mkdir(parents=True, exist_ok=True)
@@ -210,8 +210,9 @@ def start(run: RunDir, spec: Any, resume: bool = False) -> subprocess.Popen:
         (remote.path / "control").mkdir()
         shutil.copy2(run.spec_path, remote.spec_path)
         remote.set_status("pending")
-    if run.pause_path.exists():  # a gate set before the start holds the remote run from its first step
-        shutil.copy2(run.pause_path, remote.pause_path)
+    pause = run.read_pause()
+    if pause is not None:  # a gate set before the start holds the remote run from its first step
+        remote.request_pause(int(pause) if pause.isdigit() else None)
     python, runtime_env = _python_for(spec)
     entry = f"{python} -m ortlab.runner.remote worker {shlex.quote(str(remote.path.resolve()))}"
     job_id = f"ortlab-{run.id}-{secrets.token_hex(4)}"
@@ -229,7 +230,7 @@ def start(run: RunDir, spec: Any, resume: bool = False) -> subprocess.Popen:
     run.update_status(launcher=launcher, runtime="cluster")
     from ortlab.runner import _child_env
 
-    with run.log_path.open("ab") as log:
+    with os.fdopen(run.open_log(), "ab") as log:  # no link followed (see RunDir.open_log)
         log.write(f"\n$ ray job {job_id} on {spec.target.cluster}: {entry}\n".encode())
         log.flush()
         proc = subprocess.Popen(
@@ -348,7 +349,7 @@ class Monitor:
         # most one read counted is the log's number, however often it was read.
         self.skipped, self.skipped_most, self.skipped_recorded = 0, 0, 0
         self.problems: list[str] = []  # what went wrong in `finish`'s steps (each isolated, see `_step`)
-        self.log = self.run.log_path.open("a", encoding="utf-8")
+        self.log = os.fdopen(self.run.open_log(), "a", encoding="utf-8")
 
     def begin_read(self) -> None:
         """A new read of the job's log from its beginning."""
@@ -418,12 +419,12 @@ class Monitor:
         with contextlib.suppress(OSError):
             if self.run.stop_requested() and not self.remote.stop_requested():
                 self.remote.request_stop()
-            if self.run.pause_path.exists():
-                text = self.run.pause_path.read_text()
-                if not self.remote.pause_path.exists() or self.remote.pause_path.read_text() != text:
-                    self.remote.pause_path.write_text(text)
+            text = self.run.read_pause()
+            if text is not None:
+                if self.remote.read_pause() != text:
+                    self.remote.request_pause(int(text) if text.isdigit() else None)
             else:
-                self.remote.pause_path.unlink(missing_ok=True)
+                self.remote.clear_pause()
 
     async def _tail(self, client: Any) -> None:
         self.begin_read()
@@ -575,18 +576,23 @@ class Monitor:
 
     def bring_home(self) -> None:
         """model/, result.json, tune.json and the last checkpoint: export, push and resume read them here."""
-        src = self.remote
+        # The storage is a folder others can write: only its regular files come home, never what a link in it
+        # points to (safeio.copy_files); what was left behind is said in the run's log.
+        src, skipped = self.remote, []
         with contextlib.suppress(OSError):
             for name in ("result.json", "tune.json"):
-                if (src.path / name).is_file():
-                    shutil.copy2(src.path / name, self.run.path / name)
+                with contextlib.suppress(FileNotFoundError):
+                    safeio.write_bytes(self.run.path, name, safeio.read_bytes(src.path, name), durable=True)
             if src.model_dir.is_dir():
                 shutil.rmtree(self.run.model_dir, ignore_errors=True)
-                shutil.copytree(src.model_dir, self.run.model_dir)
+                skipped += safeio.copy_files(src.path, "model", self.run.model_dir)
             last = src.last_checkpoint()
             if last is not None:
                 shutil.rmtree(self.run.checkpoints, ignore_errors=True)
-                shutil.copytree(last, self.run.checkpoints / last.name)
+                skipped += safeio.copy_files(src.path, f"checkpoints/{last.name}", self.run.checkpoints / last.name)
+        for item in skipped:
+            self.log.write(f"not brought home from the storage: {item}\n")
+        self.log.flush()
 
 
 def _is_int(value: Any) -> bool:

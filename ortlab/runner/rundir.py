@@ -21,22 +21,29 @@ no pid long after launch) and marked failed the first time anyone reads its stat
 Run names are folder names under the runs root: `check_name` allows a safe alphabet only, and `resolve` turns
 an id from a user, the CLI or a server into a folder that is inside the root (no `..`, no absolute paths, no
 symlink out of it).
+
+A run folder is untrusted input (copied from someone, unpacked from an archive, planted under the runs root):
+every file in it is opened through `ortlab.safeio` (no link followed below the folder, bounded reads, writes that
+replace a file instead of writing into it). A folder that is not what it claims is shown as `damaged`, with the
+reason in the status's `damaged` field: a status.json that is a link, a FIFO, too large or not a status, or a
+status naming a live process that is not this run's (a forged or stale pid). `damaged` is what a reader sees, never
+a state written to disk (it is not in STATES): it leaves the state machine as it is, no transition leads to it,
+and Stop and Resume refuse it (nothing is signalled, nothing started) until the folder is repaired or removed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import re
-import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from ortlab import safeio
 from ortlab.runner.stream import MetricsStream, summary_of
 from ortlab.runner.stream import records as stream_records
 
@@ -54,6 +61,10 @@ TRANSITIONS: dict[str | None, frozenset[str]] = {
 }
 # A run that was claimed but whose process never recorded itself is declared failed after this long.
 START_GRACE_S = 120.0
+# What a reader sees for a folder whose status cannot be trusted (never written: see the module's docstring).
+DAMAGED = "damaged"
+# spec.yaml is a page of YAML: a file far larger than this is not one.
+SPEC_MAX_BYTES = 1024 * 1024
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 NAME_RULE = "1-100 characters of letters, digits, '.', '_' and '-', starting with a letter or digit"
@@ -91,24 +102,13 @@ def resolve(root: str | os.PathLike, run_id: str) -> Path:
     return path
 
 
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write atomically and durably: readers never see half a file, and a crash leaves the old or the new one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        f.write(json.dumps(data, indent=2, default=str))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    """Write atomically and durably: readers never see half a file, and a crash leaves the old or the new one.
+
+    Through `safeio.write_json`: a link or hard link at `path` is replaced, never written through, and the JSON is
+    always valid (a NaN loss is written as null, not as `NaN`, which no JSON reader accepts)."""
+    path = Path(path)
+    safeio.write_json(path.parent, path.name, data, durable=True)
 
 
 def process_alive(pid: int, create_time: float | None = None) -> bool:
@@ -122,6 +122,36 @@ def process_alive(pid: int, create_time: float | None = None) -> bool:
         return create_time is None or abs(p.create_time() - create_time) < 1.0
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
+
+
+def run_process(path: Path, status: dict[str, Any]) -> str:
+    """Whose is the process a status records: "none" (no pid), "dead" (gone, or its pid reused since), "ours" (a
+    live process of this run), or "foreign" (a live process that is not this run's: a forged or hand-edited pid).
+
+    A live pid with the recorded create time is not proof enough: status.json can name any process. A run's own
+    process shows it: a worker, torchrun or a remote monitor has the folder in its command line, and every run
+    process (an in-process run in a notebook kernel too) holds a file in the folder open (its log or metrics).
+    """
+    import psutil
+
+    pid, created = status.get("pid"), status.get("create_time")
+    if not pid:
+        return "none"
+    if not process_alive(pid, created):
+        return "dead"
+    if created is None:
+        return "foreign"  # ortlab always records the create time: without it the pid cannot be told from another
+    folder = str(path.resolve())
+    try:
+        proc = psutil.Process(pid)
+        if folder in proc.cmdline():
+            return "ours"
+        inside = folder + os.sep
+        return "ours" if any(f.path.startswith(inside) for f in proc.open_files()) else "foreign"
+    except psutil.NoSuchProcess:
+        return "dead"
+    except psutil.Error:
+        return "foreign"  # another user's process (AccessDenied): not this run's
 
 
 def process_create_time(pid: int) -> float | None:
@@ -148,9 +178,10 @@ def read_metrics(path: Path, offset: int = 0, max_bytes: int | None = None) -> t
 
 def _checkpoint_complete(path: Path) -> bool:
     """Trainer writes a checkpoint's trainer_state.json last (and not atomically): a checkpoint is whole when
-    that file exists and parses. One cut by a crash, a kill or a full disk is passed over."""
+    that file exists and parses. One cut by a crash, a kill or a full disk is passed over, and so is one whose
+    state file is a link (read without following it)."""
     try:
-        return isinstance(json.loads((path / "trainer_state.json").read_text()), dict)
+        return isinstance(safeio.read_json(path, "trainer_state.json"), dict)
     except (OSError, ValueError):
         return False
 
@@ -191,41 +222,60 @@ class RunDir:
         run = cls(path)
         (path / "logs").mkdir()
         (path / "control").mkdir()
-        tmp = path / ".spec.yaml.tmp"
-        tmp.write_text(spec.to_yaml())
-        os.replace(tmp, run.spec_path)
+        safeio.write_bytes(path, "spec.yaml", spec.to_yaml().encode("utf-8"))
         run.set_status("pending")  # last: only a folder with a status is a run (`runs()` lists no other)
         return run
 
     def spec(self) -> Any:
-        from ortlab.spec import RunSpec
+        """The spec as run (read as a record: `stored`). spec.yaml is read without following a link and with a
+        bound (SPEC_MAX_BYTES): SpecError saying why when it is missing, a link, a FIFO or too large."""
+        from ortlab.spec import RunSpec, SpecError
 
-        return RunSpec.load(self.spec_path, stored=True)
+        try:
+            data = safeio.read_bytes(self.path, "spec.yaml", SPEC_MAX_BYTES)
+        except FileNotFoundError:
+            raise SpecError([f"spec file {str(self.spec_path)!r} does not exist"]) from None
+        except OSError as e:
+            raise SpecError([f"spec.yaml cannot be read safely: {e.strerror or e}"]) from None
+        return RunSpec.from_yaml(data.decode("utf-8", errors="replace"), stored=True)
 
     # --- status --------------------------------------------------------------------------------------------
 
     def read_status(self) -> dict[str, Any]:
+        """status.json as written (no liveness check); `missing`, or `damaged` with the reason, when it is not a
+        status: a link, a FIFO, larger than safeio.MAX_JSON_BYTES, not JSON, not an object, an unknown state."""
         try:
-            status = json.loads(self.status_path.read_text())
+            status = safeio.read_json(self.path, "status.json")
         except FileNotFoundError:
             return {"state": "missing"}
-        except (json.JSONDecodeError, UnicodeDecodeError, OSError):
-            return {"state": "unknown"}
+        except OSError as e:  # UnsafePath (a link, a FIFO), TooLarge, an unreadable file
+            return _damaged(f"status.json cannot be read safely: {e.strerror or e}")
+        except ValueError as e:
+            return _damaged(f"status.json is not JSON ({e})")
         if not isinstance(status, dict) or status.get("state") not in STATES:
-            return {"state": "unknown"}
+            return _damaged(f"status.json is not a run status (its state must be one of {', '.join(STATES)})")
         if not isinstance(status.get("pid"), (int, type(None))) or isinstance(status.get("pid"), bool):
             status["pid"] = None  # a hand-edited pid is no pid: never signalled, never trusted
+        created = status.get("create_time")
+        if not isinstance(created, (int, float, type(None))) or isinstance(created, bool):
+            status["create_time"] = None
         return status
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
-        """Hold the folder's status lock (across processes; a lock file, released if the holder dies)."""
-        with (self.path / ".status.lock").open("a") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
+        """Hold the folder's status lock (across processes; a lock file, released if the holder dies).
+
+        The lock file is opened without following a link (a planted `.status.lock` link would otherwise be
+        created or opened wherever it points): safeio.UnsafePath instead."""
+        fd = safeio.open_in(self.path, ".status.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 yield
             finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
 
     def set_status(self, state: str, expect: frozenset[str] | set[str] | None = None, **fields: Any) -> dict[str, Any]:
         """Move the run to `state`, keeping its identity fields. Raises RunStateError when the current state
@@ -235,14 +285,34 @@ class RunDir:
         with self.locked():
             return self._set_status_locked(state, expect, fields)
 
-    def _set_status_locked(self, state: str, expect: Any, fields: dict[str, Any]) -> dict[str, Any]:
-        current = self.read_status() if self.status_path.exists() else {}
+    def claim(self, **fields: Any) -> dict[str, Any]:
+        """Claim a stopped or failed run for a resume (`pending`), clearing its stop and pause requests.
+
+        Both under the status lock, the requests cleared before the status says `pending`: whoever sees the claim
+        and asks for a stop (the sidebar's Stop, `Run.stop`) asks after the clear, so that stop always reaches
+        the new worker. (Clearing after the claim, outside the lock, erased a stop asked for in between.)
+        Raises RunStateError when the run is not stopped or failed (a second resume, a running run).
+        """
+        with self.locked():
+            self._check_transition("pending", {"stopped", "failed"})
+            self.clear_stop()
+            self.clear_pause()
+            return self._set_status_locked("pending", {"stopped", "failed"}, fields)
+
+    def _check_transition(self, state: str, expect: Any) -> dict[str, Any]:
+        current = self.read_status() if safeio.exists(self.path, "status.json") else {}
         now_state = current.get("state")
-        if now_state in ("missing", "unknown"):
+        if now_state in ("missing", DAMAGED):
+            # Only the folder's own writers get here (under the lock): a worker may still record its real state
+            # over a status that was damaged, replacing the file (never writing into it). A resume is refused.
             now_state = None if now_state == "missing" else "pending"
         allowed = TRANSITIONS.get(now_state, frozenset(STATES))
         if state not in allowed or (expect is not None and now_state not in expect):
             raise RunStateError(f"run {self.id} is {now_state}: it cannot become {state}")
+        return current
+
+    def _set_status_locked(self, state: str, expect: Any, fields: dict[str, Any]) -> dict[str, Any]:
+        current = self._check_transition(state, expect)
         identity = ("pid", "create_time", "started", "launcher", "runtime", "python", "world_size", "worker_pid")
         keep = {k: v for k, v in current.items() if k in identity}
         status = {**keep, **fields, "state": state, "updated": time.time()}
@@ -254,20 +324,46 @@ class RunDir:
     def update_status(self, **fields: Any) -> dict[str, Any]:
         """Add fields (a pid, a step) to the status without changing its state."""
         with self.locked():
-            status = {**self.read_status(), **fields, "updated": time.time()}
+            current = self.read_status()
+            if current.get("state") == DAMAGED:
+                raise RunStateError(f"run {self.id} is damaged: {current[DAMAGED]}")
+            status = {**current, **fields, "updated": time.time()}
             write_json(self.status_path, status)
             return status
 
     def status(self) -> dict[str, Any]:
-        """The status, after checking that a pending/running run still has a live process (or, pending without
-        one, that it was claimed only recently)."""
+        """The status, after checking that a pending/running run still has a live process of its own (or,
+        pending without one, that it was claimed only recently). A status naming a live process that is not this
+        run's is `damaged` (see `run_process`): shown with its reason, never trusted, never written."""
         status = self.read_status()
-        if status.get("state") in ("pending", "running") and self._looks_dead(status):
-            with self.locked():  # re-check under the lock: the worker may have ended properly meanwhile
-                status = self.read_status()
-                if status.get("state") in ("pending", "running") and self._looks_dead(status):
-                    status = self._set_status_locked("failed", None, self._death_report(status))
+        if status.get("state") in ("pending", "running"):
+            if self._looks_dead(status):
+                try:
+                    with self.locked():  # re-check under the lock: the worker may have ended properly meanwhile
+                        status = self.read_status()
+                        if status.get("state") in ("pending", "running") and self._looks_dead(status):
+                            status = self._set_status_locked("failed", None, self._death_report(status))
+                except OSError as e:  # a planted .status.lock (a link, a FIFO): say so, write nothing
+                    return _damaged(f".status.lock cannot be opened safely: {e.strerror or e}", status)
+            elif run_process(self.path, status) == "foreign":
+                return _damaged(
+                    f"status.json says {status['state']} with pid {status['pid']}, but that process is not this "
+                    "run's (it does not run this folder): the status is forged or stale; nothing is signalled",
+                    status,
+                )
         return status
+
+    def open_log(self) -> int:
+        """logs/run.log opened for append, without following a link (a planted `logs/run.log -> ~/.bashrc` would
+        otherwise get the run's output appended to it); a raw descriptor for the caller to close.
+
+        A run process keeps it open while it runs: that open file is how `run_process` knows the process is this
+        run's, whatever its command line (an in-process run in a notebook kernel)."""
+        return safeio.open_in(self.path, "logs/run.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def owns_process(self, status: dict[str, Any]) -> bool:
+        """Is the process `status` records a live process of this very run (safe to signal)?"""
+        return run_process(self.path, status) == "ours"
 
     @staticmethod
     def _looks_dead(status: dict[str, Any]) -> bool:
@@ -309,34 +405,86 @@ class RunDir:
         return summary_of(self.path).step
 
     def result(self) -> dict[str, Any] | None:
+        """result.json, or None when it is absent or not a plain JSON object (see `read_result` for why)."""
+        return self.read_result()[0]
+
+    def read_result(self) -> tuple[dict[str, Any] | None, str | None]:
+        """(result.json, None), or (None, why not): absent, a link, a FIFO, too large, not a JSON object."""
         try:
-            return json.loads(self.result_path.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return None
+            result = safeio.read_json(self.path, "result.json")
+        except FileNotFoundError:
+            return None, None
+        except OSError as e:
+            return None, f"result.json cannot be read safely: {e.strerror or e}"
+        except ValueError as e:
+            return None, f"result.json is not JSON ({e})"
+        if not isinstance(result, dict):
+            return None, "result.json is not a JSON object"
+        return result, None
 
     def last_checkpoint(self) -> Path | None:
-        if not self.checkpoints.exists():
+        """The newest complete checkpoint; a linked checkpoints/ folder or linked checkpoint-N is passed over (a
+        resume would load whatever it points to)."""
+        if self.checkpoints.is_symlink():
             return None
-        found = [p for p in self.checkpoints.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()]
+        try:
+            entries = [e for e in os.scandir(self.checkpoints) if e.name.startswith("checkpoint-")]
+        except OSError:
+            return None
+        found = [
+            Path(e.path)
+            for e in entries
+            if e.name.split("-")[-1].isdigit() and e.is_dir(follow_symlinks=False) and not e.is_symlink()
+        ]
         complete = [p for p in found if _checkpoint_complete(p)]
         return max(complete, key=lambda p: int(p.name.split("-")[-1]), default=None)
 
     def request_stop(self) -> None:
-        self.stop_path.parent.mkdir(exist_ok=True)
-        self.stop_path.write_text(str(time.time()))
+        """Ask for a graceful stop: control/stop is created by replacing whatever is there (a planted link is
+        replaced, never written through); safeio.UnsafePath when control/ itself is a link."""
+        safeio.write_bytes(self.path, "control/stop", str(time.time()).encode())
 
     def stop_requested(self) -> bool:
-        return self.stop_path.exists()
+        return safeio.exists(self.path, "control/stop")
 
     pause_path = property(lambda self: self.path / "control" / "pause")
 
+    def request_pause(self, at_step: int | None = None) -> None:
+        """Hold the run after its current step (or once `at_step` steps are done); see `pause_requested`."""
+        safeio.write_bytes(self.path, "control/pause", b"" if at_step is None else str(int(at_step)).encode())
+
+    def read_pause(self) -> str | None:
+        """The pause request: None when there is none, else the step to pause at ("" for now). A pause file that
+        cannot be read as one (a link, a FIFO, too long) means now: its presence is the ask."""
+        try:
+            return safeio.read_bytes(self.path, "control/pause", 64).decode("ascii", errors="replace").strip()
+        except FileNotFoundError:
+            return None
+        except OSError:
+            return "" if safeio.exists(self.path, "control/pause") else None
+
     def pause_requested(self, step: int) -> bool:
         """Is the run to hold before the step after `step`? The file holds the step to pause at (empty: now)."""
-        try:
-            text = self.pause_path.read_text().strip()
-        except FileNotFoundError:
+        text = self.read_pause()
+        if text is None:
             return False
         return not text.isdigit() or step >= int(text)
 
     def clear_stop(self) -> None:
-        self.stop_path.unlink(missing_ok=True)
+        safeio.remove(self.path, "control/stop")
+
+    def clear_pause(self) -> None:
+        safeio.remove(self.path, "control/pause")
+
+
+def _damaged(reason: str, status: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a reader sees for a folder whose status cannot be trusted: state `damaged`, the reason, and the
+    recorded state (if any) for the curious; never written to disk."""
+    recorded = (status or {}).get("state")
+    out: dict[str, Any] = {"state": DAMAGED, DAMAGED: reason}
+    if recorded and recorded != DAMAGED:
+        out["recorded_state"] = recorded
+    for key in ("step", "updated"):
+        if status and key in status:
+            out[key] = status[key]
+    return out

@@ -13,6 +13,7 @@ the executor and launch/resume in a helper process (`ortlab.server.actions`), so
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -21,7 +22,8 @@ from jupyter_server.base.handlers import APIHandler
 from tornado import web
 from tornado.ioloop import IOLoop
 
-from ortlab.runner.rundir import RunDir, resolve
+from ortlab import safeio
+from ortlab.runner.rundir import DAMAGED, RunDir, resolve
 from ortlab.server.runs import metrics_since
 
 T = TypeVar("T")
@@ -47,7 +49,7 @@ class OrtlabHandler(APIHandler):
 
     def reply(self, status: int, body: dict[str, Any]) -> None:
         self.set_status(status)
-        self.finish(json.dumps(body, default=str))
+        self.finish(safeio.dumps(body))  # always valid JSON: a NaN from a run folder is null, not `NaN`
 
     def run_dir(self, run_id: str) -> RunDir:
         """The run folder for `run_id`, or 404: an id that is not a safe name inside the root, or not a run."""
@@ -56,7 +58,7 @@ class OrtlabHandler(APIHandler):
             path = resolve(root, run_id)
         except ValueError:
             raise web.HTTPError(404, f"no run {run_id!r}: a run id is a folder name inside the runs root") from None
-        if not (path / "status.json").is_file():
+        if not os.path.lexists(path / "status.json"):  # a linked or odd status.json is a (damaged) run
             raise web.HTTPError(404, f"no run {run_id!r} under the runs root {str(root)!r}")
         return RunDir(path)
 
@@ -146,9 +148,14 @@ class StopHandler(OrtlabHandler):
         """Ask for a graceful stop (the run finishes its step, saves a checkpoint, ends `stopped`): 202 at once."""
         run = self.run_dir(run_id)
         status = await self.io(run.status)
+        if status["state"] == DAMAGED:
+            raise web.HTTPError(409, f"run {run.id} is damaged, so it is not stopped: {status[DAMAGED]}")
         if status["state"] not in ("pending", "running"):
             raise web.HTTPError(409, f"run {run.id} is {status['state']}: only a pending or running run can stop")
-        await self.io(run.request_stop)
+        try:
+            await self.io(run.request_stop)
+        except OSError as e:  # control/ is a link: nothing is written through it
+            raise web.HTTPError(409, f"run {run.id} is damaged, so it is not stopped: {e}") from None
         self.reply(202, {"id": run.id, "state": status["state"], "stop_requested": True})
 
 
@@ -161,6 +168,8 @@ class ResumeHandler(OrtlabHandler):
 
         run = self.run_dir(run_id)
         status = await self.io(run.status)
+        if status["state"] == DAMAGED:
+            raise web.HTTPError(409, f"run {run.id} is damaged, so it does not resume: {status[DAMAGED]}")
         if status["state"] not in ("stopped", "failed"):
             raise web.HTTPError(409, f"run {run.id} is {status['state']}: only a stopped or failed run can resume")
         try:

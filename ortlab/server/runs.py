@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ortlab import safeio
-from ortlab.runner.rundir import TERMINAL, RunDir
+from ortlab.runner.rundir import DAMAGED, SPEC_MAX_BYTES, TERMINAL, RunDir
 from ortlab.runner.stream import MetricsStream, SummaryFollower
 
 # A metrics request reads at most this many bytes (a client that asked from offset 0 on a very long run gets the
@@ -33,7 +33,6 @@ from ortlab.runner.stream import MetricsStream, SummaryFollower
 METRICS_CHUNK_BYTES = 8 * 2**20
 # One runs-list request reads at most this many bytes of metrics over all runs (new runs, or a huge history).
 ROWS_BUDGET_BYTES = 16 * 2**20
-SPEC_LIMIT = 2**20  # a spec.yaml is a few KiB
 
 
 def _number(value: Any) -> float | None:
@@ -108,7 +107,15 @@ class RunIndex:
             spec, spec_error = run.spec().model_dump(mode="json"), None
         except (SpecError, OSError, ValueError) as e:
             spec, spec_error = None, str(e)
-        return {**row, "status": status, "spec": spec, "spec_error": spec_error, "result": run.result()}
+        result, result_error = run.read_result()
+        return {
+            **row,
+            "status": status,
+            "spec": spec,
+            "spec_error": spec_error,
+            "result": result,
+            "result_error": result_error,
+        }
 
     def _follow(self, run: RunDir) -> _Follow:
         with self._lock:
@@ -147,7 +154,8 @@ class RunIndex:
             "not_applied": not_applied,
             "verified": view["verified"],
             "paused": bool(status.get("paused")) and state == "running",
-            "error": status.get("error") if state == "failed" else None,
+            # A damaged folder says why in the same place a failed run does (the sidebar shows `error`).
+            "error": status.get("error") if state == "failed" else status.get(DAMAGED) if state == DAMAGED else None,
             "updated": updated,
             "catching_up": not follow.caught_up,  # more of its metrics is still to be read (the next polls read on)
             "skipped_lines": view["skipped"],  # lines of its metrics that could not be read (see MetricsStream)
@@ -181,7 +189,7 @@ class RunIndex:
                 import yaml
 
                 loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-                data = yaml.load(safeio.read_bytes(run.path, "spec.yaml", SPEC_LIMIT), Loader=loader)
+                data = yaml.load(safeio.read_bytes(run.path, "spec.yaml", SPEC_MAX_BYTES), Loader=loader)
                 steps = (data.get("hyper") or {}).get("max_steps") if isinstance(data, dict) else None
                 if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0:
                     follow.spec_max_steps = steps

@@ -17,8 +17,6 @@ a killed process leaves only whole lines behind (the last one at worst cut short
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import resource
 import time
@@ -28,14 +26,8 @@ from typing import IO, Any
 
 from transformers import TrainerCallback
 
+from ortlab import safeio
 from ortlab.flops import METHOD as FLOPS_METHOD
-
-
-def _clean(value: Any) -> Any:
-    """JSON has no NaN/inf: write them as null rather than producing lines other readers reject."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 class JsonLinesSink:
@@ -53,18 +45,16 @@ class JsonLinesSink:
         self._file: IO[str] | None = None
 
     def __call__(self, record: dict[str, Any]) -> None:
-        record = {k: _clean(v) for k, v in record.items()}
+        # JSON has no NaN/inf: at every depth (a diverged run's train_end summary.final_loss) they are written as
+        # null, never as `NaN`, which other readers (a browser's JSON.parse) reject.
+        record = safeio.finite(record)
         record.setdefault("time", time.time())
         if self.keep:
             self.records.append(record)
         if self.path is not None:
             if self._file is None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._file = self.path.open("a", encoding="utf-8")
-                if not _ends_with_newline(self.path):
-                    # A writer killed mid-line (then a resume): end the torn line, or it would swallow this record.
-                    self._file.write("\n")
-            self._file.write(json.dumps(record, default=str) + "\n")
+                self._file = self._open()
+            self._file.write(safeio.dumps(record) + "\n")
             self._file.flush()
         if self.also is not None:
             self.also(record)
@@ -74,13 +64,17 @@ class JsonLinesSink:
             self._file.close()
             self._file = None
 
-
-def _ends_with_newline(path: Path) -> bool:
-    with path.open("rb") as f:
-        if f.seek(0, os.SEEK_END) == 0:
-            return True
-        f.seek(-1, os.SEEK_END)
-        return f.read(1) == b"\n"
+    def _open(self) -> IO[str]:
+        """The file, opened for append without following a link at its name (a run folder may be planted)."""
+        assert self.path is not None
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = safeio.open_in(self.path.parent, self.path.name, os.O_RDWR | os.O_APPEND | os.O_CREAT)
+        size = os.fstat(fd).st_size
+        torn = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+        f = os.fdopen(fd, "a", encoding="utf-8")
+        if torn:  # a writer killed mid-line (then a resume): end the torn line, or it would swallow this record
+            f.write("\n")
+        return f
 
 
 def device_info(device: Any, precision: str) -> dict[str, Any]:

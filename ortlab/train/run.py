@@ -168,7 +168,7 @@ def train_spec(
             ]
         )
     if terminal is not None:
-        log = terminal.say
+        log = terminal.plain  # its lines carry names and paths from the spec: never read as rich markup
         log(f"checking the model ({spec.model.name}) and the data ({spec.data.source}) ...")
     checked = check(spec, log)
     run = RunDir.create(spec.output_dir, spec)
@@ -246,6 +246,20 @@ def execute(
     terminal: Terminal | None = None,
 ) -> dict[str, Any]:
     """Train the run in `run` (resuming from its last checkpoint if asked); keep its status true throughout."""
+    # The run's log stays open while this process runs it, until its final status is written: how readers tell
+    # this process (a notebook kernel too) from one that a forged status.json names (`rundir.run_process`).
+    try:
+        held: int | None = run.open_log()
+    except OSError:
+        held = None  # a planted link at logs/run.log: readers will call this run damaged, which it is
+    try:
+        return _execute(run, resume, checked, progress, on_metrics, log, terminal)
+    finally:
+        if held is not None:
+            os.close(held)
+
+
+def _execute(run, resume, checked, progress, on_metrics, log, terminal) -> dict[str, Any]:
     started = time.monotonic()
     stop = _StopRequested(run)
     previous = signal.getsignal(signal.SIGTERM)

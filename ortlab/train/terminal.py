@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from ortlab import safeio
 from ortlab.runner.stream import RunSummary
 
 
@@ -82,8 +83,7 @@ class Terminal:
         if self._capture is None:
             return
         _flush_std()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        log = path.open("ab")
+        log = os.fdopen(_open_log(path), "ab")
         if self._capture_path is not None:
             log.write(self._capture_path.read_bytes())
             log.flush()
@@ -112,24 +112,30 @@ class Terminal:
             # The run folder never came to be (bad input, or a crash before it): nothing to keep for a user error;
             # for anything else the captured output may explain it.
             if exc_type is not None and not _is_user_error(exc):
-                self.say(f"[dim]other output of this run: {self._capture_path}[/]")
+                self.say(f"[dim]other output of this run: {escape(str(self._capture_path))}[/]")
             else:
                 self._capture_path.unlink(missing_ok=True)
         elif exc_type is not None and self.log_path is not None:
-            self.say(f"[dim]full output: {self.log_path}[/]")
+            self.say(f"[dim]full output: {escape(str(self.log_path))}[/]")
         if self._term is not None:
             self._term.flush()
 
     # --- ortlab's lines ----------------------------------------------------------------------------------------
 
     def say(self, text: str) -> None:
-        """One ortlab line on the terminal (rich markup allowed), and in the log too, so the log tells it all."""
+        """One ortlab line on the terminal (rich markup allowed), and in the log too, so the log tells it all.
+        Text that carries anything from a spec, a file or a run folder goes through `plain` instead."""
         self.console.print(text)
         if self._capture is not None:
             from rich.text import Text
 
             _flush_std()
             os.write(1, f"[ortlab] {Text.from_markup(text).plain}\n".encode())
+
+    def plain(self, text: str) -> None:
+        """`say` for text with no markup of ortlab's own: a model name, a path or a message from a run folder can
+        hold `[/x]`, which rich would read as markup (and raise on, or style the rest of the line with)."""
+        self.say(escape(text))
 
     def on_record(self, record: dict[str, Any]) -> None:
         """A metrics record of the run: steps move the bar; an acceleration that did not apply is said at once."""
@@ -148,10 +154,8 @@ class Terminal:
                 speed=f"{sps:.1f} samples/s" if sps is not None else "",
             )
         elif event == "acceleration" and record.get("message"):
-            self.say(f"[red]{record['message']}[/]")
+            self.say(f"[red]{escape(str(record['message']))}[/]")
         elif event == "generations":
-            from rich.markup import escape
-
             from ortlab.chat import generation_lines
 
             for line in generation_lines(record):  # model output: control characters stripped, markup escaped
@@ -247,11 +251,11 @@ def captured_output(path: str | os.PathLike) -> Iterator[None]:
     created inside the block (bound to the log file) is handed back the real stderr afterwards.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = _open_log(path)
     _flush_std()
     saved = (os.dup(1), os.dup(2))
     streams = (sys.stdout, sys.stderr)
-    log = open(path, "a", buffering=1, encoding="utf-8", errors="replace")  # noqa: SIM115 (closed below)
+    log = os.fdopen(fd, "a", buffering=1, encoding="utf-8", errors="replace")
     try:
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
@@ -311,3 +315,16 @@ def _is_user_error(exc: BaseException | None) -> bool:
     from ortlab.tasks import ModelError
 
     return isinstance(exc, (SpecError, DataError, ModelError, MixError, AssetMissing))
+
+
+def _open_log(path: Path) -> int:
+    """A run's log (`<run>/logs/run.log`) opened for append without following a link at logs/ or at the file:
+    the run folder may be one ortlab did not write, and its output must not land where a planted link points."""
+    return safeio.open_in(path.parent.parent, f"{path.parent.name}/{path.name}", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+
+
+def escape(text: str) -> str:
+    """rich markup made literal (rich is imported when first needed: importing this module stays cheap)."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)

@@ -36,7 +36,8 @@ def _table_row(r: Any) -> dict[str, str]:
     missing = [a for a in r.requested if a not in r.applied]
     return {
         "run": r.run_id,
-        "state": r.state,
+        # A damaged folder says why where its state shows (escaped by table_html like every cell).
+        "state": f"{r.state}: {r.damaged}" if getattr(r, "damaged", None) else r.state,
         "applied": ", ".join(r.applied) or "none",
         "not applied": ", ".join(missing),
         "step": str(r.summary.get("steps", 0)),

@@ -1,8 +1,9 @@
 """Run folders written by hand: valid for every reader (spec, status, metrics), with no training behind them.
 
 For tests and benchmarks of views (the server, listings) that need many runs, or a "running" run whose metrics
-the test appends itself. A `running` fake names the calling process as its worker, so liveness checks see it
-alive for as long as the test runs.
+the test appends itself. A `running` fake names the calling process as its worker, and that process holds the
+run's log open (as an in-process run does: how readers tell a run's own process from a forged pid), so liveness
+checks see it alive, and its own, for as long as the test runs.
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ import os
 import time
 from pathlib import Path
 from typing import Any
+
+# The logs held open by this process for its `running` fakes (closed when the process ends).
+HELD: list[int] = []
 
 ACCELERATIONS = {
     "ort": {"name": "ort", "requested": True, "applied": False, "details": {"fallback": "test"}},
@@ -57,6 +61,8 @@ def make_fake_run(
     )
     run = RunDir.create(root, spec)
     pid = os.getpid()
+    if state == "running":
+        HELD.append(run.open_log())
     run.set_status("running", pid=pid, create_time=process_create_time(pid), step=0)
     append(
         run.metrics_path,
