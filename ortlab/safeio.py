@@ -37,6 +37,7 @@ from typing import Any
 
 # One JSON document ortlab writes into a run folder (status, result, spec) is a few KiB; anything near this is not one.
 MAX_JSON_BYTES = 8 * 1024 * 1024
+READ_PIECE = 64 * 1024
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -131,13 +132,22 @@ def open_in(folder: str | os.PathLike, rel: str | os.PathLike, flags: int = os.O
 
 
 def read_bytes(folder: str | os.PathLike, rel: str | os.PathLike, limit: int = MAX_JSON_BYTES) -> bytes:
-    """The whole of a small file in `folder`, never following a link; TooLarge past `limit` bytes."""
+    """The whole of a small file in `folder`, never following a link; TooLarge past `limit` bytes.
+
+    Read in pieces: `read(limit + 1)` would allocate the whole limit (8 MiB by default) for every 2 KiB status file.
+    """
     fd = open_in(folder, rel)
-    with os.fdopen(fd, "rb") as f:
-        data = f.read(limit + 1)
-    if len(data) > limit:
+    pieces, size = [], 0
+    with os.fdopen(fd, "rb", buffering=0) as f:
+        while size <= limit:
+            piece = f.read(min(READ_PIECE, limit + 1 - size))
+            if not piece:
+                break
+            pieces.append(piece)
+            size += len(piece)
+    if size > limit:
         raise TooLarge(errno.EFBIG, f"{os.fspath(rel)} in {os.fspath(folder)} is larger than {limit} bytes")
-    return data
+    return b"".join(pieces)
 
 
 def read_json(folder: str | os.PathLike, rel: str | os.PathLike, limit: int = MAX_JSON_BYTES) -> Any:

@@ -80,7 +80,8 @@ def test_a_20_mib_line_is_passed_over_in_bounded_reads_and_the_later_records_com
     )
     assert [r for r, _ in reasons[1:]] == ["not JSON", "not UTF-8", "not JSON", "not a JSON object"]
     assert stream.skipped == 5
-    assert stream.skips[0].offset == len(b"".join(_line(step_record(s)) for s in (1, 2, 3))), "where the line starts"
+    # (the offset from the file itself: a record's timestamp is written with as many digits as its float needs)
+    assert stream.skips[0].offset == path.read_bytes().index(b'{"event": "step", "step": 90'), "where the line starts"
 
 
 def test_a_bare_cr_and_invalid_utf8_do_not_stop_a_reader(tmp_path):
