@@ -351,7 +351,31 @@ def _monitor(tmp_path: Path):
     storage.result_path.write_text(json.dumps({"summary": {"steps": 3}}))
     launcher = {"kind": "ray-job", "cluster": "local", "job_id": "job-1", "storage": str(storage.path)}
     local.status_path.write_text(json.dumps({"state": "running", "launcher": launcher}))
+    spec = ortlab.RunSpec(target={"cluster": "local", "storage": str(tmp_path / "storage")})
+    local.spec_path.write_text(spec.to_yaml())
     return remote.Monitor(local.path, "local"), local
+
+
+def test_a_remote_folder_the_status_names_is_used_only_where_the_launch_puts_it(tmp_path):
+    """status.json is the folder's: a planted `launcher.storage` naming another folder made resume claim that
+    folder (its status rewritten, its control files removed) and the monitor bring its files home."""
+    _, local = _monitor(tmp_path)
+    assert remote.recorded_storage(local, local.spec()).path == tmp_path / "storage" / "local"
+    victim = tmp_path / "victim" / "local"  # the run's own name, but outside the spec's storage
+    (victim / "control").mkdir(parents=True)
+    (victim / "control" / "stop").write_text("theirs")
+    elsewhere = tmp_path / "storage" / "someone-else"  # inside the storage, another run's folder
+    linked = tmp_path / "storage" / "local-abcdef"
+    linked.symlink_to(victim, target_is_directory=True)
+    for planted in (victim, elsewhere, linked, "/", 7):
+        status = json.loads(local.status_path.read_text())
+        status["launcher"]["storage"] = planted if planted == 7 else str(planted)
+        local.status_path.write_text(json.dumps(status))
+        with pytest.raises(RunError, match="will not use that folder"):
+            remote.recorded_storage(local, local.spec())
+        with pytest.raises(RunError, match="will not use that folder"):
+            remote.Monitor(local.path, "local")
+    assert (victim / "control" / "stop").read_text() == "theirs"
 
 
 class _EndedJob:

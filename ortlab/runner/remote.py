@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import shlex
 import shutil
@@ -73,6 +74,27 @@ def storage_for(spec: Any) -> Path:
         f"target.storage: a run on {spec.target.cluster} needs a folder that both this machine and the cluster's "
         "workers can read and write (a shared file system); set target.storage"
     )
+
+
+def recorded_storage(run: RunDir, spec: Any) -> RunDir:
+    """The remote run folder that `run`'s status records, if it is one this spec's launch could have made.
+
+    status.json is a file of the run folder, and a folder may come from anyone: a planted `launcher.storage` naming
+    another folder would make a resume claim that folder (write its status, remove its control files) and the
+    monitor bring its files home. Only `<storage>/<run id>` or `<storage>/<run id>-<6 hex>` (what `start` creates),
+    a real folder directly inside the spec's storage, is accepted.
+    """
+    launcher = run.read_status().get("launcher")
+    recorded = launcher.get("storage") if isinstance(launcher, dict) else None
+    storage = storage_for(spec)
+    name_ok = isinstance(recorded, str) and re.fullmatch(re.escape(run.id) + r"(-[0-9a-f]{6})?", Path(recorded).name)
+    path = Path(recorded) if name_ok else None
+    if path is None or path.is_symlink() or path.parent.resolve() != storage.resolve():
+        raise _error(
+            f"run {run.id}: its status names the remote folder {recorded!r}, which is not {storage}/{run.id} "
+            "(where its launch puts it); the run folder was edited or damaged, so ortlab will not use that folder"
+        )
+    return RunDir(path)
 
 
 def _client(spec: Any) -> Any:
@@ -177,7 +199,7 @@ def start(run: RunDir, spec: Any, resume: bool = False) -> subprocess.Popen:
     client = _client(spec)
     if resume:
         launcher = run.read_status()["launcher"]
-        remote = RunDir(launcher["storage"])
+        remote = recorded_storage(run, spec)
         try:
             previous = str(client.get_job_status(launcher["job_id"]).value)
         except Exception:  # the job is gone from the cluster (e.g. a restarted head): it runs no more
@@ -338,7 +360,7 @@ class Monitor:
         status = self.run.read_status()
         self.launcher = status["launcher"]
         self.cluster = cluster
-        self.remote = RunDir(self.launcher["storage"])
+        self.remote = recorded_storage(self.run, self.run.spec())
         self.job_id = self.launcher["job_id"]
         # Records already here are skipped (a monitor restarted, a resumed run's job re-sends the history).
         self.have = len(read_metrics(self.run.metrics_path)[0])
