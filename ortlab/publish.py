@@ -301,9 +301,11 @@ def _generation_lines(run: Any) -> list[str]:
 def _adapter_lines(spec: Any, adapter: dict[str, Any], merged: bool) -> list[str]:
     base = _public(spec.model.name)
     modules = adapter.get("target_modules") or []
-    what = card_text(
-        f"LoRA adapter (rank {adapter.get('rank')}, alpha {adapter.get('alpha')}, on "
-        f"{', '.join(str(m) for m in modules) if isinstance(modules, list) else modules})"
+    names = ", ".join(str(m) for m in modules) if isinstance(modules, list) else modules
+    # Only what comes from the run folder is made inert; the sentence around it is ortlab's own Markdown.
+    what = (
+        f"LoRA adapter (rank {card_text(adapter.get('rank'))}, alpha {card_text(adapter.get('alpha'))}, "
+        f"on {card_text(names)})"
     )
     if merged:
         return [

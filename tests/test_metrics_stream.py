@@ -384,14 +384,12 @@ def test_the_jupyter_server_lists_a_huge_run_in_bounded_memory_and_keeps_answeri
         first: dict = {}
         listing = threading.Thread(target=lambda: first.update(_get(f"{api}/runs?token={token}")))
         listing.start()
-        answered_meanwhile = 0
-        while listing.is_alive():
-            detail = _get(f"{api}/runs/small?token={token}")
-            assert detail["step"] == 3
-            answered_meanwhile += listing.is_alive()
+        while listing.is_alive():  # other requests go on meanwhile (how many fit in depends on the machine's speed)
+            assert _get(f"{api}/runs/small?token={token}")["step"] == 3
         listing.join()
-        assert first["runs"], first
-        assert answered_meanwhile >= 1, "another request waited for the whole listing"
+        # What keeps every other request from waiting for the whole file: one list reads its budget of the history
+        # and answers, the huge run still catching up (the old index read all 48 MiB under its lock first).
+        assert next(r for r in first["runs"] if r["id"] == "huge")["catching_up"] is True, first
 
         for _ in range(20):  # each list reads its budget of the huge history; the sidebar's next polls read on
             row = next(r for r in _get(f"{api}/runs?token={token}")["runs"] if r["id"] == "huge")
