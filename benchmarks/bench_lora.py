@@ -82,7 +82,7 @@ def child(opts: argparse.Namespace) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from ortlab.runner.rundir import RunDir
+    from ortlab.runfolder.rundir import RunDir
     from ortlab.spec import AdapterSpec, RunSpec
     from ortlab.train.args import ORTTrainingArguments
     from ortlab.train.trainer import ORTTrainer

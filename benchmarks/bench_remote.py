@@ -38,7 +38,7 @@ def percentile(values: list[float], q: float) -> float:
 
 def follow_delays(run, poll_s: float = 0.02) -> list[float]:
     """Arrival delay (s) of each step record in the local metrics.jsonl, until the run ends."""
-    from ortlab.runner.rundir import TERMINAL, read_metrics
+    from ortlab.runfolder.rundir import TERMINAL, read_metrics
 
     offset, delays = 0, []
     while True:
@@ -62,7 +62,7 @@ def main() -> None:
 
     import ortlab
     from ortlab import cluster
-    from ortlab.runner.compare import summarize
+    from ortlab.runfolder.compare import summarize
 
     work = Path(tempfile.mkdtemp(prefix="bench-remote-"))
     os.environ["ORTLAB_CLUSTER_DIR"] = str(work / "cluster")

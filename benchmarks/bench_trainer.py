@@ -107,7 +107,7 @@ def child(opts: argparse.Namespace) -> None:
         )
         step = lambda: (float("nan"), opts.batch_size)  # noqa: E731
     else:
-        from ortlab.runner.rundir import RunDir
+        from ortlab.runfolder.rundir import RunDir
         from ortlab.spec import RunSpec
         from ortlab.train.args import ORTTrainingArguments
         from ortlab.train.run import _stop_callback, _StopRequested

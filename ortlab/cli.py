@@ -73,7 +73,8 @@ def info(
     import platform
 
     from ortlab import __version__
-    from ortlab.probe import PACKAGES, cache_dir, cached_report
+    from ortlab.envvars import cache_dir
+    from ortlab.probe import PACKAGES, cached_report
     from ortlab.runner import default_root, runs
 
     where = (root or default_root()).resolve()
@@ -420,8 +421,9 @@ def train(
         # Another interpreter or several processes cannot train in this process: they are launched, and in the
         # foreground followed here, like a detached run.
         # So does a run that needs ortlab's compile runtime (torch_compile where this runtime cannot compile).
+        from ortlab.fit import check
         from ortlab.runner import runtime_for
-        from ortlab.train.run import check, train_spec
+        from ortlab.train.run import train_spec
 
         elsewhere = (
             spec.target.cluster is not None
@@ -641,8 +643,8 @@ def _attach(run_id: str, root: Path | None):
 @app.command("runs")
 def list_runs(root: RootOption = None) -> None:
     """The runs under the runs folder: state, step, what applied, throughput."""
+    from ortlab.runfolder.compare import render_runs, row_for
     from ortlab.runner import default_root, runs
-    from ortlab.runner.compare import render_runs, row_for
 
     render_runs([row_for(run.dir) for run in runs(root)], title=f"runs in {root or default_root()}")
 
@@ -756,7 +758,7 @@ def compare_runs(
     import json
     from dataclasses import asdict
 
-    from ortlab.runner.compare import compare, render
+    from ortlab.runfolder.compare import compare, render
 
     runs_ = [_attach(r, root) for r in run_ids]
     try:

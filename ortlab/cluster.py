@@ -50,6 +50,7 @@ from typing import Any
 
 from ortlab import safeio
 from ortlab.addresses import credentials_problem, is_loopback, origin
+from ortlab.envvars import cache_dir, child_env
 
 LOCAL = "local"
 # How long a cluster address may take to answer before it is called unreachable.
@@ -66,8 +67,6 @@ def cluster_dir() -> Path:
     ortlab's cache folder / cluster."""
     if os.environ.get("ORTLAB_CLUSTER_DIR"):
         return Path(os.environ["ORTLAB_CLUSTER_DIR"])
-    from ortlab.probe import cache_dir
-
     return cache_dir() / "cluster"
 
 
@@ -152,7 +151,7 @@ def dashboard_is_ours(record: dict[str, Any]) -> bool:
 
     Check it before sending the head a token: the port was picked free and handed to Ray, so in between another
     local user could have started listening there."""
-    from ortlab.runner.rundir import process_alive
+    from ortlab.runfolder.rundir import process_alive
 
     port = urllib.parse.urlsplit(record.get("address", "")).port
     if not isinstance(record.get("pid"), int) or not process_alive(record["pid"], record.get("create_time")):
@@ -173,7 +172,7 @@ def _ray_program() -> str:
 def status(folder: Path | None = None) -> dict[str, Any]:
     """The local head's record, with `running` true only while the recorded process (same PID and create time)
     is alive."""
-    from ortlab.runner.rundir import process_alive
+    from ortlab.runfolder.rundir import process_alive
 
     folder = folder or cluster_dir()
     try:
@@ -197,8 +196,7 @@ def start(
 
     `new_token` replaces the token first (a leaked one stops working on the new head); it is refused while a
     head runs, since that head keeps the token it started with."""
-    from ortlab.runner import _child_env
-    from ortlab.runner.rundir import process_create_time, write_json
+    from ortlab.runfolder.rundir import process_create_time, write_json
 
     folder = folder or cluster_dir()
     current = status(folder)
@@ -232,7 +230,7 @@ def start(
         *([f"--num-cpus={num_cpus}"] if num_cpus is not None else []),
         *([f"--num-gpus={num_gpus}"] if num_gpus is not None else []),
     ]
-    env = _child_env()
+    env = child_env()
     env.pop("RAY_AUTH_TOKEN", None)
     env.pop("RAY_ADDRESS", None)
     # Jobs run with the `python` on the head's PATH: this interpreter's.
@@ -335,7 +333,7 @@ def stop(folder: Path | None = None, timeout: float = 5.0) -> bool:
     their own sessions), nothing else. True if one was running."""
     import psutil
 
-    from ortlab.runner.rundir import process_alive
+    from ortlab.runfolder.rundir import process_alive
 
     folder = folder or cluster_dir()
     record = status(folder)

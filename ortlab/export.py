@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ortlab import safeio
+from ortlab.spec import RunSpec
 
 # A float32 export of the same graph differs from PyTorch by rounding only; more than this is a broken export.
 MAX_ABS_DIFF = 1e-3
@@ -96,7 +97,7 @@ def _eval_batch(run: Any, tokenizer: Any, n: int) -> tuple[dict[str, Any], Any]:
 
     from ortlab.data import load_and_check, tokenize
 
-    spec = run.spec()
+    spec = RunSpec.from_run(run)
     prepared = load_and_check(spec.data, spec.task, spec.seed)
     if spec.task != "causal-lm":  # causal LM rows are lines, packed into blocks: select after tokenizing
         prepared.eval = prepared.eval.select(range(min(n, len(prepared.eval))))
@@ -165,7 +166,7 @@ def export_onnx(
 
     What torch, onnxruntime and DeepSpeed print meanwhile (tracer warnings, CUDA notes) goes to the run's
     logs/run.log, not to the notebook or the terminal: the report says what matters."""
-    from ortlab.runner.rundir import RunDir
+    from ortlab.runfolder.rundir import RunDir
     from ortlab.train.terminal import captured_output, no_progress_bars
 
     folder = RunDir(getattr(run, "path", run))
@@ -180,7 +181,7 @@ def _export_onnx(run: Any, samples: int, optimize: bool, quantize: bool, batch_s
     import onnxruntime as ort
     import torch
 
-    from ortlab.runner.rundir import RunDir
+    from ortlab.runfolder.rundir import RunDir
     from ortlab.tasks import load_model, load_tokenizer
 
     run = RunDir(getattr(run, "path", run))
@@ -188,7 +189,7 @@ def _export_onnx(run: Any, samples: int, optimize: bool, quantize: bool, batch_s
     adapter = (run.model_dir / "adapter_config.json").exists()
     if status.get("state") != "completed" or not ((run.model_dir / "config.json").exists() or adapter):
         raise ExportError(f"run {run.id} is {status.get('state')}: only a completed run has a model to export")
-    spec = run.spec()
+    spec = RunSpec.from_run(run)
     result = run.result() or {}
     tokenizer = load_tokenizer(str(run.model_dir))
     if adapter:

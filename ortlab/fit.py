@@ -10,7 +10,7 @@ A model folder and a dataset can each be fine alone and still not fit together, 
 - a tokenizer with no pad token cannot batch examples of different lengths.
 
 Each check needs the tokenizer and the config only (kilobytes to a few MB, well under a second), never the weights,
-so `ortlab.train.run.check` runs them after the data checks and before any model is materialised. The thresholds
+so `check` (below) runs them after the data checks and before any model is materialised. The thresholds
 are in constants below, each with the reason for its value.
 """
 
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ortlab.data import DataError, Prepared
+from ortlab.spec import RunSpec
 from ortlab.tasks import ModelError, load_tokenizer
 
 # A model's own tokenizer fills its embedding matrix but for a few rows (models round the matrix up to a multiple
@@ -236,3 +237,52 @@ def _check_blocks(tokenizer: Any, prepared: Prepared, max_length: int) -> None:
         f"data: the training text is {total:,} tokens, less than one block of hyper.max_length={max_length} (a "
         "causal LM trains on full blocks); add text or lower hyper.max_length"
     )
+
+
+def check(spec: RunSpec, log: Callable[[str], None] = print):
+    """The cheap checks, data before models: where the model is, the data against the task, then the model's
+    tokenizer, positions and head against the data (config and tokenizer only: no weights). Returns what they found.
+
+    Nothing here materialises a model: the embedded LLM's first conversion from GGUF (20-40 s) waits until the data
+    has passed, and a LoRA run's layers are read from a skeleton on the meta device."""
+    from ortlab.data import load_and_check
+    from ortlab.tasks import check_model_fits_task, resolve_model
+
+    located = resolve_model(spec.model.name, build=False)  # a folder checked, or a Hub id that exists: no download
+    check_model_fits_task(located, spec.task)
+    prepared = load_and_check(spec.data, spec.task, spec.seed)
+    columns = (
+        f"chat: messages={prepared.messages_column!r}"
+        if prepared.messages_column
+        else f"chat: prompt={prepared.prompt_column!r} -> response={prepared.response_column!r}"
+        if prepared.prompt_column
+        else f"source={prepared.text_column!r} -> target={prepared.target_column!r}"
+        if prepared.target_column
+        else f"text={prepared.text_column!r}"
+        + (f", label={prepared.label_column!r} ({prepared.num_labels} classes)" if prepared.label_column else "")
+    )
+    log(f"data: {len(prepared.train)} train / {len(prepared.eval)} eval rows, {columns}")
+    model_path = resolve_model(spec.model.name)  # the embedded LLM is made here, once, now that the data is good
+    check_model_fits_task(model_path, spec.task)  # again: the embedded LLM's config exists only now
+    tokenizer = check_fit(model_path, spec, prepared, log)
+    if prepared.chat:  # the tokenizer alone (no weights) says whether the conversations can be laid out
+        from ortlab.chat import ChatDataError, require_template
+        from ortlab.data import DataError
+
+        try:
+            require_template(tokenizer, spec.model.name)
+        except ChatDataError as e:
+            raise DataError(str(e)) from None
+    if spec.adapter.kind == "lora":
+        from ortlab.adapters import check_model
+
+        targets = check_model(model_path, spec.task, spec.adapter.target_modules, spec.model.revision)
+        log(f"adapter: LoRA rank {spec.adapter.rank} on {', '.join(targets)}")
+    return model_path, prepared
+
+
+def fitted(spec: RunSpec, prepared: Any) -> RunSpec:
+    """`spec` with the max_length the check settled on (the default clipped to the model's positions)."""
+    if prepared.max_length is None or prepared.max_length == spec.hyper.max_length:
+        return spec
+    return spec.model_copy(update={"hyper": spec.hyper.model_copy(update={"max_length": prepared.max_length})})

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ortlab.accel import ACCELERATIONS, Availability, package_version
+from ortlab.envvars import cache_dir
 
 MARKER = "ORTLAB-PROBE-RESULT "
 PROBE_TIMEOUT_S = 90.0
@@ -373,14 +374,6 @@ def _probe(python: str) -> tuple[DoctorReport, bool]:
 
 
 # --- the cache -----------------------------------------------------------------------------------------------
-
-
-def cache_dir() -> Path:
-    """ortlab's cache: $ORTLAB_CACHE_DIR, else $XDG_CACHE_HOME/ortlab, else ~/.cache/ortlab."""
-    if os.environ.get("ORTLAB_CACHE_DIR"):
-        return Path(os.environ["ORTLAB_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "ortlab"
 
 
 def fingerprint(python: str | None = None) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from typing import Any
 from ortlab import safeio
 from ortlab._version import __version__
 from ortlab.scores import format_scores
+from ortlab.spec import RunSpec
 
 MODEL_PATTERNS = ("*.json", "*.safetensors", "*.txt", "*.model", "tokenizer*", "vocab*", "merges*")
 NEVER = ("optimizer.pt", "scheduler.pt", "rng_state*", "training_args.bin", "*.tmp", ".ortlab*")
@@ -51,7 +52,7 @@ class PublishWarning(UserWarning):
 
 
 def _completed(run: Any, merged: bool = False):
-    from ortlab.runner.rundir import RunDir
+    from ortlab.runfolder.rundir import RunDir
 
     run = RunDir(getattr(run, "path", run))
     status = run.status()
@@ -67,7 +68,7 @@ def _completed(run: Any, merged: bool = False):
 
 def _is_adapter_run(run: Any) -> bool:
     """Whether the run kept an adapter (LoRA) rather than a whole model; `run` is a Run or a RunDir."""
-    from ortlab.runner.rundir import RunDir
+    from ortlab.runfolder.rundir import RunDir
 
     return (RunDir(run.path).model_dir / "adapter_config.json").is_file()
 
@@ -120,7 +121,7 @@ def _scrub_folder(stage: Path, local: list[str]) -> None:
 
 def model_card(run: Any, merged: bool = False) -> str:
     """The README.md that goes with the model: what it is, how it was trained, what was measured."""
-    spec = run.spec()
+    spec = RunSpec.from_run(run)
     result = run.result() or {}
     exported = _read_json(run, "onnx/export.json")
     applied = [k for k, v in result.get("accelerations", {}).items() if v.get("applied")]
@@ -389,7 +390,7 @@ def staged(run: Any, include_checkpoints: bool = False, merged: bool = False):
                 stacklevel=3,
             )
         (stage / "README.md").write_text(model_card(run, merged))
-        spec = run.spec()
+        spec = RunSpec.from_run(run)
         local = [str(run.path.resolve()), str(run.path), str(Path.home()), spec.model.name, spec.data.source]
         _scrub_folder(stage, [p for p in local if p.startswith("/") and len(p) > 1])
         yield stage
@@ -400,7 +401,7 @@ def _merge_into(run: Any, folder: Path) -> None:
     from ortlab.tasks import load_tokenizer
 
     result = run.result() or {}
-    model = load_merged(str(run.model_dir), run.spec().task, result.get("label_names") or [])
+    model = load_merged(str(run.model_dir), RunSpec.from_run(run).task, result.get("label_names") or [])
     model.save_pretrained(str(folder))
     load_tokenizer(str(run.model_dir)).save_pretrained(str(folder))
 

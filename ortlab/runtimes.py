@@ -37,6 +37,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ortlab.envvars import cache_dir
+
 # The runtimes ortlab knows how to build, with what each is for (shown by the CLI).
 RUNTIMES: dict[str, str] = {
     "compile": "torch >= 2.7 without ONNX Runtime, for torch.compile (Inductor)",
@@ -82,8 +84,6 @@ def runtimes_dir() -> Path:
     """$ORTLAB_RUNTIMES_DIR, else ortlab's cache folder's `runtimes/` (see the module docstring for why)."""
     if os.environ.get("ORTLAB_RUNTIMES_DIR"):
         return Path(os.environ["ORTLAB_RUNTIMES_DIR"]).expanduser()
-    from ortlab.probe import cache_dir
-
     return cache_dir() / "runtimes"
 
 

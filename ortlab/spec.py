@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from ortlab.addresses import credentials_problem
 from ortlab.assets import EMBEDDED_MODEL_ID
+from ortlab.runfolder.rundir import RunDir, check_name
 
 Task = Literal["sequence-classification", "token-classification", "causal-lm", "seq2seq"]
 TASKS: tuple[str, ...] = ("sequence-classification", "token-classification", "causal-lm", "seq2seq")
@@ -321,8 +322,6 @@ class RunSpec(_Strict):
     @field_validator("name")
     @classmethod
     def _safe_name(cls, name: str | None) -> str | None:
-        from ortlab.runner.rundir import check_name
-
         return None if name is None else check_name(name)
 
     @field_validator("report_to")
@@ -450,6 +449,20 @@ class RunSpec(_Strict):
         if data is not None and not isinstance(data, dict):
             raise SpecError([f"the YAML must be a mapping of fields (got {type(data).__name__})"])
         return cls.parse(data or {}, stored=stored)
+
+    @classmethod
+    def from_run(cls, run: Any) -> RunSpec:
+        """The spec a run folder (a RunDir, a Run, or a path) records, as run (`stored`: not checked against this
+        machine). SpecError saying why when spec.yaml is missing, a link, a FIFO or too large (a run folder may
+        come from anyone)."""
+        run = run if isinstance(run, RunDir) else RunDir(getattr(run, "path", run))
+        try:
+            text = run.spec_text()
+        except FileNotFoundError:
+            raise SpecError([f"spec file {str(run.spec_path)!r} does not exist"]) from None
+        except OSError as e:
+            raise SpecError([f"spec.yaml cannot be read safely: {e.strerror or e}"]) from None
+        return cls.from_yaml(text, stored=True)
 
     @classmethod
     def load(cls, path: str | Path, stored: bool = False) -> RunSpec:

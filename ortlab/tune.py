@@ -200,7 +200,7 @@ def _compile_runtime() -> str | None:
 
 
 def cache_dir() -> Path:
-    from ortlab.probe import cache_dir as ortlab_cache
+    from ortlab.envvars import cache_dir as ortlab_cache
 
     return ortlab_cache() / "tune"
 
@@ -272,7 +272,7 @@ def cached(key: str) -> TuneResult | None:
 
 
 def _store(result: TuneResult) -> None:
-    from ortlab.runner.rundir import write_json
+    from ortlab.runfolder.rundir import write_json
 
     cache_dir().mkdir(parents=True, exist_ok=True)
     write_json(cache_dir() / f"{result.key}.json", result.to_dict())
@@ -486,7 +486,7 @@ class Stepper:
 
     def __init__(self, cmd: list[str], log_path: Path):
         self.log_path = log_path
-        from ortlab.runner import _child_env
+        from ortlab.envvars import child_env
 
         self._log = open(self.log_path, "w")  # noqa: SIM115 (kept open for the process's lifetime)
         self.proc = subprocess.Popen(
@@ -495,7 +495,7 @@ class Stepper:
             stdout=subprocess.PIPE,
             stderr=self._log,
             text=True,
-            env=_child_env(),
+            env=child_env(),
         )
         self._last_error = ""
 
@@ -640,8 +640,8 @@ def tune_spec(
 ) -> TuneResult:
     """`ortlab tune`: check the spec's model and data, then measure its candidate mixes (or reuse the cache)."""
     from ortlab.data import collator, tokenize
+    from ortlab.fit import check, fitted
     from ortlab.tasks import load_tokenizer
-    from ortlab.train.run import check, fitted
 
     model_path, prepared = check(spec, progress)
     spec = fitted(spec, prepared)

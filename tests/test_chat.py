@@ -173,7 +173,7 @@ def test_bad_rows_and_raw_text_packing_fail_before_any_model(chat_files, tmp_pat
 
 
 def test_a_model_without_chat_template_gets_the_fix(tiny_gpt2, chat_files):
-    from ortlab.train.run import check
+    from ortlab.fit import check
 
     spec = RunSpec.parse(
         {"task": "causal-lm", "model": {"name": str(tiny_gpt2)}, "data": {"source": str(chat_files["messages"])}}
@@ -203,7 +203,7 @@ def chat_run(tiny_chat_llama, chat_files, tmp_path_factory) -> dict:
 
 
 def test_a_chat_run_writes_generations_at_each_evaluation(chat_run):
-    from ortlab.runner.rundir import RunDir
+    from ortlab.runfolder.rundir import RunDir
 
     run = RunDir(chat_run["run_dir"])
     records = [json.loads(line) for line in (run.path / "generations.jsonl").read_text().splitlines()]
@@ -258,7 +258,7 @@ def test_follow_the_card_and_the_workbench_show_the_generations(chat_run):
 
     from ortlab.cli import app
     from ortlab.publish import model_card
-    from ortlab.runner.rundir import RunDir
+    from ortlab.runfolder.rundir import RunDir
     from ortlab.ui.workbench import Workbench
 
     run_dir = Path(chat_run["run_dir"])

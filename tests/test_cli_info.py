@@ -37,7 +37,7 @@ def isolated(tmp_path, monkeypatch) -> Path:
         raise AssertionError("ortlab info started a probe")
 
     monkeypatch.setattr(probe, "_start", no_probes)
-    from ortlab.runner.rundir import RunDir
+    from ortlab.runfolder.rundir import RunDir
     from ortlab.spec import RunSpec
 
     RunDir.create(tmp_path / "runs", RunSpec())

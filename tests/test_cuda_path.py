@@ -150,7 +150,7 @@ def test_cpu_metrics_carry_model_flops_and_say_why_there_is_no_mfu(cpu_run):
 
 
 def test_run_summary_has_mfu_and_gpu_memory_where_present():
-    from ortlab.runner.compare import summarize
+    from ortlab.runfolder.compare import summarize
 
     steps = [
         {"event": "step", "step": i, "step_time_s": 1.0 if i > 2 else 5.0, "samples": 8, "tokens": 80,
@@ -352,9 +352,9 @@ def test_compare_and_the_model_card_show_mfu_and_gpu_memory(tmp_path):
     from rich.console import Console
 
     from ortlab.publish import model_card
+    from ortlab.runfolder.compare import compare, render, summarize
+    from ortlab.runfolder.rundir import RunDir, write_json
     from ortlab.runner import Run
-    from ortlab.runner.compare import compare, render, summarize
-    from ortlab.runner.rundir import RunDir, write_json
 
     gpu = RunDir(make_fake_run(tmp_path, "gpu-run", steps=0))
     steps = [

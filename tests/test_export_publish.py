@@ -122,7 +122,7 @@ def test_an_export_that_does_not_match_is_not_marked_good(finished, tmp_path, mo
 def test_only_completed_runs_export_or_publish(finished, tmp_path):
     from ortlab.export import ExportError, export_onnx
     from ortlab.publish import PublishError, push_to_folder
-    from ortlab.runner.rundir import RunDir, write_json
+    from ortlab.runfolder.rundir import RunDir, write_json
 
     run = tmp_path / "unfinished"
     shutil.copytree(finished["sequence-classification"], run)

@@ -63,7 +63,7 @@ def positions_64(tiny_bert, tmp_path) -> Path:
 
 
 def test_the_default_max_length_is_clipped_for_the_whole_run(positions_64, tmp_path):
-    from ortlab.train.run import check, fitted
+    from ortlab.fit import check, fitted
 
     data = tmp_path / "reviews.csv"
     data.write_text("text,label\n" + "\n".join(f'"a good film {i}",{i % 2}' for i in range(20)) + "\n")

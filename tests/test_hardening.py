@@ -18,8 +18,9 @@ import pytest
 from conftest import PYTHON
 
 import ortlab
+from ortlab import envvars
+from ortlab.runfolder.rundir import RunDir, RunStateError
 from ortlab.runner import Run, RunError
-from ortlab.runner.rundir import RunDir, RunStateError
 from ortlab.spec import RunSpec, SpecError
 
 HOSTILE = "<img src=x onerror=alert(1)>"
@@ -142,7 +143,7 @@ def test_chart_labels_and_run_tables_escape_run_ids(tmp_path):
 
 
 def test_a_liveness_check_never_overwrites_a_completed_run(tmp_path, monkeypatch):
-    import ortlab.runner.rundir as rundir
+    import ortlab.runfolder.rundir as rundir
 
     run = make_run(tmp_path)
     sleeper = subprocess.Popen(["sleep", "60"])
@@ -365,7 +366,7 @@ def test_resume_checks_the_stored_mix_against_this_machine(tmp_path):
     import yaml
 
     run.spec_path.write_text(yaml.safe_dump(spec))
-    assert run.spec().accel.precision == "fp16", "a stored spec loads whatever machine wrote it"
+    assert RunSpec.from_run(run).accel.precision == "fp16", "a stored spec loads whatever machine wrote it"
     with pytest.raises(SpecError, match="fp16 needs a CUDA device"):
         Run(run.path).resume()
     assert run.read_status()["state"] == "stopped"
@@ -393,7 +394,7 @@ def test_a_process_that_cannot_start_ends_the_run_failed(tmp_path, monkeypatch):
 
 
 def test_a_run_claimed_but_never_started_ends_failed(tmp_path, monkeypatch):
-    import ortlab.runner.rundir as rundir
+    import ortlab.runfolder.rundir as rundir
 
     run = make_run(tmp_path)  # pending, no process recorded (a launcher that died before Popen)
     assert run.status()["state"] == "pending"
@@ -423,7 +424,7 @@ def test_follow_and_wait_end_on_an_unreadable_status(tmp_path, monkeypatch, dama
 
 
 def test_stop_never_signals_a_process_that_is_not_the_run(tmp_path):
-    from ortlab.runner.rundir import process_create_time
+    from ortlab.runfolder.rundir import process_create_time
 
     run = make_run(tmp_path)
     bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
@@ -439,20 +440,19 @@ def test_stop_never_signals_a_process_that_is_not_the_run(tmp_path):
 
 
 def test_launched_runs_do_not_inherit_a_kernels_process_group(monkeypatch):
-    import ortlab.runner as runner
 
     for key, value in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}.items():
         monkeypatch.setenv(key, value)
-    env = runner._child_env()
+    env = envvars.child_env()
     assert not {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"} & set(env)
-    assert env["PYTHONPATH"].split(os.pathsep)[0] == runner._ortlab_path()
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == envvars.ortlab_path()
 
 
 # --- files: durable, whole, never torn into the next record ---------------------------------------------------------
 
 
 def test_an_append_after_a_torn_line_keeps_the_next_record(tmp_path):
-    from ortlab.runner.rundir import read_metrics
+    from ortlab.runfolder.rundir import read_metrics
     from ortlab.train.metrics import JsonLinesSink
 
     path = tmp_path / "metrics.jsonl"
@@ -468,7 +468,7 @@ def test_an_append_after_a_torn_line_keeps_the_next_record(tmp_path):
 def test_the_embedded_dataset_is_written_whole_by_concurrent_first_runs(tmp_path, monkeypatch):
     from ortlab.assets import embedded_dataset
 
-    monkeypatch.setenv("ORTLAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("ORTLAB_CACHE_DIR", str(tmp_path / "cache"))
     script = "from ortlab.assets import embedded_dataset; print(embedded_dataset('rotten-tomatoes')[0])"
     procs = [subprocess.Popen([PYTHON, "-c", script], stdout=subprocess.PIPE, text=True) for _ in range(4)]
     outs = [p.communicate(timeout=120)[0].strip() for p in procs]
@@ -562,8 +562,8 @@ def test_follow_prints_a_nan_loss_instead_of_crashing(tmp_path):
 
 def test_a_worker_is_recognised_by_its_command_line_and_create_time(tmp_path):
     # Before stop signals a process group, the recorded pid must be this folder's worker, started when recorded.
+    from ortlab.runfolder.rundir import process_create_time
     from ortlab.runner import _is_run_process
-    from ortlab.runner.rundir import process_create_time
 
     run = make_run(tmp_path)
     fake_worker = subprocess.Popen(

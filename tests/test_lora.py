@@ -107,9 +107,9 @@ def test_the_saved_adapter_reloads_to_the_trained_model(runs):
     from transformers import AutoModelForCausalLM
 
     from ortlab.data import tokenize
+    from ortlab.fit import check
     from ortlab.spec import RunSpec
     from ortlab.tasks import load_tokenizer
-    from ortlab.train.run import check
 
     result = runs["eager"]
     run = Path(result["run_dir"])
@@ -141,7 +141,7 @@ def test_lora_under_ortmodule_trains_what_pytorch_trains(runs):
 
 def test_an_adapter_run_resumes_from_its_checkpoint(runs, tmp_path):
     """A copy of the finished run, cut back to its step-3 checkpoint, resumes and ends where the run ended."""
-    from ortlab.runner.rundir import RunDir, process_create_time
+    from ortlab.runfolder.rundir import RunDir, process_create_time
     from ortlab.train.run import execute
 
     source = Path(runs["eager"]["run_dir"])
@@ -171,8 +171,8 @@ def test_an_adapter_run_resumes_from_its_checkpoint(runs, tmp_path):
 
 def test_target_modules_are_checked_before_the_model_loads(tiny_llama, tmp_path):
     from ortlab.adapters import AdapterError
+    from ortlab.fit import check
     from ortlab.spec import RunSpec, SpecError
-    from ortlab.train.run import check
 
     spec = _spec(tiny_llama, tmp_path, "bad").model_dump(mode="json")
     spec["adapter"]["target_modules"] = ["q_proj", "query"]

@@ -1,4 +1,4 @@
-"""The one metrics reader (`ortlab.runner.stream`): bounded, incremental, and not stopped by a hostile file.
+"""The one metrics reader (`ortlab.runfolder.stream`): bounded, incremental, and not stopped by a hostile file.
 
 Each test here is an attack that once worked: a line of 20 MiB stalled the sidebar for ever, a bare `\\r` stopped
 every reader, a 48 MiB file listed by the Jupyter server cost it hundreds of MB while other requests waited, the
@@ -22,7 +22,7 @@ import pytest
 from conftest import PYTHON, ROOT
 from fake_runs import append, make_fake_run, step_record
 
-from ortlab.runner.rundir import RunDir, read_metrics
+from ortlab.runfolder.rundir import RunDir, read_metrics
 
 MiB = 2**20
 
@@ -69,7 +69,7 @@ def test_a_20_mib_line_is_passed_over_in_bounded_reads_and_the_later_records_com
     five = records[-1]
     assert five["loss"] is None and five["samples_per_s"] is None, "NaN and 1e999 are read as null (JSON can hold it)"
 
-    from ortlab.runner.stream import LINE_LIMIT, MetricsStream
+    from ortlab.runfolder.stream import LINE_LIMIT, MetricsStream
 
     stream = MetricsStream(tmp_path)
     assert _steps(stream.read(None)) == [1, 2, 3, 4, 5]
@@ -120,7 +120,7 @@ def test_a_linked_or_special_metrics_file_is_not_read(tmp_path):
     linked.mkdir()
     (linked / "metrics.jsonl").symlink_to(secret)
     assert read_metrics(linked / "metrics.jsonl") == ([], 0)
-    from ortlab.runner.stream import MetricsStream
+    from ortlab.runfolder.stream import MetricsStream
 
     stream = MetricsStream(linked)
     assert stream.read() == [] and "link" in stream.problem
@@ -136,7 +136,7 @@ def test_a_linked_or_special_metrics_file_is_not_read(tmp_path):
 
 
 def test_a_replaced_or_cut_file_is_read_afresh_by_a_follower(tmp_path):
-    from ortlab.runner.stream import SummaryFollower
+    from ortlab.runfolder.stream import SummaryFollower
 
     path = tmp_path / "metrics.jsonl"
     append(path, *[step_record(s, loss=1.0) for s in range(1, 6)])
@@ -151,7 +151,7 @@ def test_a_replaced_or_cut_file_is_read_afresh_by_a_follower(tmp_path):
 
 
 def _old_summarize(records: list[dict], warmup_steps: int = 2) -> dict:
-    """`ortlab.runner.compare.summarize` as it was (a list of every record, folded at once)."""
+    """`ortlab.runfolder.compare.summarize` as it was (a list of every record, folded at once)."""
 
     def number(v: Any) -> bool:
         return isinstance(v, (int, float)) and not isinstance(v, bool)
@@ -232,8 +232,8 @@ def trained_run(tiny_bert, tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 def test_the_summary_equals_the_old_folds_on_a_real_run(trained_run):
-    from ortlab.runner.compare import row_for
-    from ortlab.runner.stream import EVAL_KEYS, summary_of
+    from ortlab.runfolder.compare import row_for
+    from ortlab.runfolder.stream import EVAL_KEYS, summary_of
     from ortlab.server.runs import RunIndex
 
     run = RunDir(trained_run)
@@ -274,14 +274,14 @@ def test_the_summary_equals_the_old_folds_on_a_real_run(trained_run):
 
 
 def summary_of_records(records: list[dict]) -> dict:
-    from ortlab.runner.stream import RunSummary
+    from ortlab.runfolder.stream import RunSummary
 
     return RunSummary().fold_all(records).throughput()
 
 
 def test_compare_reads_a_big_file_in_bounded_memory(tmp_path):
     """`ortlab runs` / `ortlab compare` fold the stream as it is read: no list of every record."""
-    from ortlab.runner.compare import row_for
+    from ortlab.runfolder.compare import row_for
 
     folder = make_fake_run(tmp_path, "big", "completed", steps=5)
     with (folder / "metrics.jsonl").open("ab") as f:

@@ -22,8 +22,8 @@ import pytest
 from fake_runs import make_fake_run
 
 from ortlab import safeio
+from ortlab.runfolder.rundir import RunDir, process_create_time, write_json
 from ortlab.runner import Run, RunError, runs
-from ortlab.runner.rundir import RunDir, process_create_time, write_json
 from ortlab.spec import RunSpec, SpecError
 
 SECRET = "-----BEGIN OPENSSH PRIVATE KEY----- s3cr3t"
@@ -209,7 +209,7 @@ def test_a_linked_spec_or_result_is_not_read(root, tmp_path):
     run.result_path.unlink()
     os.symlink(tmp_path / "secret.yaml", run.result_path)
     with pytest.raises(SpecError, match=r"spec\.yaml in .* is a link"):
-        run.spec()
+        RunSpec.from_run(run)
     assert run.result() is None
     detail = RunIndex(root).detail(run)
     assert detail["spec"] is None and "link" in detail["spec_error"]
@@ -337,8 +337,8 @@ def test_the_metrics_writer_never_appends_through_a_link(tmp_path, victim):
 def test_a_stop_right_after_a_resume_claims_the_run_survives(root, monkeypatch):
     """Deterministic: the stop is asked the moment the claim (`pending`) is written, the earliest any client can
     see it. Before the fix, the resume cleared control/stop after its claim and erased that stop."""
+    import ortlab.runfolder.rundir as rundir
     import ortlab.runner as runner
-    import ortlab.runner.rundir as rundir
 
     run = planted(root, state="stopped", step=3)
     ckpt = run.checkpoints / "checkpoint-3"

@@ -35,8 +35,8 @@ from gates import launch_gated, wait_paused
 
 import ortlab
 from ortlab.assets import EMBEDDED_LLM_ID
+from ortlab.runfolder.rundir import STATES, TRANSITIONS, RunDir
 from ortlab.runner import Run, _start
-from ortlab.runner.rundir import STATES, TRANSITIONS, RunDir
 from ortlab.spec import RunSpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.reliability]
@@ -328,7 +328,7 @@ def test_hostile_inputs_are_refused_before_any_model_loads(tiny_bert, tiny_gpt2,
     monkeypatch.setattr(ortlab.assets, "_llm_folder", no_conversion)
     cache = tmp_path / "cache"
     cache.mkdir()
-    monkeypatch.setenv("ORTLAB_CACHE", str(cache))
+    monkeypatch.setenv("ORTLAB_CACHE_DIR", str(cache))
     monkeypatch.chdir(tmp_path)
     files = _files(tmp_path / "inputs")
     cases = hostile_cases(files, tiny_bert, _broken_models(tmp_path / "models", tiny_bert, tiny_gpt2), tiny_gpt2)

@@ -23,9 +23,10 @@ from gates import launch_gated, wait_paused
 
 import ortlab
 from ortlab import cluster
+from ortlab.runfolder.compare import row_for
+from ortlab.runfolder.rundir import RunDir, process_alive
 from ortlab.runner import RunError, remote
-from ortlab.runner.compare import row_for
-from ortlab.runner.rundir import RunDir, process_alive
+from ortlab.spec import RunSpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
@@ -360,7 +361,7 @@ def test_a_remote_folder_the_status_names_is_used_only_where_the_launch_puts_it(
     """status.json is the folder's: a planted `launcher.storage` naming another folder made resume claim that
     folder (its status rewritten, its control files removed) and the monitor bring its files home."""
     _, local = _monitor(tmp_path)
-    assert remote.recorded_storage(local, local.spec()).path == tmp_path / "storage" / "local"
+    assert remote.recorded_storage(local, RunSpec.from_run(local)).path == tmp_path / "storage" / "local"
     victim = tmp_path / "victim" / "local"  # the run's own name, but outside the spec's storage
     (victim / "control").mkdir(parents=True)
     (victim / "control" / "stop").write_text("theirs")
@@ -372,7 +373,7 @@ def test_a_remote_folder_the_status_names_is_used_only_where_the_launch_puts_it(
         status["launcher"]["storage"] = planted if planted == 7 else str(planted)
         local.status_path.write_text(json.dumps(status))
         with pytest.raises(RunError, match="will not use that folder"):
-            remote.recorded_storage(local, local.spec())
+            remote.recorded_storage(local, RunSpec.from_run(local))
         with pytest.raises(RunError, match="will not use that folder"):
             remote.Monitor(local.path, "local")
     assert (victim / "control" / "stop").read_text() == "theirs"

@@ -239,8 +239,8 @@ def test_a_torch_compile_run_trains_compiled_in_the_compile_runtime(compile_runt
 
 def test_resume_without_the_runtime_says_how_to_build_it(no_runtimes, tmp_path):
     """A stopped torch_compile run whose runtime was removed since: resume refuses with the command, starts nothing."""
+    from ortlab.runfolder.rundir import RunDir
     from ortlab.runner import Run
-    from ortlab.runner.rundir import RunDir
     from ortlab.spec import RunSpec
 
     if _this_runtime_compiles():

@@ -24,7 +24,8 @@ from jupyter_server.utils import url_path_join
 from pytest_jupyter.jupyter_server import *  # noqa: F403 (fixtures, for this module only: see the docstring)
 
 import ortlab
-from ortlab.runner.rundir import RunDir
+from ortlab.runfolder.rundir import RunDir
+from ortlab.spec import RunSpec
 
 # Every route, with a run id that exists in the `runs` fixture (a running run).
 ROUTES = [
@@ -361,7 +362,7 @@ def _plant(runs_root: Path, name: str, **target: str) -> RunDir:
     import yaml
 
     run = RunDir(make_fake_run(runs_root, name, "stopped", steps=3))
-    spec = run.spec().model_dump(mode="json")
+    spec = RunSpec.from_run(run).model_dump(mode="json")
     spec["target"].update(target)
     run.spec_path.write_text(yaml.safe_dump(spec))
     (run.checkpoints / "checkpoint-3").mkdir(parents=True)
@@ -465,7 +466,7 @@ import json, sys
 from pathlib import Path
 import ortlab.server, ortlab.server.handlers
 import ortlab
-from ortlab.runner.rundir import RunDir
+from ortlab.runfolder.rundir import RunDir
 from ortlab.server.handlers import doctor_summary
 from ortlab.server.runs import RunIndex, metrics_since
 from ortlab.spec import RunSpec

@@ -208,7 +208,7 @@ def test_a_candidate_that_cannot_train_is_recorded_not_fatal(tmp_path, tiny_bert
 
 @pytest.mark.slow
 def test_a_run_records_why_auto_resolved_as_it_did(tmp_path, tiny_bert, monkeypatch):
-    from ortlab.runner.rundir import RunDir
+    from ortlab.runfolder.rundir import RunDir
     from ortlab.train.run import train_spec
 
     monkeypatch.setenv("ORTLAB_CACHE_DIR", str(tmp_path / "cache"))

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
+from ortlab.runfolder.rundir import RunDir
 from ortlab.runner import Run
-from ortlab.runner.rundir import RunDir
 from ortlab.spec import RunSpec
 
 pytest.importorskip("ipywidgets")
@@ -333,7 +333,7 @@ def test_a_displayed_view_updates_its_saved_output_when_the_run_moves_on(tmp_pat
     import IPython.display
     from svg_points import series
 
-    import ortlab.runner.rundir as rundir
+    import ortlab.runfolder.rundir as rundir
     from ortlab.train.metrics import JsonLinesSink
     from ortlab.ui import RunMonitor
 
@@ -387,7 +387,7 @@ def test_an_executed_notebook_keeps_the_finished_run_not_pending(tmp_path):
     cells = [
         "import os\n"
         "from ortlab.runner import Run\n"
-        "from ortlab.runner.rundir import RunDir, process_create_time\n"
+        "from ortlab.runfolder.rundir import RunDir, process_create_time\n"
         "from ortlab.spec import RunSpec\n"
         "from ortlab.train.metrics import JsonLinesSink\n"
         "folder = RunDir.create('run', RunSpec(name='nb'))\n"

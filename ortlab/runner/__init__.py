@@ -5,7 +5,7 @@
     run.stop(); run.resume(); run.wait()
     ortlab.runs(); ortlab.attach(run_id)   # from any process, e.g. a fresh kernel after a restart
 
-Nothing but the run process holds training state: every view reads the run folder (`ortlab.runner.rundir`), so
+Nothing but the run process holds training state: every view reads the run folder (`ortlab.runfolder.rundir`), so
 a kernel restart loses nothing, and several runs can go at once (own folders, own ports, own processes).
 Importing this module stays light (no torch): the run process does the heavy imports.
 """
@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from ortlab.cluster import ADDRESSES_ENV, is_configured
+from ortlab.envvars import child_env
 from ortlab.netutil import LOOPBACK, free_port
-from ortlab.runner.rundir import (
+from ortlab.runfolder.rundir import (
     DAMAGED,
     TERMINAL,
     RunDir,
@@ -32,29 +33,13 @@ from ortlab.runner.rundir import (
     process_create_time,
     resolve,
 )
-from ortlab.runner.stream import MetricsStream
+from ortlab.runfolder.stream import MetricsStream
 
 DEFAULT_ROOT = "ortlab-runs"
 # Interpreters (absolute paths separated by os.pathsep) a run folder's target.python may name on resume.
 TRUSTED_PYTHONS_ENV = "ORTLAB_TRUSTED_PYTHONS"
 # How long a status may stay unreadable (missing, or not JSON) before follow/wait give up with the reason.
 UNREADABLE_GRACE_S = 10.0
-# The environment of a torch.distributed process group. A launched run must not inherit these from a kernel
-# that trained in-process (ZeRO sets up a one-process group there): it would join the kernel's group.
-DISTRIBUTED_ENV = (
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "ROLE_RANK",
-    "ROLE_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RUN_ID",
-    "TORCHELASTIC_RESTART_COUNT",
-    "TORCHELASTIC_MAX_RESTARTS",
-)
 
 
 def default_root() -> Path:
@@ -94,7 +79,9 @@ class Run:
         return self.dir.status()
 
     def spec(self):
-        return self.dir.spec()
+        from ortlab.spec import RunSpec
+
+        return RunSpec.from_run(self.dir)
 
     def metrics(self) -> list[dict[str, Any]]:
         return self.dir.metrics()
@@ -239,7 +226,7 @@ class Run:
         return push_to_hub(self.dir, repo_id, **kwargs)
 
     def compare(self, *others: Run) -> list:
-        from ortlab.runner.compare import compare
+        from ortlab.runfolder.compare import compare
 
         return compare([self.dir, *[o.dir for o in others]])
 
@@ -293,10 +280,6 @@ def _is_run_process(run: RunDir, status: dict[str, Any]) -> bool:
 def _signal_group(pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
-
-
-def _ortlab_path() -> str:
-    return str(Path(__file__).resolve().parent.parent.parent)
 
 
 def runtime_for(spec: Any) -> tuple[str, str | None]:
@@ -422,7 +405,7 @@ def check_runtime(spec: Any) -> dict[str, Any]:
             [python, "-c", probe],
             capture_output=True,
             text=True,
-            env=_child_env(),
+            env=child_env(),
             timeout=120,
             stdin=subprocess.DEVNULL,
         )
@@ -472,17 +455,6 @@ def _mix_problems(spec: Any, accelerations: dict[str, dict[str, Any]], where: st
     ]
 
 
-def _child_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_ENV}
-    # The run process imports this ortlab, whichever interpreter runs it (another runtime included).
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_ortlab_path(), env.get("PYTHONPATH")]))
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # Runs start on this machine: their gloo traffic stays on the loopback interface (torchrun's rendezvous store
-    # is on 127.0.0.1 too, see _start).
-    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    return env
-
-
 def _start(run: RunDir, spec: Any, resume: bool = False) -> subprocess.Popen:
     """Start the worker of a claimed (`pending`) run folder; a start that fails ends the run `failed`.
 
@@ -520,7 +492,7 @@ def _start(run: RunDir, spec: Any, resume: bool = False) -> subprocess.Popen:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=_child_env(),
+                env=child_env(),
                 cwd=os.getcwd(),
                 start_new_session=True,
             )

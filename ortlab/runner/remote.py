@@ -36,8 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from ortlab import safeio
-from ortlab.runner.rundir import TERMINAL, RunDir, RunStateError, process_create_time, read_metrics
+from ortlab.envvars import child_env, ortlab_path
+from ortlab.runfolder.rundir import TERMINAL, RunDir, RunStateError, process_create_time, read_metrics
 from ortlab.safeio import dumps
+from ortlab.spec import RunSpec
 
 METRIC_TAG = "@@ortlab-metric "
 FINAL_TAG = "@@ortlab-final "
@@ -112,9 +114,7 @@ def _python_for(spec: Any) -> tuple[str, dict[str, Any]]:
     """(python command, runtime_env) for the job. On the local head: this interpreter and this ortlab source.
     Elsewhere: `python` on the cluster, which must have ortlab installed (the doctor job checks it)."""
     if spec.target.cluster == "local":
-        from ortlab.runner import _ortlab_path
-
-        env = {"PYTHONPATH": _ortlab_path(), "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+        env = {"PYTHONPATH": ortlab_path(), "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
         return shlex.quote(sys.executable), {"env_vars": env}
     return "python", {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}}
 
@@ -250,7 +250,6 @@ def start(run: RunDir, spec: Any, resume: bool = False) -> subprocess.Popen:
         raise _error(f"run {run.id} could not be submitted: {e}") from None
     launcher = {"kind": "ray-job", "cluster": spec.target.cluster, "job_id": job_id, "storage": str(remote.path)}
     run.update_status(launcher=launcher, runtime="cluster")
-    from ortlab.runner import _child_env
 
     with os.fdopen(run.open_log(), "ab") as log:  # no link followed (see RunDir.open_log)
         log.write(f"\n$ ray job {job_id} on {spec.target.cluster}: {entry}\n".encode())
@@ -263,7 +262,7 @@ def start(run: RunDir, spec: Any, resume: bool = False) -> subprocess.Popen:
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=_child_env(),
+            env=child_env(),
             start_new_session=True,  # outlives the kernel: a restart loses nothing
         )
     run.update_status(pid=proc.pid, create_time=process_create_time(proc.pid))
@@ -360,7 +359,7 @@ class Monitor:
         status = self.run.read_status()
         self.launcher = status["launcher"]
         self.cluster = cluster
-        self.remote = recorded_storage(self.run, self.run.spec())
+        self.remote = recorded_storage(self.run, RunSpec.from_run(self.run))
         self.job_id = self.launcher["job_id"]
         # Records already here are skipped (a monitor restarted, a resumed run's job re-sends the history).
         self.have = len(read_metrics(self.run.metrics_path)[0])

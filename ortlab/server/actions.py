@@ -35,7 +35,7 @@ async def run_helper(args: list[str], stdin: dict[str, Any] | None, cwd: str | o
     `cwd` is the Jupyter server's root folder: relative data and model paths in a spec mean what they mean in
     the file browser, and the run process starts there (as `ortlab.launch` starts it in the caller's folder).
     """
-    from ortlab.runner import _child_env
+    from ortlab.envvars import child_env
 
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -46,7 +46,7 @@ async def run_helper(args: list[str], stdin: dict[str, Any] | None, cwd: str | o
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         cwd=str(cwd),
-        env=_child_env(),
+        env=child_env(),
     )
     data = json.dumps(stdin).encode() if stdin is not None else b""
     try:

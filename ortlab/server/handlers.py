@@ -23,7 +23,7 @@ from tornado import web
 from tornado.ioloop import IOLoop
 
 from ortlab import safeio
-from ortlab.runner.rundir import DAMAGED, RunDir, resolve
+from ortlab.runfolder.rundir import DAMAGED, RunDir, resolve
 from ortlab.server.runs import metrics_since
 
 T = TypeVar("T")

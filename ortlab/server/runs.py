@@ -1,7 +1,7 @@
 """What the server says about runs: one row per run folder, kept up to date by reading only new bytes.
 
 The sidebar polls the runs list every second or so, and a runs folder collects hundreds of runs over time.
-Re-reading every metrics.jsonl on every poll (what `ortlab.runner.compare.row_for` does, fine for a one-off CLI
+Re-reading every metrics.jsonl on every poll (what `ortlab.runfolder.compare.row_for` does, fine for a one-off CLI
 table) would cost a full parse of every run's history per request. `RunIndex` keeps, per run folder, a
 `SummaryFollower` (the byte offset read up to and the run's `RunSummary`), and on each request folds in only the
 lines appended since: a finished run costs a `stat`, a running one the bytes of its last few steps. The status is
@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from ortlab import safeio
-from ortlab.runner.rundir import DAMAGED, SPEC_MAX_BYTES, TERMINAL, RunDir
-from ortlab.runner.stream import MetricsStream, SummaryFollower
+from ortlab.runfolder.rundir import DAMAGED, SPEC_MAX_BYTES, TERMINAL, RunDir
+from ortlab.runfolder.stream import MetricsStream, SummaryFollower
 
 # A metrics request reads at most this many bytes (a client that asked from offset 0 on a very long run gets the
 # rest on its next request, from the offset returned).
@@ -99,12 +99,12 @@ class RunIndex:
         The spec is read as a record (`stored`): no check against this machine, so no torch, and a run trained
         elsewhere (fp16 on a GPU) still shows. An unreadable spec is reported in `spec_error`, not a 500.
         """
-        from ortlab.spec import SpecError
+        from ortlab.spec import RunSpec, SpecError
 
         status = run.status()
         row = self.row(run, status)
         try:
-            spec, spec_error = run.spec().model_dump(mode="json"), None
+            spec, spec_error = RunSpec.from_run(run).model_dump(mode="json"), None
         except (SpecError, OSError, ValueError) as e:
             spec, spec_error = None, str(e)
         result, result_error = run.read_result()

@@ -276,6 +276,6 @@ class StepMetricsCallback(TrainerCallback):
 
     def summary(self, warmup_steps: int) -> dict[str, Any]:
         """Warm-up (ORT export and graph build land in the first steps) apart from steady-state throughput."""
-        from ortlab.runner.compare import summarize
+        from ortlab.runfolder.compare import summarize
 
         return {**summarize(self.steps, warmup_steps), "train_time_s": time.perf_counter() - self._train_start}

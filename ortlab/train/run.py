@@ -18,7 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ortlab.runner.rundir import RunDir, process_create_time, write_json
+from ortlab.fit import check, fitted
+from ortlab.runfolder.rundir import RunDir, process_create_time, write_json
 from ortlab.spec import RunSpec
 
 if TYPE_CHECKING:
@@ -100,49 +101,6 @@ def _dataloader_settings() -> dict[str, Any]:
         "dataloader_num_workers": workers,
         "dataloader_persistent_workers": workers > 0,
     }
-
-
-def check(spec: RunSpec, log: Callable[[str], None] = print):
-    """The cheap checks, data before models: where the model is, the data against the task, then the model's
-    tokenizer, positions and head against the data (config and tokenizer only: no weights). Returns what they found.
-
-    Nothing here materialises a model: the embedded LLM's first conversion from GGUF (20-40 s) waits until the data
-    has passed, and a LoRA run's layers are read from a skeleton on the meta device."""
-    from ortlab.data import load_and_check
-    from ortlab.fit import check_fit
-    from ortlab.tasks import check_model_fits_task, resolve_model
-
-    located = resolve_model(spec.model.name, build=False)  # a folder checked, or a Hub id that exists: no download
-    check_model_fits_task(located, spec.task)
-    prepared = load_and_check(spec.data, spec.task, spec.seed)
-    columns = (
-        f"chat: messages={prepared.messages_column!r}"
-        if prepared.messages_column
-        else f"chat: prompt={prepared.prompt_column!r} -> response={prepared.response_column!r}"
-        if prepared.prompt_column
-        else f"source={prepared.text_column!r} -> target={prepared.target_column!r}"
-        if prepared.target_column
-        else f"text={prepared.text_column!r}"
-        + (f", label={prepared.label_column!r} ({prepared.num_labels} classes)" if prepared.label_column else "")
-    )
-    log(f"data: {len(prepared.train)} train / {len(prepared.eval)} eval rows, {columns}")
-    model_path = resolve_model(spec.model.name)  # the embedded LLM is made here, once, now that the data is good
-    check_model_fits_task(model_path, spec.task)  # again: the embedded LLM's config exists only now
-    tokenizer = check_fit(model_path, spec, prepared, log)
-    if prepared.chat:  # the tokenizer alone (no weights) says whether the conversations can be laid out
-        from ortlab.chat import ChatDataError, require_template
-        from ortlab.data import DataError
-
-        try:
-            require_template(tokenizer, spec.model.name)
-        except ChatDataError as e:
-            raise DataError(str(e)) from None
-    if spec.adapter.kind == "lora":
-        from ortlab.adapters import check_model
-
-        targets = check_model(model_path, spec.task, spec.adapter.target_modules, spec.model.revision)
-        log(f"adapter: LoRA rank {spec.adapter.rank} on {', '.join(targets)}")
-    return model_path, prepared
 
 
 def train_spec(
@@ -267,7 +225,7 @@ def _execute(run, resume, checked, progress, on_metrics, log, terminal) -> dict[
         signal.signal(signal.SIGTERM, lambda *_: setattr(stop, "flag", True))
     rank = int(os.environ.get("RANK", "0"))
     try:
-        spec = run.spec()
+        spec = RunSpec.from_run(run)
         if rank == 0:
             run.set_status(
                 "running",
@@ -434,13 +392,6 @@ def _train(spec, run, model_path, prepared, resume, stop, progress, on_metrics, 
     }
 
 
-def fitted(spec: RunSpec, prepared: Any) -> RunSpec:
-    """`spec` with the max_length the check settled on (the default clipped to the model's positions)."""
-    if prepared.max_length is None or prepared.max_length == spec.hyper.max_length:
-        return spec
-    return spec.model_copy(update={"hyper": spec.hyper.model_copy(update={"max_length": prepared.max_length})})
-
-
 def _generations(spec: RunSpec, run: RunDir, prepared: Any, log: Callable[[str], None]) -> Any:
     """The callback that answers a few fixed prompts at each evaluation (causal-lm: chat data or the user's
     prompts), or None when this run has nothing to ask."""
@@ -556,14 +507,14 @@ def _new_head_note(model_path: str, spec: RunSpec, label_names: list[str]) -> st
 
 
 def _previous_eval(run: RunDir) -> dict[str, Any] | None:
-    from ortlab.runner.stream import summary_of
+    from ortlab.runfolder.stream import summary_of
 
     return summary_of(run.path).eval_before
 
 
 def _summary(run: RunDir, trainer: Any) -> dict[str, Any]:
     """Throughput over the whole run, resumed parts included (each part has its own warm-up)."""
-    from ortlab.runner.compare import summarize
+    from ortlab.runfolder.compare import summarize
 
     return summarize(run.records(), trainer.args.metrics_warmup_steps)
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ortlab import safeio
-from ortlab.runner.stream import RunSummary
+from ortlab.runfolder.stream import RunSummary
 
 
 class Terminal:

@@ -33,7 +33,7 @@ from typing import Any
 from transformers import Trainer, TrainingArguments
 
 from ortlab.accel import Applied, fused_adam, ort
-from ortlab.runner.rundir import write_json
+from ortlab.runfolder.rundir import write_json
 from ortlab.train import compat
 from ortlab.train.args import ORT_FUSED, ORTTrainingArguments
 from ortlab.train.metrics import JsonLinesSink, StepMetricsCallback

@@ -23,7 +23,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from ortlab.runner.stream import RunSummary
+from ortlab.runfolder.stream import RunSummary
 from ortlab.ui.display import RefreshedDisplay
 from ortlab.ui.summary import run_label, static_summary
 from ortlab.ui.svg import PALETTE

@@ -14,7 +14,7 @@ def run_label_text(run: Any, run_id: str, accelerations: dict[str, Any] | None =
     """`run-id [ort+fused_adam]`, unescaped: the accelerations that really applied (requested ones, marked `?`,
     until known)."""
     if accelerations is None and run is not None:
-        from ortlab.runner.stream import summary_of
+        from ortlab.runfolder.stream import summary_of
 
         summary = summary_of(run.dir.path)
         return f"{run_id} [{_names(summary.applied, summary.requested)}]"
@@ -52,7 +52,7 @@ def _table_row(r: Any) -> dict[str, str]:
 def rows(runs: list[Any], baseline: str | None = None, summaries: dict[str, Any] | None = None) -> list[dict[str, str]]:
     """One table row per run (plain strings; `table_html` escapes them). `summaries`: run id -> a `RunSummary` the
     caller keeps current (the live charts' own), so a refresh does not re-read the runs' metrics."""
-    from ortlab.runner.compare import compare
+    from ortlab.runfolder.compare import compare
 
     return [_table_row(r) for r in compare([run.dir for run in runs], baseline=baseline, summaries=summaries)]
 
@@ -76,7 +76,7 @@ def static_summary(
     """(html, text) views of `runs` for front ends without widgets: a state line, the loss and throughput curves
     as inline SVG (`ortlab.ui.svg`) and the comparison table, read from the run folders now (the table from
     `summaries` where the caller keeps them current)."""
-    from ortlab.runner.compare import compare
+    from ortlab.runfolder.compare import compare
     from ortlab.ui.svg import runs_chart_html
 
     compared = compare([run.dir for run in runs], summaries=summaries) if runs else []

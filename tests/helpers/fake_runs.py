@@ -52,7 +52,7 @@ def make_fake_run(
     root: str | os.PathLike, name: str, state: str = "completed", steps: int = 20, max_steps: int = 100
 ) -> Path:
     """A run folder named `name` in `root`, in `state`, with `steps` step records (and a result if completed)."""
-    from ortlab.runner.rundir import RunDir, process_create_time, write_json
+    from ortlab.runfolder.rundir import RunDir, process_create_time, write_json
     from ortlab.spec import RunSpec
 
     spec = RunSpec.parse(

@@ -12,8 +12,8 @@ def launch_gated(spec: Any, at_step: int):
     The gate (`Run.pause(at_step=...)`) is set before the run's process starts, so the run is there, running,
     whatever the machine's speed.
     """
+    from ortlab.runfolder.rundir import RunDir
     from ortlab.runner import Run, _start
-    from ortlab.runner.rundir import RunDir
     from ortlab.spec import RunSpec
 
     spec = spec if isinstance(spec, RunSpec) else RunSpec.parse(spec)

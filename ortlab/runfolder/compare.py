@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ortlab.runner.stream import EVAL_KEYS, RunSummary, summary_of
+from ortlab.runfolder.stream import EVAL_KEYS, RunSummary, summary_of
 
 
 def summarize(records: Any, warmup_steps: int = 2) -> dict[str, Any]:

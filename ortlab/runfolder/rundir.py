@@ -44,8 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from ortlab import safeio
-from ortlab.runner.stream import MetricsStream, summary_of
-from ortlab.runner.stream import records as stream_records
+from ortlab.runfolder.stream import MetricsStream, summary_of
+from ortlab.runfolder.stream import records as stream_records
 
 STATES = ("pending", "running", "completed", "failed", "stopped")
 TERMINAL = frozenset({"completed", "failed", "stopped"})
@@ -169,7 +169,7 @@ def read_metrics(path: Path, offset: int = 0, max_bytes: int | None = None) -> t
     A line still being written (no newline yet), or cut short by a killed process, is not returned; a reader
     following the file picks it up on its next call once it is complete. `max_bytes` bounds one read (a server
     answering from offset 0 on a long run); the rest comes on the next call, from the offset returned. The reading
-    itself (bounded lines, no links followed, damaged lines passed over) is `ortlab.runner.stream.MetricsStream`.
+    itself (bounded lines, no links followed, damaged lines passed over) is `ortlab.runfolder.stream.MetricsStream`.
     """
     path = Path(path)
     stream = MetricsStream(path.parent, offset, name=path.name)
@@ -226,18 +226,11 @@ class RunDir:
         run.set_status("pending")  # last: only a folder with a status is a run (`runs()` lists no other)
         return run
 
-    def spec(self) -> Any:
-        """The spec as run (read as a record: `stored`). spec.yaml is read without following a link and with a
-        bound (SPEC_MAX_BYTES): SpecError saying why when it is missing, a link, a FIFO or too large."""
-        from ortlab.spec import RunSpec, SpecError
-
-        try:
-            data = safeio.read_bytes(self.path, "spec.yaml", SPEC_MAX_BYTES)
-        except FileNotFoundError:
-            raise SpecError([f"spec file {str(self.spec_path)!r} does not exist"]) from None
-        except OSError as e:
-            raise SpecError([f"spec.yaml cannot be read safely: {e.strerror or e}"]) from None
-        return RunSpec.from_yaml(data.decode("utf-8", errors="replace"), stored=True)
+    def spec_text(self) -> str:
+        """spec.yaml as text, read without following a link and with a bound (SPEC_MAX_BYTES). OSError when it is
+        missing, a link, a FIFO or too large; `ortlab.spec.RunSpec.from_run` turns it into a RunSpec (the spec
+        stands above the run folder, so the folder hands out text, not a RunSpec)."""
+        return safeio.read_bytes(self.path, "spec.yaml", SPEC_MAX_BYTES).decode("utf-8", errors="replace")
 
     # --- status --------------------------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ a regular file is read (a FIFO would block, a device never ends). Numbers JSON c
 
 `RunSummary` is the one fold of the record vocabulary that `ortlab.train.metrics` writes (train_begin, step, eval,
 verified, auto, train_end, ...): the latest step, loss and throughput, what applied, the last scores, and the
-steady-state throughput that `ortlab.runner.compare.summarize` defines, all kept incrementally, so a view that
+steady-state throughput that `ortlab.runfolder.compare.summarize` defines, all kept incrementally, so a view that
 follows a run folds each record once. `SummaryFollower` keeps one run's summary current from the bytes appended since
 its last call (a replaced or cut file is read afresh).
 """
@@ -307,7 +307,7 @@ class RunSummary:
     - `scores`: the last `eval` record's headline scores (EVAL_KEYS); `eval_before`: the first "before" evaluation's
       eval_* numbers; `auto`: how the 'auto' accelerations were decided ("measured", "default", or None);
       `steady_samples_per_s`: from the train_end summary.
-    - `throughput()`: steady-state throughput over every segment (what `ortlab.runner.compare.summarize` returns).
+    - `throughput()`: steady-state throughput over every segment (what `ortlab.runfolder.compare.summarize` returns).
     - `records`, `skipped`, `skips`: records folded, lines passed over (see `MetricsStream`).
     """
 
