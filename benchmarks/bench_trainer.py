@@ -164,9 +164,10 @@ def available_mixes(device: str) -> list[str]:
 
 def default_mix() -> tuple[str, str]:
     """What a run that leaves every acceleration at 'auto' trains with here, with no measurement cached."""
+    from ortlab.accel.mix import resolve
     from ortlab.spec import AccelSpec
 
-    a = AccelSpec().resolved()
+    a = resolve(AccelSpec())
     parts = [p for p, on in (("ort", a.ort), ("fused_adam", a.fused_adam)) if on]
     if a.precision != "fp32":
         parts.insert(0, a.precision)

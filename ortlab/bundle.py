@@ -84,7 +84,7 @@ def bundle(
 
 
 def _ortlab_wheel(uv: str, out: Path) -> Path:
-    from ortlab import __version__
+    from ortlab._version import __version__
     from ortlab.runtimes import _source_root
 
     for old in out.glob("ortlab-*.whl"):

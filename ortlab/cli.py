@@ -214,10 +214,10 @@ def runtime_create(
 @runtime_app.command("list")
 def runtime_list() -> None:
     """The runtimes ortlab builds, where each lives and whether it is ready (reads files only)."""
-    from ortlab.runtimes import RUNTIMES, _inspect
+    from ortlab.runtimes import RUNTIMES, state_of
 
     for name, what in RUNTIMES.items():
-        state = _inspect(name)
+        state = state_of(name)
         if state.python is not None and state.stamp:
             typer.echo(f"{name}: ready, torch {state.stamp.get('torch')} ({state.python}); {what}")
         else:
@@ -422,16 +422,12 @@ def train(
         # foreground followed here, like a detached run.
         # So does a run that needs ortlab's compile runtime (torch_compile where this runtime cannot compile).
         from ortlab.fit import check
-        from ortlab.runner import runtime_for
+        from ortlab.runner import check as check_target
+        from ortlab.runner import trains_here
         from ortlab.train.run import train_spec
 
-        elsewhere = (
-            spec.target.cluster is not None
-            or spec.target.python is not None
-            or spec.target.processes > 1
-            or runtime_for(spec)[1] is not None
-        )
-        if detach or elsewhere:
+        if detach or not trains_here(spec):
+            check_target(spec)  # the machine first (the target's doctor, cached): seconds, before the data
             if spec.target.cluster is None:  # (a cluster run's model and data are checked on the cluster)
                 check(spec)  # the same fast checks as in the foreground, before anything starts
             from ortlab.runner import default_root, launch

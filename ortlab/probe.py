@@ -280,7 +280,7 @@ def _add_runtimes(report: DoctorReport, refresh: bool, probe: bool = True) -> No
     from ortlab import runtimes
 
     for name in runtimes.RUNTIMES:
-        state = runtimes._inspect(name)
+        state = runtimes.state_of(name)
         entry: dict[str, Any] = {
             "ready": state.python is not None,
             "path": str(state.path),

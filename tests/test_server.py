@@ -24,7 +24,7 @@ from jupyter_server.utils import url_path_join
 from pytest_jupyter.jupyter_server import *  # noqa: F403 (fixtures, for this module only: see the docstring)
 
 import ortlab
-from ortlab.runfolder.rundir import RunDir
+from ortlab.runfolder.rundir import RunDir, process_create_time
 from ortlab.spec import RunSpec
 
 # Every route, with a run id that exists in the `runs` fixture (a running run).
@@ -411,7 +411,7 @@ def test_stop_on_a_planted_folder_never_writes_through_its_links(api, runs_root,
 
     forged = RunDir.create(runs_root, ortlab.RunSpec(name="forged"))
     parent = os.getppid()
-    forged.set_status("running", pid=parent, create_time=ortlab.runner.process_create_time(parent))
+    forged.set_status("running", pid=parent, create_time=process_create_time(parent))
     code, body, _ = api("POST", "runs/forged/stop")
     assert code == 409 and "damaged" in body["message"] and f"pid {parent}" in body["message"], body
     assert not forged.stop_requested()
@@ -466,7 +466,7 @@ import json, sys
 from pathlib import Path
 import ortlab.server, ortlab.server.handlers
 import ortlab
-from ortlab.runfolder.rundir import RunDir
+from ortlab.runfolder.rundir import RunDir, process_create_time
 from ortlab.server.handlers import doctor_summary
 from ortlab.server.runs import RunIndex, metrics_since
 from ortlab.spec import RunSpec
@@ -474,7 +474,7 @@ index = RunIndex({str(runs_root)!r})
 rows = index.rows()
 detail = index.detail(RunDir({str(runs["done"])!r}))
 metrics_since(RunDir({str(runs["live"])!r}), 0)
-RunSpec.parse({{"accel": {{"ort": True, "precision": "bf16"}}}}, stored=True)
+RunSpec.parse({{"accel": {{"ort": True, "precision": "bf16"}}}})
 doctor_summary()
 print(json.dumps({{"rows": len(rows), "torch": "torch" in sys.modules, "spec": detail["spec"] is not None}}))
 """

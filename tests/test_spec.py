@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -52,15 +54,12 @@ def test_json_schema_describes_every_section():
         ({"hyper": {"batch_size": 0}}, "hyper.batch_size", "greater than 0"),
         ({"task": "summarization"}, "task", "sequence-classification"),
         ({"hyper": {"learnig_rate": 1e-4}}, "hyper.learnig_rate", "unknown field"),
-        ({"accel": {"precision": "fp16"}}, "spec", "fp16 needs a CUDA device"),
+        ({"accel": {"ort": True, "torch_compile": True}}, "accel", "ort and torch_compile both take over"),
+        ({"accel": {"ort": True, "zero_stage": 3}}, "accel", "ort cannot run with ZeRO stage 3"),
         ({"task": "causal-lm", "data": {"label_column": "label"}}, "spec", "remove label_column"),
     ],
 )
 def test_errors_name_the_field_and_the_fix(data, field, text):
-    import torch
-
-    if torch.cuda.is_available() and data.get("accel"):
-        pytest.skip("fp16 is valid on this machine")
     with pytest.raises(SpecError) as info:
         RunSpec.parse(data)
     message = str(info.value)
@@ -78,7 +77,31 @@ def test_auto_without_a_measurement_is_what_never_loses(monkeypatch, cuda, fused
     monkeypatch.setattr(ort, "check", lambda probe=False: Availability("ort", True, "forced", "-"))
     monkeypatch.setattr(fused_adam, "check", lambda probe=False: Availability("fused_adam", fused_here, "forced", "-"))
     monkeypatch.setattr(mix, "_cuda_available", lambda: cuda)
-    auto = AccelSpec().resolved()
+    auto = mix.resolve(AccelSpec())
     assert (auto.ort, auto.fused_adam, auto.precision) == (False, fused_here, "fp32")
-    explicit = AccelSpec(ort=True, fused_adam=False, precision="bf16").resolved()
+    explicit = mix.resolve(AccelSpec(ort=True, fused_adam=False, precision="bf16"))
     assert (explicit.ort, explicit.fused_adam, explicit.precision) == (True, False, "bf16")
+
+
+def test_a_spec_validates_only_itself_and_never_imports_torch():
+    """A spec is a description: one asking for what this machine lacks (fp16 without CUDA, a tracker that is not
+    installed) parses, on any machine, without torch; the machine is judged when a run is launched (below)."""
+    code = (
+        "import json, sys; from ortlab.spec import RunSpec; "
+        "s = RunSpec.parse({'accel': {'precision': 'fp16', 'tf32': True}, 'report_to': ['wandb']}); "
+        "print(json.dumps({'precision': s.accel.precision, 'torch': 'torch' in sys.modules}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"precision": "fp16", "torch": False}
+
+
+def test_the_launch_judges_the_machine_before_any_folder_exists(tmp_path):
+    import torch
+
+    from ortlab.runner import RunError, launch
+
+    if torch.cuda.is_available():
+        pytest.skip("fp16 runs on this machine")
+    with pytest.raises(RunError, match=r"fp16 is not available in this Python: fp16 needs a CUDA device.*Fix: "):
+        launch({"accel": {"precision": "fp16"}, "output_dir": str(tmp_path / "runs")})
+    assert not (tmp_path / "runs").exists(), "a refused launch leaves nothing behind"

@@ -85,21 +85,22 @@ def test_plan_names_why_a_mix_is_not_measured(monkeypatch):
 
 def test_auto_fields_take_the_measured_choice_and_nothing_else(monkeypatch):
     from ortlab.accel import Availability, fused_adam
+    from ortlab.accel.mix import resolve
 
     monkeypatch.setattr(fused_adam, "check", lambda probe=False: Availability("fused_adam", True, "forced", "-"))
-    conservative = AccelSpec().resolved()
+    conservative = resolve(AccelSpec())
     assert (conservative.ort, conservative.fused_adam, conservative.precision) == (False, True, "fp32"), (
         "without a measurement 'auto' is what never loses to plain PyTorch"
     )
     choice = {"ort": True, "fused_adam": True, "precision": "bf16", "torch_compile": False}
-    assert AccelSpec().resolved(choice).model_dump(include={"ort", "fused_adam", "precision"}) == {
+    assert resolve(AccelSpec(), choice).model_dump(include={"ort", "fused_adam", "precision"}) == {
         "ort": True,
         "fused_adam": True,
         "precision": "bf16",
     }
-    explicit = AccelSpec(ort=False, precision="fp32").resolved(choice)
+    explicit = resolve(AccelSpec(ort=False, precision="fp32"), choice)
     assert (explicit.ort, explicit.fused_adam, explicit.precision) == (False, True, "fp32")
-    assert AccelSpec(torch_compile=True).resolved(choice).ort is False, "'auto' ORT yields to an explicit compile"
+    assert resolve(AccelSpec(torch_compile=True), choice).ort is False, "'auto' ORT yields to an explicit compile"
 
 
 def test_cache_key_changes_with_model_shapes_and_machine(tmp_path):

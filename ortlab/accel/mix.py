@@ -1,56 +1,20 @@
-"""The acceleration mix, and every rule about which mixes can run. All of them live here, in one function.
+"""Which acceleration mixes can run in this Python environment: the rules of `ortlab.mixrules` that hold on
+every machine, plus the ones that depend on this one. All of them are reached through `problems` here.
 
-A rule is checked before any model loads (the RunSpec, the CLI and `ORTTrainingArguments` all call
-`validate`), and each broken rule says what to change. Availability comes from the same `check()` functions
+`ORTTrainingArguments` and in-process training call `validate` before any model loads, and each broken rule
+says what to change. (A launched run is checked by its launcher against the target's doctor instead, which
+reports the same `check()` results, taken in that target.) Availability comes from the same `check()` functions
 that `ortlab doctor` shows, so the doctor and the trainer never disagree.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from typing import Any
 
 from ortlab.accel import Availability
+from ortlab.mixrules import Mix, MixError, rule_problems
 
-Precision = Literal["fp32", "fp16", "bf16"]
-
-
-@dataclass(frozen=True)
-class Mix:
-    """What the user asked for. `processes` is the number of data-parallel training processes."""
-
-    ort: bool = False
-    fused_adam: bool = False
-    zero_stage: int = 0
-    precision: Precision = "fp32"
-    torch_compile: bool = False
-    tf32: bool = False
-    processes: int = 1
-    use_cpu: bool = False
-    # A DeepSpeed config the user supplied defines its own optimizer (so ortlab's optimizer choice is moot).
-    deepspeed_defines_optimizer: bool = False
-    # LoRA adapters (ortlab.adapters): not an acceleration (it changes what trains) but it meets all of them.
-    lora: bool = False
-
-    def requested(self) -> dict[str, bool]:
-        return {
-            "ort": self.ort,
-            "fused_adam": self.fused_adam,
-            "zero1": self.zero_stage > 0,
-            "fp16": self.precision == "fp16",
-            "bf16": self.precision == "bf16",
-            "tf32": self.tf32,
-            "torch_compile": self.torch_compile,
-        }
-
-
-class MixError(ValueError):
-    """An acceleration mix that cannot run here. `problems` lists each broken rule with its fix."""
-
-    def __init__(self, problems: list[str]):
-        self.problems = problems
-        lines = "\n".join(f"  - {p}" for p in problems)
-        super().__init__(f"this acceleration mix cannot run here:\n{lines}")
+__all__ = ["Mix", "MixError", "mix_of", "problems", "resolve", "rule_problems", "runtime_for", "validate"]
 
 
 def _unavailable(a: Availability) -> str:
@@ -65,30 +29,9 @@ def problems(mix: Mix, launched: bool = False) -> tuple[list[str], list[str]]:
     """
     from ortlab.accel import fused_adam, ort, precision, zero
 
-    errors: list[str] = []
+    # Combinations that can never work, wherever they run (the spec refuses them too).
+    errors: list[str] = rule_problems(mix)
     warnings: list[str] = []
-
-    if mix.processes < 1:
-        errors.append(f"processes must be >= 1 (got {mix.processes})")
-    if mix.zero_stage not in (0, 1, 2, 3):
-        errors.append(f"zero_stage must be 0, 1, 2 or 3 (got {mix.zero_stage})")
-
-    # Combinations that can never work, wherever they run.
-    if mix.ort and mix.torch_compile:
-        errors.append(
-            "ort and torch_compile both take over the model's graph (ONNX Runtime or Inductor): pick one "
-            "(set torch_compile=False to train with ORT, or use_ort=False to compile)"
-        )
-    if mix.ort and mix.zero_stage == 3:
-        errors.append(
-            "ort cannot run with ZeRO stage 3: stage 3 partitions the parameters, which ORTModule's ONNX export "
-            "must see whole. Use zero_stage=1 (or 2) with ORT, or turn ORT off for stage 3"
-        )
-    if mix.fused_adam and mix.deepspeed_defines_optimizer:
-        errors.append(
-            "the DeepSpeed config defines its own optimizer, so optim='adamw_ort_fused' would be ignored: remove "
-            "the 'optimizer' section from the DeepSpeed config, or choose another optim"
-        )
 
     if mix.lora:
         from ortlab.adapters import AdapterError, check_installed
@@ -176,3 +119,33 @@ def _cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def resolve(accel: Any, choice: dict[str, Any] | None = None) -> Any:
+    """`accel` (an AccelSpec) with 'auto' replaced by `choice` (measured, `ortlab.tune`) where it has a value, else
+    by this machine's conservative default: what measurements showed never loses to plain PyTorch. No ORT (0.7-0.9x
+    eager on a 2-core CPU), fp32 (bf16 is 0.8x or 1.6x depending on the CPU), fused AdamW where available (1.0x on
+    one CPU, 1.2x on another, faster on CUDA; the same update up to rounding), TF32 where the GPU has it."""
+    from ortlab.accel import fused_adam, precision
+
+    default = {"ort": False, "precision": "fp32"}
+    if accel.fused_adam == "auto" and "fused_adam" not in (choice or {}):
+        default["fused_adam"] = fused_adam.check().available
+    if accel.tf32 == "auto" and "tf32" not in (choice or {}):
+        default["tf32"] = precision.check_tf32().available  # static: a CUDA device of compute capability >= 8.0
+    return accel.resolved({**default, **(choice or {})})
+
+
+def mix_of(spec: Any, choice: dict[str, Any] | None = None) -> Mix:
+    """The mix a run of `spec` (a RunSpec) trains with in this environment ('auto' resolved by `resolve`)."""
+    a = resolve(spec.accel, choice)
+    return Mix(
+        ort=bool(a.ort),
+        fused_adam=bool(a.fused_adam),
+        zero_stage=a.zero_stage,
+        precision=a.precision,
+        torch_compile=a.torch_compile,
+        tf32=bool(a.tf32),
+        processes=spec.target.processes,
+        lora=spec.adapter.kind == "lora",
+    )

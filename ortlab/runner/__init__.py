@@ -5,16 +5,19 @@
     run.stop(); run.resume(); run.wait()
     ortlab.runs(); ortlab.attach(run_id)   # from any process, e.g. a fresh kernel after a restart
 
-Nothing but the run process holds training state: every view reads the run folder (`ortlab.runfolder.rundir`), so
-a kernel restart loses nothing, and several runs can go at once (own folders, own ports, own processes).
+Nothing but the run process holds training state: every view reads the run folder (`ortlab.runfolder`), so a
+kernel restart loses nothing, and several runs can go at once (own folders, own ports, own processes).
 Importing this module stays light (no torch): the run process does the heavy imports.
+
+Where a run goes is its launcher's business (`ortlab.runner.launcher`: a process on this machine in
+`local.py`, a Ray job in `rayjob.py`); `Run` asks it to check, start, terminate and bring home, and reads
+everything else from the local run folder, whatever the target. Which interpreter or cluster a run folder may
+name on resume is decided in `trust.py`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -22,22 +25,21 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ortlab.cluster import ADDRESSES_ENV, is_configured
-from ortlab.envvars import child_env
-from ortlab.netutil import LOOPBACK, free_port
 from ortlab.runfolder.rundir import (
     DAMAGED,
     TERMINAL,
     RunDir,
     RunStateError,
-    process_create_time,
     resolve,
 )
 from ortlab.runfolder.stream import MetricsStream
+from ortlab.runner.launcher import Launcher, RunError
+from ortlab.runner.local import Local
+from ortlab.runner.rayjob import RayJob
+from ortlab.runner.trust import trusted_target
+from ortlab.spec import RunSpec
 
 DEFAULT_ROOT = "ortlab-runs"
-# Interpreters (absolute paths separated by os.pathsep) a run folder's target.python may name on resume.
-TRUSTED_PYTHONS_ENV = "ORTLAB_TRUSTED_PYTHONS"
 # How long a status may stay unreadable (missing, or not JSON) before follow/wait give up with the reason.
 UNREADABLE_GRACE_S = 10.0
 
@@ -45,10 +47,6 @@ UNREADABLE_GRACE_S = 10.0
 def default_root() -> Path:
     """Where runs live unless a spec says otherwise: $ORTLAB_RUNS, else ./ortlab-runs."""
     return Path(os.environ.get("ORTLAB_RUNS", DEFAULT_ROOT))
-
-
-class RunError(RuntimeError):
-    """A run operation that cannot be done in the run's current state (the message says why)."""
 
 
 class Run:
@@ -79,8 +77,6 @@ class Run:
         return self.dir.status()
 
     def spec(self):
-        from ortlab.spec import RunSpec
-
         return RunSpec.from_run(self.dir)
 
     def metrics(self) -> list[dict[str, Any]]:
@@ -133,7 +129,8 @@ class Run:
     def stop(self, timeout: float = 300.0) -> dict[str, Any]:
         """Graceful stop: the run finishes its current step, saves a checkpoint and exits as `stopped`.
 
-        If it has not stopped within `timeout` seconds, it is terminated (and ends `failed`).
+        If it has not stopped within `timeout` seconds, its launcher terminates it (it ends `failed`), or says what
+        to do where it cannot (a Ray job is stopped on the cluster).
         """
         status = self.status()
         if status["state"] in TERMINAL:
@@ -150,16 +147,7 @@ class Run:
             status = self.status()
             if status["state"] in TERMINAL:
                 return status
-            if not _is_run_process(self.dir, status):
-                raise RunError(
-                    f"run {self.id} did not stop within {timeout:.0f} s, and the process its status.json names "
-                    f"(pid {status.get('pid')}) is not this run's worker: nothing was signalled. Look at the run's "
-                    "logs/run.log and end its process yourself"
-                ) from None
-            _signal_group(status["pid"], signal.SIGTERM)
-            time.sleep(5)
-            if _is_run_process(self.dir, status):
-                _signal_group(status["pid"], signal.SIGKILL)
+            launcher_for(self.spec()).terminate(self.dir, status)  # RunError when it cannot, saying why
             return self.wait(timeout=30)
 
     def pause(self, at_step: int | None = None) -> None:
@@ -173,7 +161,7 @@ class Run:
     def unpause(self) -> None:
         self.dir.clear_pause()
 
-    def resume(self, python: str | None = None, cluster: str | None = None) -> Run:
+    def resume(self, python: str | None = None, cluster: str | None = None, cwd: str | None = None) -> Run:
         """Continue a stopped (or failed) run from its last checkpoint, in a new run process.
 
         Exclusive: the run is claimed (`pending`) under its status lock, so a second `resume` of the same run,
@@ -190,13 +178,8 @@ class Run:
             if state not in ("stopped", "failed"):
                 raise RunError(f"run {self.id} is {state}: only a stopped or failed run can resume")
             raise RunError(f"run {self.id} has no checkpoint to resume from (it stopped before its first save)")
-        spec = _trusted_target(self.id, spec, python=python, cluster=cluster)
-        if not spec.target.python and not spec.target.cluster:
-            from ortlab.spec import RunSpec
-
-            RunSpec.parse(spec.model_dump(mode="json"))  # the stored mix, checked against this machine
-        # A run folder may name an interpreter, and the mix may need ortlab's compile runtime: check it first.
-        _prepare(spec)
+        spec = trusted_target(self.id, spec, python=python, cluster=cluster)
+        check(spec)  # the stored mix, against the target it resumes on (a fp16 run on a machine without CUDA...)
         self.status()  # a dead 'running' run becomes 'failed' (and so resumable) here
         try:
             # Claimed with its stop and pause requests cleared under the status lock: a stop asked for once the
@@ -210,7 +193,7 @@ class Run:
             ) from None
         except OSError as e:  # a planted link in control/ or at .status.lock
             raise RunError(f"run {self.id} is damaged and cannot resume: {e}") from None
-        self._process = _start(self.dir, spec, resume=True)
+        self._process = _start(self.dir, spec, resume=True, cwd=cwd)
         return self
 
     def export_onnx(self, **kwargs: Any):
@@ -256,265 +239,54 @@ class _Unreadable:
         return state
 
 
-def _is_run_process(run: RunDir, status: dict[str, Any]) -> bool:
-    """Is the recorded pid still this run's launched worker (same create time, a worker of this very folder,
-    leading its own process group), so that signalling its group reaches the run and nothing else?
+def launcher_for(spec: Any) -> Launcher:
+    """The launcher of `spec`'s target (see `ortlab.runner.launcher`): a Ray job for `target.cluster`, else a
+    process on this machine (any interpreter, any number of processes). Written out, not registered: there are two."""
+    return RayJob() if spec.target.cluster else Local()
 
-    A pid from status.json alone is not enough before sending a signal: the process may have ended and the
-    pid been reused by anything, or the file may have been edited (see `rundir.run_process`).
-    """
-    import psutil
 
-    pid = status.get("pid")
-    if not run.owns_process(status):
+def check(spec: Any) -> dict[str, Any] | None:
+    """Can `spec` run where it says? The launch's machine check, for every face: the mix against the target's own
+    doctor (this interpreter's, ortlab's compile runtime's, a named Python's, or the cluster's), the packages it
+    needs there, the cluster's resources. Raises RunError listing every problem with its fix; returns the doctor's
+    report. Neither imports torch here: the doctors run in their own processes, and cache their answer.
+
+    `spec` is one whose target.python and target.cluster the user named: `launch`'s, or a resumed folder's after
+    `trust.trusted_target` (a named interpreter is started here, and a cluster is sent the user's Ray token)."""
+    return launcher_for(spec).check(spec)
+
+
+def trains_here(spec: Any) -> bool:
+    """Whether `spec` can train in this very process (the foreground `ortlab train`): on this machine, in this
+    interpreter (not another Python, not ortlab's compile runtime), as one process. Anything else is launched."""
+    if spec.target.cluster or spec.target.processes > 1:
         return False
-    try:
-        cmdline = psutil.Process(pid).cmdline()
-        group = os.getpgid(pid)
-    except (psutil.Error, OSError):
-        return False
-    launched = "ortlab.runner.worker" in cmdline and str(run.path.resolve()) in cmdline
-    return launched and group == pid  # started with start_new_session: the group is the worker's own
+    return Local().interpreter(spec) == (sys.executable, None)
 
 
-def _signal_group(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
+def target_doctor(spec: Any) -> dict[str, Any]:
+    """The doctor's report of where `spec` would run (this machine's interpreter, a runtime, the cluster), judging
+    nothing: what the workbench shows beside its toggles when the target changes."""
+    return launcher_for(spec).doctor(spec)
 
 
-def runtime_for(spec: Any) -> tuple[str, str | None]:
-    """(interpreter, ortlab runtime name) that a run of `spec` starts in, without checking it.
-
-    `target.python` when the spec names one; else ortlab's compile runtime when the mix needs it (torch_compile
-    in the ORT runtime: `ortlab.accel.mix.runtime_for`); else this interpreter. Raises RunError when the
-    runtime the mix needs is not built, with the command that builds it.
-    """
-    if spec.target.python:
-        return str(spec.target.python), None
-    from ortlab.accel.mix import runtime_for as mix_runtime
-
-    name = mix_runtime(spec.mix())
-    if name is None:
-        return sys.executable, None
-    from ortlab.runtimes import _inspect
-
-    state = _inspect(name)
-    if state.python is None:
-        raise RunError(f"this run asks for torch_compile, which needs ortlab's {name} runtime, but {state.why}")
-    return str(state.python), name
+def _start(run: RunDir, spec: Any, resume: bool = False, cwd: str | None = None) -> subprocess.Popen:
+    """Start the worker of a claimed (`pending`) run folder on its target (checked before by `check`)."""
+    return launcher_for(spec).start(run, spec, resume=resume, cwd=cwd)
 
 
-def python_trusted(python: str) -> bool:
-    """Is `python` an interpreter this machine's user vouches for: this one, one of ortlab's runtimes, or one
-    listed in $ORTLAB_TRUSTED_PYTHONS?
-
-    Paths are compared as written (made absolute, links not resolved): a venv's `bin/python` is a link to the
-    base interpreter, and the same binary started through another folder's link reads that folder's
-    `pyvenv.cfg` and site-packages, so "the same file" is not "the same interpreter".
-    """
-    from ortlab.runtimes import RUNTIMES, python_for
-
-    wanted = os.path.abspath(python)
-    known = [sys.executable, *(str(p) for p in map(python_for, RUNTIMES) if p is not None), *trusted_pythons()]
-    return any(os.path.abspath(k) == wanted for k in known)
-
-
-def trusted_pythons() -> list[str]:
-    """The interpreters listed in $ORTLAB_TRUSTED_PYTHONS (absolute paths, separated by os.pathsep)."""
-    return [p for p in os.environ.get(TRUSTED_PYTHONS_ENV, "").split(os.pathsep) if p.strip()]
-
-
-def _trusted_target(run_id: str, spec: Any, python: str | None = None, cluster: str | None = None) -> Any:
-    """The spec a resumed run starts with: its folder's, whose interpreter and cluster address must be ones the
-    user vouches for on this machine, or the folder's with the interpreter / address the user names here.
-
-    Why here and not in RunSpec: a spec is the same value whoever wrote it; what differs is who named it. The
-    spec given to `launch` is the user's own (its target.python and target.cluster are used as given); the one
-    in a run folder may come from anyone (copied, cloned, unpacked, planted in the server's runs root), and
-    resume would otherwise start the program it names and send the user's Ray token to the address it names.
-    """
-    from ortlab.spec import RunSpec, SpecError
-
-    target = spec.target
-    if python is not None or cluster is not None:
-        if python is not None and cluster is not None:
-            raise RunError("resume: python and cluster exclude each other (a cluster run uses the cluster's python)")
-        if python is not None and target.cluster:
-            raise RunError(f"run {run_id} runs on the cluster {target.cluster!r}: resume it with cluster=, not python=")
-        if cluster is not None and not target.cluster:
-            raise RunError(f"run {run_id} runs on this machine: resume it without cluster= (or with python=)")
-        data = spec.model_dump(mode="json")
-        data["target"]["python" if python is not None else "cluster"] = python if python is not None else cluster
-        try:
-            return RunSpec.parse(data, stored=True)
-        except SpecError as e:
-            raise RunError(str(e)) from None
-    if target.python and not python_trusted(target.python):
-        raise RunError(
-            f"run {run_id}: its spec.yaml names the interpreter {target.python!r} (target.python), and ortlab does not "
-            "start a program that a run folder names (a folder may come from anyone). If you trust it, name it "
-            f"yourself: `ortlab resume {run_id} --python PATH` or `Run.resume(python=PATH)`, or list it in "
-            f"${TRUSTED_PYTHONS_ENV} (absolute paths separated by {os.pathsep!r}; for the Jupyter server, set it "
-            "before starting the server)"
-        )
-    if target.cluster and not is_configured(target.cluster):
-        raise RunError(
-            f"run {run_id}: its spec.yaml names the Ray cluster {target.cluster!r} (target.cluster), and ortlab sends "
-            "your Ray token only to an address you named on this machine ('local', or one listed in "
-            f"${ADDRESSES_ENV}). If you trust it, name it yourself: `ortlab resume {run_id} --cluster ADDRESS` or "
-            f"`Run.resume(cluster=ADDRESS)`, or list it in ${ADDRESSES_ENV} (for the Jupyter server, set it before "
-            "starting the server)"
-        )
-    return spec
-
-
-def _prepare(spec: Any) -> None:
-    """Check the interpreter `runtime_for` picks for `spec` before anything starts there (see check_runtime).
-    A run for a cluster is checked there instead, by the cluster's own doctor (`ortlab.runner.remote`).
-
-    `spec` is one whose target.python and target.cluster the user named: `launch`'s spec, or a resumed folder's
-    after `_trusted_target`. Its interpreter is started here, and its cluster is sent the user's Ray token."""
-    if spec.target.cluster:
-        from ortlab.runner import remote
-
-        remote.prepare(spec)
-        return
-    python, runtime = runtime_for(spec)
-    if spec.target.python:
-        check_runtime(spec)
-    elif runtime is not None:
-        # Built by ortlab (its stamp says it imported torch, transformers and ortlab): only the mix is checked.
-        _check_mix(spec, python)
-
-
-def check_runtime(spec: Any) -> dict[str, Any]:
-    """Check the interpreter a spec names (`target.python`) before anything starts in it, and its mix there.
-
-    Only an interpreter the user named reaches this (a run folder's is refused first, see `_trusted_target`), but
-    a typo or a broken environment should fail here, in seconds, not in the run: the file must exist and be
-    executable, be a Python that can import ortlab's dependencies, and its own doctor must say that every
-    acceleration the spec asks for runs there. Raises RunError naming what is wrong.
-    """
-    python = str(spec.target.python)
-    path = Path(python)
-    if not path.is_file() or not os.access(path, os.X_OK):
-        raise RunError(f"target.python: {python!r} is not an executable file; give the path of a Python interpreter")
-    probe = "import sys, torch, transformers, ortlab; print(sys.version_info[0])"
-    try:
-        out = subprocess.run(
-            [python, "-c", probe],
-            capture_output=True,
-            text=True,
-            env=child_env(),
-            timeout=120,
-            stdin=subprocess.DEVNULL,
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise RunError(f"target.python: {python!r} could not be started: {e}") from None
-    if out.returncode != 0 or out.stdout.strip().splitlines()[-1:] != ["3"]:
-        last = (out.stderr.strip().splitlines() or ["no output"])[-1][:300]
-        raise RunError(
-            f"target.python: {python!r} is not a Python that can run ortlab ({last}); install ortlab's "
-            "dependencies there (`pip install ortlab`) or pick another interpreter"
-        )
-    return _check_mix(spec, python)
-
-
-def _check_mix(spec: Any, python: str) -> dict[str, Any]:
-    """The doctor of `python` (cached per environment) must accept every acceleration the spec asks for."""
-    from ortlab.probe import doctor
-
-    report = doctor(python)
-    problems = _mix_problems(spec, report.to_dict()["accelerations"], python)
-    if problems:
-        raise RunError("this mix cannot run in the target runtime:\n" + "\n".join(f"  - {p}" for p in problems))
-    return report.to_dict()
-
-
-def _mix_problems(spec: Any, accelerations: dict[str, dict[str, Any]], where: str) -> list[str]:
-    """One line per acceleration the spec asks for explicitly that a doctor's report (`to_dict()` form, so a
-    report from another machine works too) says is not available `where`."""
-    from ortlab.accel.mix import Mix
-
-    # What the spec asks for explicitly ('auto' resolves in the target runtime itself, when the run starts).
-    a = spec.accel
-    wanted = Mix(
-        ort=a.ort is True,
-        fused_adam=a.fused_adam is True,
-        zero_stage=a.zero_stage,
-        precision=a.precision,
-        torch_compile=a.torch_compile,
-        tf32=a.tf32 is True,
-    ).requested()
-    unknown = {"reason": "its doctor does not know this acceleration", "remedy": "install the same ortlab there"}
-    found = {name: accelerations.get(name) or unknown for name in wanted}
-    return [
-        f"accel: {name} is not available in {where}: {found[name]['reason']}. Fix: {found[name]['remedy']}"
-        for name, on in wanted.items()
-        if on and not found[name].get("available", False)
-    ]
-
-
-def _start(run: RunDir, spec: Any, resume: bool = False) -> subprocess.Popen:
-    """Start the worker of a claimed (`pending`) run folder; a start that fails ends the run `failed`.
-
-    It starts in the interpreter `runtime_for` picks (checked before by `_prepare`); status.json records the
-    ortlab runtime ortlab chose ("current" when it runs where the spec says), beside the interpreter the worker
-    itself records when it starts.
-    """
-    if spec.target.cluster:
-        from ortlab.runner import remote
-
-        return remote.start(run, spec, resume=resume)
-    python, runtime = runtime_for(spec)
-    worker = ["-m", "ortlab.runner.worker", str(run.path.resolve()), *(["--resume"] if resume else [])]
-    if spec.target.processes > 1:
-        cmd = [
-            python,
-            "-m",
-            "torch.distributed.run",
-            f"--nproc_per_node={spec.target.processes}",
-            f"--master_addr={LOOPBACK}",  # one machine: rendezvous on loopback only
-            f"--master_port={free_port()}",
-            *worker,
-        ]
-    else:
-        cmd = [python, *worker]
-    # Opened without following a link: a planted logs/run.log link would get the run's output appended elsewhere.
-    with os.fdopen(run.open_log(), "ab") as log:
-        log.write(f"\n$ {' '.join(cmd)}\n".encode())
-        log.flush()
-        try:
-            # Its own session: a stop or kill reaches the whole group (torchrun and its workers), and a notebook
-            # interrupt (SIGINT to the kernel's group) does not reach the run.
-            proc = subprocess.Popen(
-                cmd,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=child_env(),
-                cwd=os.getcwd(),
-                start_new_session=True,
-            )
-        except OSError as e:
-            run.set_status("failed", error=f"the run process could not be started: {e} (command: {cmd[0]})", step=0)
-            raise RunError(f"run {run.id} could not start: {e}") from None
-    run.update_status(
-        pid=proc.pid, create_time=process_create_time(proc.pid), launcher=cmd[:3], runtime=runtime or "current"
-    )
-    return proc
-
-
-def launch(spec: Any = None, root: str | os.PathLike | None = None, **overrides: Any) -> Run:
+def launch(
+    spec: Any = None, root: str | os.PathLike | None = None, cwd: str | os.PathLike | None = None, **overrides: Any
+) -> Run:
     """Start `spec` (a RunSpec, a dict, or a YAML/JSON path; default: the embedded default) in its own process.
 
-    The spec is validated here (instantly; a spec for another interpreter is checked by that interpreter's
-    doctor). A spec that asks for torch_compile where this runtime cannot compile runs in ortlab's compile
-    runtime (`ortlab runtime create compile`), recorded as `runtime` in status.json. The model and data checks
-    run in the run process and a problem there ends the run `failed` with the message. Returns at once.
+    The spec is parsed (its own rules), then checked against its target (`check`: the target's doctor, cached)
+    before the run folder exists. A spec that asks for torch_compile where this runtime cannot compile runs in
+    ortlab's compile runtime (`ortlab runtime create compile`), recorded as `runtime` in status.json. The model
+    and data checks run in the run process and a problem there ends the run `failed` with the message. Returns
+    once the run's process has started. `cwd`: the folder relative paths in the spec are relative to (default:
+    this process's; the Jupyter server passes its root folder, where its file browser starts).
     """
-    from ortlab.spec import RunSpec
-
     if spec is None:
         spec = RunSpec()
     elif isinstance(spec, (str, Path)):
@@ -523,10 +295,10 @@ def launch(spec: Any = None, root: str | os.PathLike | None = None, **overrides:
         spec = RunSpec.parse(spec)
     if overrides:
         spec = RunSpec.parse({**spec.model_dump(mode="json"), **overrides})
-    _prepare(spec)  # another interpreter is checked before the run folder exists
+    check(spec)  # before the run folder exists: a refused launch leaves nothing behind
     run_dir = RunDir.create(root or spec.output_dir, spec)
     run = Run(run_dir.path)
-    run._process = _start(run_dir, spec)
+    run._process = _start(run_dir, spec, cwd=None if cwd is None else str(cwd))
     return run
 
 

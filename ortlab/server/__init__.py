@@ -12,8 +12,8 @@ Enabled by installing ortlab (the wheel ships `etc/jupyter/jupyter_server_config
     GET  /ortlab/api/doctor                  the doctor's cached report
 
 The one setting is the runs root, `c.Ortlab.runs_root` (default: $ORTLAB_RUNS, else `ortlab-runs` in the
-server's root folder). The server never imports torch: views read run folders, and launch/resume run in a
-helper process (`ortlab.server.actions`).
+server's root folder). The server never imports torch: views read run folders, a spec parses without it, and a
+launch checks the spec against the doctor's cached report (`ortlab.server.actions`).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def runs_root_for(setting: str, root_dir: str | os.PathLike) -> Path:
 
 @dataclass
 class ServerState:
-    """What the handlers share: the runs root, where helpers start (the server's root_dir), the run index."""
+    """What the handlers share: the runs root, where runs start (the server's root_dir), the run index."""
 
     root: Path
     cwd: Path

@@ -6,8 +6,8 @@ cookie; an API request without one is answered 403) and `@authorized` (the serve
 cannot make a logged-in browser start or stop runs.
 
 Run ids come from URLs: each goes through `rundir.resolve`, which refuses `..`, absolute paths, odd characters
-and symbolic links out of the runs root; anything that is not a run folder there is a 404. Disk reads run in
-the executor and launch/resume in a helper process (`ortlab.server.actions`), so no request holds the event loop.
+and symbolic links out of the runs root; anything that is not a run folder there is a 404. Disk reads and
+launch/resume (`ortlab.server.actions`) run in the executor, so no request holds the event loop.
 """
 
 from __future__ import annotations
@@ -92,8 +92,9 @@ class RunsHandler(OrtlabHandler):
     @authorized
     async def post(self) -> None:
         """Launch a RunSpec (JSON body) in the runs root: 201 with the new run's id, or 400 with the problems."""
-        from ortlab.server.actions import HelperFailed, run_helper
-        from ortlab.spec import RunSpec, SpecError
+        from ortlab.runner import RunError
+        from ortlab.server.actions import launch_in
+        from ortlab.spec import SpecError
 
         data = await self.json_body()
         if not isinstance(data, dict):
@@ -102,18 +103,12 @@ class RunsHandler(OrtlabHandler):
         # Runs go to the server's runs root, whatever the spec says: a request cannot choose where to write.
         spec = {**data, "output_dir": str(self.ortlab.root)}
         try:
-            # The fields, without torch (the mix against this machine is checked in the helper, as by ortlab.launch).
-            await self.io(lambda: RunSpec.parse(spec, stored=True))
+            # The spec's own rules, then its target's doctor (cached; no torch in the server), then the start.
+            answer = await self.io(launch_in, self.ortlab.root, spec, self.ortlab.cwd)
         except SpecError as e:
             return self.reply(400, {"message": "invalid run spec", "problems": e.problems})
-        try:
-            answer = await run_helper(["launch", str(self.ortlab.root)], spec, self.ortlab.cwd)
-        except HelperFailed as e:
-            raise web.HTTPError(500, str(e)) from None
-        if "problems" in answer:
-            return self.reply(400, {"message": "invalid run spec", "problems": answer["problems"]})
-        if "error" in answer:
-            return self.reply(400, {"message": answer["error"], "problems": [answer["error"]]})
+        except RunError as e:
+            return self.reply(400, {"message": str(e), "problems": [str(e)]})
         self.reply(201, {"id": answer["id"], "path": answer["path"]})
 
 
@@ -164,7 +159,9 @@ class ResumeHandler(OrtlabHandler):
     @authorized
     async def post(self, run_id: str) -> None:
         """Continue a stopped or failed run from its last checkpoint in a new process: 202, or 409 if it cannot."""
-        from ortlab.server.actions import HelperFailed, run_helper
+        from ortlab.runner import RunError
+        from ortlab.server.actions import resume_in
+        from ortlab.spec import SpecError
 
         run = self.run_dir(run_id)
         status = await self.io(run.status)
@@ -173,11 +170,9 @@ class ResumeHandler(OrtlabHandler):
         if status["state"] not in ("stopped", "failed"):
             raise web.HTTPError(409, f"run {run.id} is {status['state']}: only a stopped or failed run can resume")
         try:
-            answer = await run_helper(["resume", str(self.ortlab.root), run.id], None, self.ortlab.cwd)
-        except HelperFailed as e:
-            raise web.HTTPError(500, str(e)) from None
-        if "refused" in answer:
-            raise web.HTTPError(409, answer["refused"])
+            answer = await self.io(resume_in, self.ortlab.root, run.id, self.ortlab.cwd)
+        except (RunError, SpecError) as e:
+            raise web.HTTPError(409, str(e)) from None
         self.reply(202, {"id": answer["id"], "state": answer["state"]})
 
 

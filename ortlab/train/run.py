@@ -18,9 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ortlab.accel.mix import mix_of, resolve
 from ortlab.fit import check, fitted
 from ortlab.runfolder.rundir import RunDir, process_create_time, write_json
-from ortlab.spec import RunSpec
+from ortlab.spec import RunSpec, SpecError
 
 if TYPE_CHECKING:
     from ortlab.train.terminal import Terminal
@@ -31,7 +32,7 @@ def training_arguments(spec: RunSpec, run: RunDir, progress: bool, choice: dict[
     from ortlab.trackers import run_config
     from ortlab.train.args import ORTTrainingArguments
 
-    a, h = spec.accel.resolved(choice), spec.hyper
+    a, h = resolve(spec.accel, choice), spec.hyper
     arguments_class, extra = ORTTrainingArguments, {}
     if spec.task == "seq2seq":
         from ortlab.train.seq2seq import ORTSeq2SeqTrainingArguments
@@ -112,19 +113,28 @@ def train_spec(
 ) -> dict[str, Any]:
     """Check, then train `spec` in this process (the foreground `ortlab train`). Returns the result.
 
+    The machine check comes first, in seconds: this process is the target, so the mix is checked here (MixError,
+    each broken rule with its fix; `launch` checks a launched run against its target's doctor instead). Then the
+    data and the model (`ortlab.fit.check`), then the training.
+
     With a `terminal` (`ortlab train`), ortlab's lines and a progress bar go to the screen and everything else
     this process prints (third-party libraries) to the run's logs/run.log.
     """
-    from ortlab.accel.mix import MixError, runtime_for
+    from ortlab.accel.mix import MixError, runtime_for, validate
+    from ortlab.trackers import not_installed
 
-    if runtime_for(spec.mix()) is not None:
-        # The spec check lets such a spec through because a launched run goes to the compile runtime by itself.
+    mix = mix_of(spec)
+    if runtime_for(mix) is not None:
         raise MixError(
             [
                 "torch_compile cannot run in this process (its torch cannot compile): launch the run "
                 "(ortlab.launch(spec), `ortlab train`) and it goes to ortlab's compile runtime"
             ]
         )
+    validate(mix)
+    missing = not_installed(spec.report_to)
+    if missing:
+        raise SpecError(missing)
     if terminal is not None:
         log = terminal.plain  # its lines carry names and paths from the spec: never read as rich markup
         log(f"checking the model ({spec.model.name}) and the data ({spec.data.source}) ...")
@@ -452,7 +462,7 @@ def _auto_mix(spec, run, model_path, prepared, train_ds, collate, log) -> dict[s
         progress=log,
         log_dir=run.path / "logs",
     )
-    resolved = spec.accel.resolved(choice)
+    resolved = resolve(spec.accel, choice)
     auto = {f: getattr(resolved, f) for f in spec.accel.auto_fields()}
     if rank0:
         if result is not None:

@@ -191,7 +191,9 @@ class Workbench(RefreshedDisplay, widgets.VBox):
         self.chat_box = widgets.HBox([self.messages_column, self.prompt_column, self.response_column, self.packing])
 
         # the acceleration mix: a toggle each, with what the doctor says
-        resolved = start.accel.resolved()
+        from ortlab.accel.mix import resolve
+
+        resolved = resolve(start.accel)
         initial = {
             "ort": resolved.ort,
             "fused_adam": resolved.fused_adam,
@@ -369,9 +371,9 @@ class Workbench(RefreshedDisplay, widgets.VBox):
 
             try:
                 if self.where.value == "cluster":  # the cluster's own doctor, run there as a short job
-                    from ortlab.runner.remote import cluster_doctor
+                    from ortlab.runner import target_doctor
 
-                    report = DoctorReport.from_dict(cluster_doctor(self.spec()))
+                    report = DoctorReport.from_dict(target_doctor(self.spec()))
                 else:
                     report = doctor(refresh=self.probed)
             except Exception as e:  # say what failed next to the button; the notes keep what was known
@@ -520,7 +522,7 @@ class Workbench(RefreshedDisplay, widgets.VBox):
         return spec
 
     def spec(self):
-        """The RunSpec that Launch would start (raises SpecError when invalid)."""
+        """The RunSpec that Launch would start (raises SpecError when its own rules are broken)."""
         from ortlab.spec import RunSpec
 
         return RunSpec.parse(self.spec_dict())
@@ -580,12 +582,18 @@ class Workbench(RefreshedDisplay, widgets.VBox):
     # --- runs ----------------------------------------------------------------------------------------------
 
     def launch(self):
-        """Start the current spec in its own process; its charts appear below."""
-        from ortlab.runner import launch
+        """Start the current spec in its own process; its charts appear below. The spec's own rules are checked as
+        it is edited (`validate`); what its target can run is checked here, once, by the launch itself."""
+        from ortlab.runner import RunError, launch
 
         if not self.validate():
             return None
-        run = launch(self.spec())
+        try:
+            run = launch(self.spec())
+        except RunError as e:
+            items = "".join(f"<li>{html.escape(line.strip())}</li>" for line in str(e).splitlines() if line.strip())
+            self.problems.value = f"<span style='color:#b00'>cannot launch:</span><ul>{items}</ul>"
+            return None
         self._track(run)
         return run
 

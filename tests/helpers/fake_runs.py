@@ -56,8 +56,7 @@ def make_fake_run(
     from ortlab.spec import RunSpec
 
     spec = RunSpec.parse(
-        {"name": name, "output_dir": str(root), "hyper": {"max_steps": max_steps}, "accel": {"ort": True}},
-        stored=True,
+        {"name": name, "output_dir": str(root), "hyper": {"max_steps": max_steps}, "accel": {"ort": True}}
     )
     run = RunDir.create(root, spec)
     pid = os.getpid()

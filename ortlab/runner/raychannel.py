@@ -1,4 +1,4 @@
-"""The remote launcher: a run as a Ray job (`target.cluster`), watched through the same local run folder.
+"""Both ends of a Ray job's channel home: what the job prints, and the local monitor that reads it.
 
     local run folder (what Run, follow, export, the workbench read)       storage (both sides read and write it)
       spec.yaml, status.json  <- mirrored by the monitor                    <storage>/<run id>/  a whole run folder,
@@ -7,16 +7,14 @@
       model/, result.json, checkpoints/  <- copied home when the job ends
       control/stop, control/pause  -> forwarded to the storage folder
 
-Three processes: the job's entrypoint on the cluster (`python -m ortlab.runner.remote worker STORAGE_RUN`) trains
-exactly as a local worker does (`ortlab.train.run.execute`) and, beside it, prints every record its metrics.jsonl
-receives as one tagged line with its sequence number, and at the end the final status; a local *monitor*
-(`python -m ortlab.runner.remote monitor RUN`, detached, its PID recorded in status.json like a local worker's)
-tails the job's log stream, appends the records it has not got yet, mirrors the job's state, forwards stop and
-pause, and brings the results home. The job's log stream is the one channel every Ray cluster offers the
-client (Ray Jobs has no file download), so metrics arrive live even where the storage is slow to sync.
-
-Nothing outside this module knows a run is remote: `ortlab.runner` calls `prepare` and `start` here when the
-spec has a `target.cluster`, and everything else reads the local folder.
+The job's entrypoint on the cluster (`python -m ortlab.runner.raychannel worker STORAGE_RUN`) trains exactly as a
+local worker does (`ortlab.train.run.execute`) and, beside it, prints every record its metrics.jsonl receives as
+one tagged line with its sequence number, and at the end the final status. The local *monitor* (`python -m
+ortlab.runner.raychannel monitor RUN --cluster ADDRESS`, detached, its PID recorded in status.json like a local
+worker's) tails the job's log stream, appends the records it has not got yet, mirrors the job's state, forwards
+stop and pause, and brings the results home. The job's log stream is the one channel every Ray cluster offers the
+client (Ray Jobs has no file download), so metrics arrive live even where the storage is slow to sync. The
+launcher that submits the job and starts the monitor is `ortlab.runner.rayjob`.
 """
 
 from __future__ import annotations
@@ -25,19 +23,16 @@ import contextlib
 import json
 import os
 import re
-import secrets
-import shlex
 import shutil
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from ortlab import safeio
-from ortlab.envvars import child_env, ortlab_path
-from ortlab.runfolder.rundir import TERMINAL, RunDir, RunStateError, process_create_time, read_metrics
+from ortlab import cluster, safeio
+from ortlab.runfolder.rundir import TERMINAL, RunDir, RunStateError, read_metrics
+from ortlab.runner.launcher import RunError
 from ortlab.safeio import dumps
 from ortlab.spec import RunSpec
 
@@ -51,17 +46,9 @@ TAGS = (METRIC_TAG, FINAL_TAG, PAUSED_TAG)
 MAX_LINE_CHARS = 4 * 1024 * 1024
 # How long the cluster may stay silent (head restarted, network lost) before the run is declared failed.
 LOST_GRACE_S = 20.0
-DOCTOR_TIMEOUT_S = 180.0
-# A cluster's doctor answer is reused for this long in one process (a doctor job costs seconds; a notebook that
-# launches several runs in a row asks the same cluster the same question).
-DOCTOR_TTL_S = 300.0
-_doctors: dict[tuple[str, str], tuple[float, dict[str, Any]]] = {}
 
 
-def _error(message: str) -> Exception:
-    from ortlab.runner import RunError
-
-    return RunError(message)
+# --- where a job's run folder is -------------------------------------------------------------------------------
 
 
 def storage_for(spec: Any) -> Path:
@@ -69,10 +56,8 @@ def storage_for(spec: Any) -> Path:
     if spec.target.storage:
         return Path(spec.target.storage)
     if spec.target.cluster == "local":
-        from ortlab import cluster
-
         return cluster.cluster_dir() / "storage"
-    raise _error(
+    raise RunError(
         f"target.storage: a run on {spec.target.cluster} needs a folder that both this machine and the cluster's "
         "workers can read and write (a shared file system); set target.storage"
     )
@@ -92,181 +77,11 @@ def recorded_storage(run: RunDir, spec: Any) -> RunDir:
     name_ok = isinstance(recorded, str) and re.fullmatch(re.escape(run.id) + r"(-[0-9a-f]{6})?", Path(recorded).name)
     path = Path(recorded) if name_ok else None
     if path is None or path.is_symlink() or path.parent.resolve() != storage.resolve():
-        raise _error(
+        raise RunError(
             f"run {run.id}: its status names the remote folder {recorded!r}, which is not {storage}/{run.id} "
             "(where its launch puts it); the run folder was edited or damaged, so ortlab will not use that folder"
         )
     return RunDir(path)
-
-
-def _client(spec: Any) -> Any:
-    from ortlab import cluster
-
-    try:
-        # The launcher passes only an address the user named (the spec given to `launch`, or one `Run.resume`
-        # checked: see `ortlab.runner._trusted_target`), so the user's token may go there.
-        return cluster.connect(spec.target.cluster, trusted=True)
-    except cluster.ClusterError as e:
-        raise _error(str(e)) from None
-
-
-def _python_for(spec: Any) -> tuple[str, dict[str, Any]]:
-    """(python command, runtime_env) for the job. On the local head: this interpreter and this ortlab source.
-    Elsewhere: `python` on the cluster, which must have ortlab installed (the doctor job checks it)."""
-    if spec.target.cluster == "local":
-        env = {"PYTHONPATH": ortlab_path(), "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
-        return shlex.quote(sys.executable), {"env_vars": env}
-    return "python", {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}}
-
-
-def _resources(spec: Any) -> dict[str, Any]:
-    t = spec.target
-    out: dict[str, Any] = {"entrypoint_num_cpus": t.cpus_per_process}
-    if t.gpus_per_process:
-        out["entrypoint_num_gpus"] = t.gpus_per_process
-    return out
-
-
-def cluster_doctor(spec: Any) -> dict[str, Any]:
-    """Run ortlab's doctor on the cluster (a short job with no special resources) and return its report, with the
-    cluster's total resources under `resources`."""
-    client = _client(spec)  # (also when the answer is cached: the cluster must answer, and accept the token)
-    python, runtime_env = _python_for(spec)
-    key = (client.get_address(), python)
-    cached = _doctors.get(key)
-    if cached is not None and time.monotonic() - cached[0] < DOCTOR_TTL_S:
-        return cached[1]
-    job = client.submit_job(
-        entrypoint=f"{python} -m ortlab.runner.remote doctor",
-        submission_id=f"ortlab-doctor-{secrets.token_hex(4)}",
-        runtime_env=runtime_env,
-        entrypoint_num_cpus=0,
-    )
-    deadline = time.monotonic() + DOCTOR_TIMEOUT_S
-    while True:
-        state = str(client.get_job_status(job).value)
-        if state in ("SUCCEEDED", "FAILED", "STOPPED"):
-            break
-        if time.monotonic() > deadline:
-            with contextlib.suppress(Exception):
-                client.stop_job(job)
-            raise _error(f"ortlab's doctor did not finish on {spec.target.cluster} within {DOCTOR_TIMEOUT_S:.0f} s")
-        time.sleep(0.3)
-    logs = client.get_job_logs(job)
-    for line in logs.splitlines():
-        if line.startswith(DOCTOR_TAG):
-            report = json.loads(line[len(DOCTOR_TAG) :])
-            _doctors[key] = (time.monotonic(), report)
-            return report
-    last = "\n".join(logs.strip().splitlines()[-5:])
-    raise _error(
-        f"ortlab's doctor could not run on {spec.target.cluster} (is ortlab installed on its workers? "
-        f"pip install ortlab[remote] there):\n{last}"
-    )
-
-
-def prepare(spec: Any) -> dict[str, Any]:
-    """Check the spec against the cluster, before anything is created: reachable, authenticated, enough GPUs,
-    and every acceleration asked for available there (the cluster's doctor, not this machine's)."""
-    from ortlab.runner import _mix_problems
-
-    storage_for(spec)
-    report = cluster_doctor(spec)
-    resources = report.get("resources") or {}
-    t = spec.target
-    gpus = (t.gpus_per_process or 0) * t.processes
-    if gpus > resources.get("GPU", 0):
-        raise _error(
-            f"target: the run asks for {gpus:g} GPU(s), but the cluster at {t.cluster} has "
-            f"{resources.get('GPU', 0):g} (CPU: {resources.get('CPU', 0):g}, GPU: {resources.get('GPU', 0):g})"
-        )
-    if t.cpus_per_process > resources.get("CPU", 0):
-        raise _error(
-            f"target.cpus_per_process: the run asks for {t.cpus_per_process:g} CPUs, but the cluster at "
-            f"{t.cluster} has {resources.get('CPU', 0):g}"
-        )
-    if t.processes > 1:
-        raise _error("target.processes: a remote run has one process for now; set processes: 1")
-    problems = _mix_problems(spec, report["accelerations"], f"the cluster {t.cluster}")
-    if problems:
-        raise _error("this mix cannot run on the cluster:\n" + "\n".join(f"  - {p}" for p in problems))
-    return report
-
-
-def start(run: RunDir, spec: Any, resume: bool = False) -> subprocess.Popen:
-    """Submit the job of a claimed (`pending`) local run folder and start its monitor."""
-    storage = storage_for(spec)
-    client = _client(spec)
-    if resume:
-        launcher = run.read_status()["launcher"]
-        remote = recorded_storage(run, spec)
-        try:
-            previous = str(client.get_job_status(launcher["job_id"]).value)
-        except Exception:  # the job is gone from the cluster (e.g. a restarted head): it runs no more
-            previous = "GONE"
-        if previous not in ("SUCCEEDED", "FAILED", "STOPPED", "GONE"):
-            run.set_status("failed", error=f"the previous job {launcher['job_id']} is still {previous}")
-            raise _error(
-                f"run {run.id} could not resume: its previous job {launcher['job_id']} is still {previous} on the "
-                f"cluster; stop it first (ray job stop {launcher['job_id']})"
-            )
-        try:
-            if remote.read_status().get("state") in ("pending", "running"):  # its worker was killed: say so
-                remote.set_status("failed", error=f"the job {launcher['job_id']} ended ({previous}) without a result")
-            # Its stop and pause requests cleared under its status lock, before it shows `pending` (RunDir.claim).
-            remote.claim(pid=None, create_time=None, resumed=True)
-        except (RunStateError, OSError) as e:
-            run.set_status("failed", error=f"the remote run folder cannot resume: {e}")
-            raise _error(f"run {run.id} could not resume on the cluster: {e}") from None
-    else:
-        # Run ids are unique in their runs folder, not in a storage that runs from several folders share.
-        storage.mkdir(parents=True, exist_ok=True)
-        remote = RunDir(storage / run.id)
-        while True:
-            try:
-                remote.path.mkdir()
-                break
-            except FileExistsError:
-                remote = RunDir(storage / f"{run.id}-{secrets.token_hex(3)}")
-        (remote.path / "logs").mkdir()
-        (remote.path / "control").mkdir()
-        shutil.copy2(run.spec_path, remote.spec_path)
-        remote.set_status("pending")
-    pause = run.read_pause()
-    if pause is not None:  # a gate set before the start holds the remote run from its first step
-        remote.request_pause(int(pause) if pause.isdigit() else None)
-    python, runtime_env = _python_for(spec)
-    entry = f"{python} -m ortlab.runner.remote worker {shlex.quote(str(remote.path.resolve()))}"
-    job_id = f"ortlab-{run.id}-{secrets.token_hex(4)}"
-    try:
-        client.submit_job(
-            entrypoint=entry + (" --resume" if resume else ""),
-            submission_id=job_id,
-            runtime_env=runtime_env,
-            **_resources(spec),
-        )
-    except Exception as e:
-        run.set_status("failed", error=f"the job could not be submitted to {spec.target.cluster}: {e}", step=0)
-        raise _error(f"run {run.id} could not be submitted: {e}") from None
-    launcher = {"kind": "ray-job", "cluster": spec.target.cluster, "job_id": job_id, "storage": str(remote.path)}
-    run.update_status(launcher=launcher, runtime="cluster")
-
-    with os.fdopen(run.open_log(), "ab") as log:  # no link followed (see RunDir.open_log)
-        log.write(f"\n$ ray job {job_id} on {spec.target.cluster}: {entry}\n".encode())
-        log.flush()
-        proc = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "ortlab.runner.remote", "monitor", str(run.path.resolve())),
-                *("--cluster", spec.target.cluster),
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=child_env(),
-            start_new_session=True,  # outlives the kernel: a restart loses nothing
-        )
-    run.update_status(pid=proc.pid, create_time=process_create_time(proc.pid))
-    return proc
 
 
 # --- the job's side --------------------------------------------------------------------------------------------
@@ -454,8 +269,6 @@ class Monitor:
             self.forward_controls()
 
     def connect(self) -> Any:
-        from ortlab import cluster
-
         # The address came from the user through the launcher (see the class docstring), so the token may go there.
         return cluster.connect(self.cluster, trusted=True)
 
@@ -655,7 +468,7 @@ def monitor_main(path: str, cluster: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m ortlab.runner.remote")
+    p = argparse.ArgumentParser(prog="python -m ortlab.runner.raychannel")
     sub = p.add_subparsers(dest="command", required=True)
     w = sub.add_parser("worker")
     w.add_argument("run_dir")

@@ -1,0 +1,81 @@
+"""The acceleration mix as a description (`Mix`), and the rules about it that hold on every machine.
+
+Two kinds of rule decide whether a mix can run. Some hold wherever it runs: ORT and torch.compile both take over
+the model's graph, ZeRO stage 3 hides the whole parameters ORTModule must export. Those are here, below the spec,
+so that `RunSpec` refuses such a mix the moment it is written, on any machine, without importing torch. The
+others depend on the machine (is there a CUDA device, is this ORT build there); they are in `ortlab.accel.mix`,
+which adds them to these, and are checked where the run goes: by the launcher against the target's doctor, or
+by `ORTTrainingArguments` in the training process itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from ortlab.errors import OrtlabError
+
+Precision = Literal["fp32", "fp16", "bf16"]
+
+
+@dataclass(frozen=True)
+class Mix:
+    """What the user asked for. `processes` is the number of data-parallel training processes."""
+
+    ort: bool = False
+    fused_adam: bool = False
+    zero_stage: int = 0
+    precision: Precision = "fp32"
+    torch_compile: bool = False
+    tf32: bool = False
+    processes: int = 1
+    use_cpu: bool = False
+    # A DeepSpeed config the user supplied defines its own optimizer (so ortlab's optimizer choice is moot).
+    deepspeed_defines_optimizer: bool = False
+    # LoRA adapters (ortlab.adapters): not an acceleration (it changes what trains) but it meets all of them.
+    lora: bool = False
+
+    def requested(self) -> dict[str, bool]:
+        return {
+            "ort": self.ort,
+            "fused_adam": self.fused_adam,
+            "zero1": self.zero_stage > 0,
+            "fp16": self.precision == "fp16",
+            "bf16": self.precision == "bf16",
+            "tf32": self.tf32,
+            "torch_compile": self.torch_compile,
+        }
+
+
+class MixError(OrtlabError, ValueError):
+    """An acceleration mix that cannot run here. `problems` lists each broken rule with its fix."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"this acceleration mix cannot run here:\n{lines}")
+
+
+def rule_problems(mix: Mix) -> list[str]:
+    """The broken rules of `mix` that no machine could fix, each with what to change."""
+    errors: list[str] = []
+    if mix.processes < 1:
+        errors.append(f"processes must be >= 1 (got {mix.processes})")
+    if mix.zero_stage not in (0, 1, 2, 3):
+        errors.append(f"zero_stage must be 0, 1, 2 or 3 (got {mix.zero_stage})")
+    if mix.ort and mix.torch_compile:
+        errors.append(
+            "ort and torch_compile both take over the model's graph (ONNX Runtime or Inductor): pick one "
+            "(set torch_compile=False to train with ORT, or use_ort=False to compile)"
+        )
+    if mix.ort and mix.zero_stage == 3:
+        errors.append(
+            "ort cannot run with ZeRO stage 3: stage 3 partitions the parameters, which ORTModule's ONNX export "
+            "must see whole. Use zero_stage=1 (or 2) with ORT, or turn ORT off for stage 3"
+        )
+    if mix.fused_adam and mix.deepspeed_defines_optimizer:
+        errors.append(
+            "the DeepSpeed config defines its own optimizer, so optim='adamw_ort_fused' would be ignored: remove "
+            "the 'optimizer' section from the DeepSpeed config, or choose another optim"
+        )
+    return errors

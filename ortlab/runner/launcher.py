@@ -1,0 +1,87 @@
+"""The launcher interface: how a run is started, and ended the hard way, on one kind of target.
+
+    target                                   launcher                    where it lives
+    this machine, one process                Local                       ortlab/runner/local.py
+      ... in ortlab's compile runtime        Local (its interpreter)
+      ... in another Python (target.python)  Local (its interpreter)
+      ... several processes (torchrun)       Local (torchrun's command)
+    a Ray cluster (target.cluster)           RayJob                      ortlab/runner/rayjob.py
+
+Every launcher does the same five things, and `ortlab.runner` calls nothing else:
+
+    doctor(spec)             the target's own doctor report (this interpreter's, a runtime's, a cluster's)
+    check(spec)              before anything is created: can this spec run there? (the machine check of a run:
+                             the mix against the target's doctor, the interpreter, the cluster's resources)
+    start(run, spec, ...)    start the worker of a claimed (`pending`) run folder; return the local process it
+                             started (the worker, or the monitor that mirrors a remote worker into the folder)
+    terminate(run, status)   a graceful stop timed out: end what was started, or say why it cannot
+    bring_home(run)          the results into the local run folder (nothing to do where the worker writes there)
+
+What every launcher shares is not in a launcher: the run folder. A launcher keeps the local folder current (the
+worker writes it, or a monitor mirrors it), so following a run, pausing it and asking it to stop (the control
+files, which a monitor forwards) work the same on every target. The launcher is chosen from the spec alone
+(`ortlab.runner.launcher_for`), so a resumed run finds its own again.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any
+
+from ortlab.errors import OrtlabError
+from ortlab.runfolder.rundir import RunDir
+
+
+class RunError(OrtlabError, RuntimeError):
+    """A run operation that cannot be done in the run's current state (the message says why)."""
+
+
+class Launcher:
+    """One kind of target. Subclasses implement the four operations; see the module docstring."""
+
+    #: a word for where runs go ("local", "ray-job"): what `ortlab runs` and the sidebar show
+    kind = "launcher"
+
+    def doctor(self, spec: Any) -> dict[str, Any]:
+        """The doctor's report (`DoctorReport.to_dict()` form) of where `spec` would run, judging nothing."""
+        raise NotImplementedError
+
+    def check(self, spec: Any) -> dict[str, Any] | None:
+        """Raise RunError naming every reason `spec` cannot run on this target; may return a doctor report."""
+        raise NotImplementedError
+
+    def start(self, run: RunDir, spec: Any, resume: bool = False, cwd: str | None = None) -> subprocess.Popen:
+        """Start the worker of a claimed run folder. A start that fails ends the run `failed` and raises RunError.
+        `cwd`: where relative paths in the spec mean something (default: this process's folder)."""
+        raise NotImplementedError
+
+    def terminate(self, run: RunDir, status: dict[str, Any]) -> None:
+        """End a run that did not stop when asked, or raise RunError saying what the user must do instead."""
+        raise NotImplementedError
+
+    def bring_home(self, run: RunDir) -> None:
+        """Copy what the run made elsewhere (model, result, last checkpoint) into the local run folder."""
+
+
+def mix_problems(spec: Any, accelerations: dict[str, dict[str, Any]], where: str) -> list[str]:
+    """One line per acceleration the spec asks for explicitly that a doctor's report (`to_dict()` form, so a
+    report from another machine works too) says is not available `where`."""
+    from ortlab.accel.mix import Mix
+
+    # What the spec asks for explicitly ('auto' resolves in the target runtime itself, when the run starts).
+    a = spec.accel
+    wanted = Mix(
+        ort=a.ort is True,
+        fused_adam=a.fused_adam is True,
+        zero_stage=a.zero_stage,
+        precision=a.precision,
+        torch_compile=a.torch_compile,
+        tf32=a.tf32 is True,
+    ).requested()
+    unknown = {"reason": "its doctor does not know this acceleration", "remedy": "install the same ortlab there"}
+    found = {name: accelerations.get(name) or unknown for name in wanted}
+    return [
+        f"accel: {name} is not available in {where}: {found[name]['reason']}. Fix: {found[name]['remedy']}"
+        for name, on in wanted.items()
+        if on and not found[name].get("available", False)
+    ]

@@ -1,0 +1,222 @@
+"""The Ray Jobs launcher: a run as a Ray job on a cluster (`target.cluster`), mirrored into its local run folder.
+
+    check      the cluster's own doctor, run there as a short job (reachable, token accepted, ortlab installed,
+               enough CPUs and GPUs, every acceleration asked for available there): not this machine's
+    start      a copy of the run folder in the storage (`<storage>/<run id>`), a job whose entrypoint trains
+               there, and a local monitor that brings the job's stream and results home (`ortlab.runner.raychannel`)
+    terminate  not done from here: it names `ray job stop`, which ends the job on the cluster
+    bring_home model/, result.json, tune.json and the last checkpoint, copied from the storage (the monitor does
+               this when the job ends; calling it again copies what is there now)
+
+The Ray token goes only to an address the user named (see `ortlab.runner.trust`): the spec given to `launch`, or
+the address a resume names or vouches for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from typing import Any
+
+from ortlab import cluster
+from ortlab.envvars import child_env, ortlab_path
+from ortlab.runfolder.rundir import RunDir, RunStateError, process_create_time
+from ortlab.runner.launcher import Launcher, RunError, mix_problems
+from ortlab.runner.raychannel import DOCTOR_TAG, Monitor, recorded_storage, storage_for
+
+DOCTOR_TIMEOUT_S = 180.0
+# A cluster's doctor answer is reused for this long in one process (a doctor job costs seconds; a notebook that
+# launches several runs in a row asks the same cluster the same question).
+DOCTOR_TTL_S = 300.0
+_doctors: dict[tuple[str, str], tuple[float, dict[str, Any]]] = {}
+CHANNEL = "ortlab.runner.raychannel"
+
+
+def _client(spec: Any) -> Any:
+    try:
+        # The launcher passes only an address the user named (the spec given to `launch`, or one `Run.resume`
+        # checked: see `ortlab.runner._trusted_target`), so the user's token may go there.
+        return cluster.connect(spec.target.cluster, trusted=True)
+    except cluster.ClusterError as e:
+        raise RunError(str(e)) from None
+
+
+def _python_for(spec: Any) -> tuple[str, dict[str, Any]]:
+    """(python command, runtime_env) for the job. On the local head: this interpreter and this ortlab source.
+    Elsewhere: `python` on the cluster, which must have ortlab installed (the doctor job checks it)."""
+    if spec.target.cluster == "local":
+        env = {"PYTHONPATH": ortlab_path(), "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+        return shlex.quote(sys.executable), {"env_vars": env}
+    return "python", {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}}
+
+
+def _resources(spec: Any) -> dict[str, Any]:
+    t = spec.target
+    out: dict[str, Any] = {"entrypoint_num_cpus": t.cpus_per_process}
+    if t.gpus_per_process:
+        out["entrypoint_num_gpus"] = t.gpus_per_process
+    return out
+
+
+def cluster_doctor(spec: Any) -> dict[str, Any]:
+    """Run ortlab's doctor on the cluster (a short job with no special resources) and return its report, with the
+    cluster's total resources under `resources`."""
+    client = _client(spec)  # (also when the answer is cached: the cluster must answer, and accept the token)
+    python, runtime_env = _python_for(spec)
+    key = (client.get_address(), python)
+    cached = _doctors.get(key)
+    if cached is not None and time.monotonic() - cached[0] < DOCTOR_TTL_S:
+        return cached[1]
+    job = client.submit_job(
+        entrypoint=f"{python} -m {CHANNEL} doctor",
+        submission_id=f"ortlab-doctor-{secrets.token_hex(4)}",
+        runtime_env=runtime_env,
+        entrypoint_num_cpus=0,
+    )
+    deadline = time.monotonic() + DOCTOR_TIMEOUT_S
+    while True:
+        state = str(client.get_job_status(job).value)
+        if state in ("SUCCEEDED", "FAILED", "STOPPED"):
+            break
+        if time.monotonic() > deadline:
+            with contextlib.suppress(Exception):
+                client.stop_job(job)
+            raise RunError(f"ortlab's doctor did not finish on {spec.target.cluster} within {DOCTOR_TIMEOUT_S:.0f} s")
+        time.sleep(0.3)
+    logs = client.get_job_logs(job)
+    for line in logs.splitlines():
+        if line.startswith(DOCTOR_TAG):
+            report = json.loads(line[len(DOCTOR_TAG) :])
+            _doctors[key] = (time.monotonic(), report)
+            return report
+    last = "\n".join(logs.strip().splitlines()[-5:])
+    raise RunError(
+        f"ortlab's doctor could not run on {spec.target.cluster} (is ortlab installed on its workers? "
+        f"pip install ortlab[remote] there):\n{last}"
+    )
+
+
+class RayJob(Launcher):
+    kind = "ray-job"
+
+    def doctor(self, spec: Any) -> dict[str, Any]:
+        return cluster_doctor(spec)
+
+    def check(self, spec: Any) -> dict[str, Any]:
+        """Check the spec against the cluster, before anything is created: reachable, authenticated, enough GPUs,
+        and every acceleration asked for available there (the cluster's doctor, not this machine's)."""
+        storage_for(spec)
+        report = cluster_doctor(spec)
+        resources = report.get("resources") or {}
+        t = spec.target
+        gpus = (t.gpus_per_process or 0) * t.processes
+        if gpus > resources.get("GPU", 0):
+            raise RunError(
+                f"target: the run asks for {gpus:g} GPU(s), but the cluster at {t.cluster} has "
+                f"{resources.get('GPU', 0):g} (CPU: {resources.get('CPU', 0):g}, GPU: {resources.get('GPU', 0):g})"
+            )
+        if t.cpus_per_process > resources.get("CPU", 0):
+            raise RunError(
+                f"target.cpus_per_process: the run asks for {t.cpus_per_process:g} CPUs, but the cluster at "
+                f"{t.cluster} has {resources.get('CPU', 0):g}"
+            )
+        if t.processes > 1:
+            raise RunError("target.processes: a remote run has one process for now; set processes: 1")
+        problems = mix_problems(spec, report["accelerations"], f"the cluster {t.cluster}")
+        if problems:
+            raise RunError("this mix cannot run on the cluster:\n" + "\n".join(f"  - {p}" for p in problems))
+        return report
+
+    def start(self, run: RunDir, spec: Any, resume: bool = False, cwd: str | None = None) -> subprocess.Popen:
+        """Submit the job of a claimed (`pending`) local run folder and start its monitor."""
+        storage = storage_for(spec)
+        client = _client(spec)
+        if resume:
+            launcher = run.read_status()["launcher"]
+            remote = recorded_storage(run, spec)
+            try:
+                previous = str(client.get_job_status(launcher["job_id"]).value)
+            except Exception:  # the job is gone from the cluster (e.g. a restarted head): it runs no more
+                previous = "GONE"
+            if previous not in ("SUCCEEDED", "FAILED", "STOPPED", "GONE"):
+                run.set_status("failed", error=f"the previous job {launcher['job_id']} is still {previous}")
+                raise RunError(
+                    f"run {run.id} could not resume: its previous job {launcher['job_id']} is still {previous} on the "
+                    f"cluster; stop it first (ray job stop {launcher['job_id']})"
+                )
+            try:
+                if remote.read_status().get("state") in ("pending", "running"):  # its worker was killed: say so
+                    ended = f"the job {launcher['job_id']} ended ({previous}) without a result"
+                    remote.set_status("failed", error=ended)
+                # Its stop and pause requests cleared under its status lock, before it shows `pending` (claim).
+                remote.claim(pid=None, create_time=None, resumed=True)
+            except (RunStateError, OSError) as e:
+                run.set_status("failed", error=f"the remote run folder cannot resume: {e}")
+                raise RunError(f"run {run.id} could not resume on the cluster: {e}") from None
+        else:
+            # Run ids are unique in their runs folder, not in a storage that runs from several folders share.
+            storage.mkdir(parents=True, exist_ok=True)
+            remote = RunDir(storage / run.id)
+            while True:
+                try:
+                    remote.path.mkdir()
+                    break
+                except FileExistsError:
+                    remote = RunDir(storage / f"{run.id}-{secrets.token_hex(3)}")
+            (remote.path / "logs").mkdir()
+            (remote.path / "control").mkdir()
+            shutil.copy2(run.spec_path, remote.spec_path)
+            remote.set_status("pending")
+        pause = run.read_pause()
+        if pause is not None:  # a gate set before the start holds the remote run from its first step
+            remote.request_pause(int(pause) if pause.isdigit() else None)
+        python, runtime_env = _python_for(spec)
+        entry = f"{python} -m {CHANNEL} worker {shlex.quote(str(remote.path.resolve()))}"
+        job_id = f"ortlab-{run.id}-{secrets.token_hex(4)}"
+        try:
+            client.submit_job(
+                entrypoint=entry + (" --resume" if resume else ""),
+                submission_id=job_id,
+                runtime_env=runtime_env,
+                **_resources(spec),
+            )
+        except Exception as e:
+            run.set_status("failed", error=f"the job could not be submitted to {spec.target.cluster}: {e}", step=0)
+            raise RunError(f"run {run.id} could not be submitted: {e}") from None
+        launcher = {"kind": "ray-job", "cluster": spec.target.cluster, "job_id": job_id, "storage": str(remote.path)}
+        run.update_status(launcher=launcher, runtime="cluster")
+
+        with os.fdopen(run.open_log(), "ab") as log:  # no link followed (see RunDir.open_log)
+            log.write(f"\n$ ray job {job_id} on {spec.target.cluster}: {entry}\n".encode())
+            log.flush()
+            proc = subprocess.Popen(
+                [
+                    *(sys.executable, "-m", CHANNEL, "monitor", str(run.path.resolve())),
+                    *("--cluster", spec.target.cluster),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=child_env(),
+                start_new_session=True,  # outlives the kernel: a restart loses nothing
+            )
+        run.update_status(pid=proc.pid, create_time=process_create_time(proc.pid))
+        return proc
+
+    def terminate(self, run: RunDir, status: dict[str, Any]) -> None:
+        launcher = status.get("launcher") if isinstance(status.get("launcher"), dict) else {}
+        job = launcher.get("job_id", "JOB_ID")
+        raise RunError(
+            f"run {run.id} did not stop when asked: its Ray job may still be running. Stop it on the cluster with "
+            f"`ray job stop {job}`; its monitor then records the end"
+        )
+
+    def bring_home(self, run: RunDir) -> None:
+        Monitor(run.path, cluster="").bring_home()

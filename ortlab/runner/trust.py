@@ -1,0 +1,80 @@
+"""Which interpreter and which Ray address a run folder may name: the user's, never the folder's own say-so.
+
+A spec given to `launch` is the user's own: its target.python and target.cluster are used as given. The spec in
+a run folder may come from anyone (copied, cloned, unpacked, planted in the server's runs root), and resuming it
+would otherwise start the program it names and send the user's Ray token to the address it names. So a resumed
+run starts only an interpreter the user vouches for on this machine (this one, one of ortlab's runtimes, or one
+in $ORTLAB_TRUSTED_PYTHONS) and talks only to an address the user named ('local', or one in
+$ORTLAB_RAY_ADDRESSES), or to the interpreter / address named for that resume.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from ortlab.cluster import ADDRESSES_ENV, is_configured
+from ortlab.runner.launcher import RunError
+from ortlab.runtimes import RUNTIMES, python_for
+from ortlab.spec import RunSpec, SpecError
+
+# Interpreters (absolute paths separated by os.pathsep) a run folder's target.python may name on resume.
+TRUSTED_PYTHONS_ENV = "ORTLAB_TRUSTED_PYTHONS"
+
+
+def python_trusted(python: str) -> bool:
+    """Is `python` an interpreter this machine's user vouches for: this one, one of ortlab's runtimes, or one
+    listed in $ORTLAB_TRUSTED_PYTHONS?
+
+    Paths are compared as written (made absolute, links not resolved): a venv's `bin/python` is a link to the
+    base interpreter, and the same binary started through another folder's link reads that folder's
+    `pyvenv.cfg` and site-packages, so "the same file" is not "the same interpreter".
+    """
+    wanted = os.path.abspath(python)
+    known = [sys.executable, *(str(p) for p in map(python_for, RUNTIMES) if p is not None), *trusted_pythons()]
+    return any(os.path.abspath(k) == wanted for k in known)
+
+
+def trusted_pythons() -> list[str]:
+    """The interpreters listed in $ORTLAB_TRUSTED_PYTHONS (absolute paths, separated by os.pathsep)."""
+    return [p for p in os.environ.get(TRUSTED_PYTHONS_ENV, "").split(os.pathsep) if p.strip()]
+
+
+def trusted_target(run_id: str, spec: Any, python: str | None = None, cluster: str | None = None) -> Any:
+    """The spec a resumed run starts with: its folder's, whose interpreter and cluster address must be ones the
+    user vouches for on this machine, or the folder's with the interpreter / address the user names here.
+
+    Why here and not in RunSpec: a spec is the same value whoever wrote it; what differs is who named it.
+    """
+    target = spec.target
+    if python is not None or cluster is not None:
+        if python is not None and cluster is not None:
+            raise RunError("resume: python and cluster exclude each other (a cluster run uses the cluster's python)")
+        if python is not None and target.cluster:
+            raise RunError(f"run {run_id} runs on the cluster {target.cluster!r}: resume it with cluster=, not python=")
+        if cluster is not None and not target.cluster:
+            raise RunError(f"run {run_id} runs on this machine: resume it without cluster= (or with python=)")
+        data = spec.model_dump(mode="json")
+        data["target"]["python" if python is not None else "cluster"] = python if python is not None else cluster
+        try:
+            return RunSpec.parse(data)
+        except SpecError as e:
+            raise RunError(str(e)) from None
+    if target.python and not python_trusted(target.python):
+        raise RunError(
+            f"run {run_id}: its spec.yaml names the interpreter {target.python!r} (target.python), and ortlab does not "
+            "start a program that a run folder names (a folder may come from anyone). If you trust it, name it "
+            f"yourself: `ortlab resume {run_id} --python PATH` or `Run.resume(python=PATH)`, or list it in "
+            f"${TRUSTED_PYTHONS_ENV} (absolute paths separated by {os.pathsep!r}; for the Jupyter server, set it "
+            "before starting the server)"
+        )
+    if target.cluster and not is_configured(target.cluster):
+        raise RunError(
+            f"run {run_id}: its spec.yaml names the Ray cluster {target.cluster!r} (target.cluster), and ortlab sends "
+            "your Ray token only to an address you named on this machine ('local', or one listed in "
+            f"${ADDRESSES_ENV}). If you trust it, name it yourself: `ortlab resume {run_id} --cluster ADDRESS` or "
+            f"`Run.resume(cluster=ADDRESS)`, or list it in ${ADDRESSES_ENV} (for the Jupyter server, set it before "
+            "starting the server)"
+        )
+    return spec

@@ -1,0 +1,76 @@
+"""The house: ortlab's modules import only downwards (pyproject's import-linter contract, run by `scripts/dev lint`)
+and form no import circle anywhere, inside a layer included (the contract allows `:` siblings to import each other,
+so a circle between them would pass it)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(edges):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(edges[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    top = stack.pop()
+                    on_stack.discard(top)
+                    component.append(top)
+                    if top == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_the_circle_finder_finds_a_circle():
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circles_between_ortlabs_modules():
+    graph = grimp.build_graph("ortlab", exclude_type_checking_imports=True)
+    modules = set(graph.modules)
+    edges = {m: set(graph.find_modules_directly_imported_by(m)) & modules for m in modules}
+    assert _circles(edges) == [], "these modules import each other in a circle: move the shared part down a layer"
+
+
+def test_the_layer_contract_holds():
+    """The same check as `scripts/dev lint`, so that a test run alone also catches an upward import."""
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "lint-imports")], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert "KEPT" in out.stdout and "BROKEN" not in out.stdout
