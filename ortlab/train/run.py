@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ortlab.fit import check, fitted
 from ortlab.runfolder.rundir import RunDir, process_create_time, write_json
 from ortlab.spec import RunSpec
+from ortlab.tune.auto import decide
 
 if TYPE_CHECKING:
     from ortlab.train.terminal import Terminal
@@ -440,7 +441,6 @@ def _auto_mix(spec, run, model_path, prepared, train_ds, collate, log) -> dict[s
     run folder, so a run always says why ORT or bf16 was on or off.
     """
     from ortlab.train.metrics import JsonLinesSink
-    from ortlab.tune import decide
 
     rank0 = int(os.environ.get("RANK", "0")) == 0
     choice, result, why = decide(
