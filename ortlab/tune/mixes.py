@@ -35,9 +35,6 @@ class Candidate:
         }
 
 
-# --- which mixes ----------------------------------------------------------------------------------------------
-
-
 def plan(processes: int = 1, use_cpu: bool = False, compile: bool = False) -> list[Candidate]:
     """The candidate mixes for this runtime, from the doctor's static checks (cheap; no probes run).
 
