@@ -7,11 +7,11 @@
 Models are built from their configurations (bert-base: transformers' BertConfig defaults; SmolLM2-135M: its
 published shape), random weights: the same FLOPs as the real checkpoints, no download. Token ids are random.
 
-The method is bench_trainer's, reused rather than copied (its `analyze`, `random_tokens`, and the autotuner's
-`Stepper`/`slice_callback` protocol): every row trains in its own process, all rows warm up first (torch.compile's
-compilation lands there and is reported apart), then they train in interleaved slices round by round, and each
-row's ratio is the median of its per-round ratios to the plain Trainer (two plain-Trainer processes give the noise
-floor), with a bootstrap 95 % interval.
+The method is bench_trainer's, reused rather than copied (benchmarks/common.py's `interleave` and `analyze`,
+bench_trainer's `random_tokens`, and the autotuner's `Stepper`/`slice_callback` protocol): every row trains in
+its own process, all rows warm up first (torch.compile's compilation lands there and is reported apart), then
+they train in interleaved slices round by round, and each row's ratio is the median of its per-round ratios to
+the plain Trainer (two plain-Trainer processes give the noise floor), with a bootstrap 95 % interval.
 
 Rows (bert suite): plain Trainer fp32 (twice), then through ortlab's trainer without ORT: tf32, bf16, fp16,
 fused AdamW, torch.compile, eager attention (the plain Trainer already uses transformers' default SDPA attention,
@@ -36,7 +36,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_trainer import analyze, cpu_name, random_tokens  # noqa: E402
+from bench_trainer import random_tokens  # noqa: E402
+from common import analyze, cpu_name, interleave  # noqa: E402
 
 BERT_ROWS = ["baseline", "baseline@2", "tf32", "bf16", "fp16", "fused_adam", "torch_compile", "attn_eager", "best"]
 LM_ROWS = ["baseline", "baseline@2", "best"]
@@ -196,7 +197,6 @@ def run_suite(opts: argparse.Namespace, shape: str, rows: list[str], batch: int,
         cmd += ["--device", opts.device, "--batch-size", str(batch), "--seq-len", str(seq)]
         cmd += ["--warmup", str(opts.warmup)]
         procs[row] = Stepper(cmd, Path(tmp) / f"{name}.log")
-    live = {}
     try:
         # Counted while the row processes load (each imports torch and transformers: seconds).
         flops, counted = model_flops(shape, seq)
@@ -205,39 +205,20 @@ def run_suite(opts: argparse.Namespace, shape: str, rows: list[str], batch: int,
             import torch
 
             device_name = torch.cuda.get_device_name(0)
-        for row, proc in procs.items():
-            if proc.start() is None:
-                results[row]["error"] = proc.failure()
-        for row, proc in procs.items():
-            if "error" in results[row]:
-                continue
-            print(f"[bench-gpu] {shape}: warming up {row} ...", flush=True)
-            reply = proc.run(opts.warmup)
-            if reply is None:
-                results[row]["error"] = proc.failure()
-                continue
-            results[row].update(warmup_time_s=reply["warmup_s"], applied=reply["applied"], slices=[])
-            live[row] = proc
-        if "baseline" not in live:
-            raise SystemExit(f"the plain-Trainer baseline failed: {results['baseline'].get('error')}")
-        import random
-
-        for r in range(opts.rounds):
-            order = list(live)
-            random.Random(r).shuffle(order)
-            for row in order:
-                reply = live[row].run(opts.slice)
-                if reply is None:
-                    results[row]["error"] = live.pop(row).failure()
-                    continue
-                results[row]["slices"].append(reply["samples"] / sum(reply["times"]))
-        for row, proc in live.items():
-            done = proc.finish()
-            if done:
-                results[row].update(peak_mem_mb=done["peak_mem_mb"], mem_kind=done["mem_kind"])
-    finally:
+    except BaseException:
         for proc in procs.values():
             proc.close()
+        raise
+    interleave(
+        procs,
+        results,
+        warmup=opts.warmup,
+        rounds=opts.rounds,
+        slice_steps=opts.slice,
+        tag=f"[bench-gpu] {shape}:",
+        baseline="baseline",
+        baseline_what="the plain-Trainer baseline",
+    )
     measured = {k: v for k, v in results.items() if "skipped" not in v}
     if "baseline@2" not in measured:
         # analyze() pairs each row with the two plain-Trainer processes; with one, it uses that one alone.

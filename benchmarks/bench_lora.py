@@ -26,17 +26,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import sys
 import tempfile
-import time
 from datetime import date
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_trainer import analyze, cpu_name  # noqa: E402
+from common import analyze, cpu_name, interleave  # noqa: E402
 
 # SmolLM2-135M's configuration (HuggingFaceTB/SmolLM2-135M config.json), the fields that decide shapes and FLOPs.
 SMOLLM2_135M = {
@@ -165,53 +163,26 @@ def main() -> None:
     print(f"[bench] {len(rows)} processes: {', '.join(rows)}", flush=True)
     results: dict[str, dict] = {name: {"mix": name} for name in rows}
     with tempfile.TemporaryDirectory(prefix="ortlab-bench-lora-") as tmp:
-        procs = {}
+        procs, outs = {}, {}
         for name in rows:
             out = f"{tmp}/{name.replace('@', '-').replace('+', '-')}"
             cmd = [sys.executable, __file__, "--child", "--mix", name, "--out", out]
             for key in ("device", "batch_size", "seq_len", "warmup"):
                 cmd += [f"--{key.replace('_', '-')}", str(getattr(opts, key))]
             cmd += ["--smoke"] if opts.smoke else []
-            procs[name] = (Stepper(cmd, Path(f"{out}.log")), Path(out))
-        try:
-            live = {}
-            for name, (proc, _) in procs.items():
-                if proc.start() is None:
-                    results[name]["error"] = proc.failure()
-            for name, (proc, _) in procs.items():
-                if "error" in results[name]:
-                    continue
-                print(f"[bench] warming up {name} ...", flush=True)
-                reply = proc.run(opts.warmup)
-                if reply is None:
-                    results[name]["error"] = proc.failure()
-                    print(f"[bench] {name} failed: {results[name]['error']}", file=sys.stderr)
-                    continue
-                results[name].update(warmup_time_s=reply["warmup_s"], applied=reply["applied"], slices=[])
-                live[name] = proc
-            if "full" not in live:
-                sys.exit(f"the full fine-tuning row failed: {results['full'].get('error')}")
-            started = time.monotonic()
-            for r in range(opts.rounds):
-                print(f"[bench] round {r + 1}/{opts.rounds}", flush=True)
-                order = list(live)
-                random.Random(r).shuffle(order)
-                for name in order:
-                    reply = live[name].run(opts.slice)
-                    if reply is None:
-                        results[name]["error"] = live.pop(name).failure()
-                        continue
-                    results[name]["slices"].append(reply["samples"] / sum(reply["times"]))
-            measure_time = time.monotonic() - started
-            for name, proc in live.items():
-                done = proc.finish()
-                if done:
-                    results[name].update(peak_mem_mb=done["peak_mem_mb"], mem_kind=done["mem_kind"])
-            for name, (_, out) in procs.items():
-                results[name].update(_parameters(out))
-        finally:
-            for proc, _ in procs.values():
-                proc.close()
+            procs[name] = Stepper(cmd, Path(f"{out}.log"))
+            outs[name] = Path(out)
+        measure_time = interleave(
+            procs,
+            results,
+            warmup=opts.warmup,
+            rounds=opts.rounds,
+            slice_steps=opts.slice,
+            baseline="full",
+            baseline_what="the full fine-tuning row",
+        )
+        for name, out in outs.items():
+            results[name].update(_parameters(out))
 
     # Ratios to full fine-tuning, against the geometric mean of its two processes (bench_trainer's method).
     noise = analyze(

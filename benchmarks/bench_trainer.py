@@ -10,7 +10,8 @@ warmed up first (warm-up reported apart), and then they train in interleaved sli
 `--rounds` rounds. Each row's slice is compared with the plain Trainer's slice of the same round (a paired
 ratio), so a machine that gets busier slows both sides of a pair. A second, identical plain-Trainer process
 gives the noise floor: its ratio to the first should be 1.00, and its spread is the smallest difference this
-run can resolve. Ratios are medians of the paired ratios with a bootstrap 95 % interval.
+run can resolve. Ratios are medians of the paired ratios with a bootstrap 95 % interval. The loop and the ratios
+are benchmarks/common.py's (`interleave`, `analyze`), shared with the other benchmarks.
 
 Rows: the plain Trainer (twice), ortlab with nothing on (with the per-step work a run does: metrics file,
 stop and pause checks), ortlab's default mix (what `accel` left at 'auto' resolves to here), every available
@@ -25,11 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import platform
-import random
-import statistics
 import sys
 import tempfile
 import time
@@ -37,6 +34,10 @@ from datetime import date
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from common import analyze, cpu_name, interleave  # noqa: E402
+
 METHOD = (
     "interleaved slices; each row's slice over the geometric mean of the two plain-Trainer processes' slices of the "
     "same round; medians with bootstrap 95% intervals; noise floor = the second plain Trainer over the first"
@@ -176,13 +177,6 @@ def default_mix() -> tuple[str, str]:
     )
 
 
-def bootstrap_ci(values: list[float], n: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """A 95 % interval for the median of `values` (resampled with a fixed seed, so reruns agree)."""
-    rng = random.Random(seed)
-    meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(n))
-    return meds[int(0.025 * n)], meds[int(0.975 * n) - 1]
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="Hub id or folder (default: all-MiniLM-L6-v2 from PyPI)")
@@ -234,43 +228,15 @@ def main() -> None:
             for key in ("model", "device", "batch_size", "seq_len", "warmup"):
                 cmd += [f"--{key.replace('_', '-')}", str(getattr(opts, key))]
             procs[name] = Stepper(cmd, Path(tmp) / f"{name.replace('@', '-')}.log")
-        try:
-            live = {}
-            for name, proc in procs.items():
-                if proc.start() is None:
-                    results[name]["error"] = proc.failure()
-            for name, proc in procs.items():
-                if "error" in results[name]:
-                    continue
-                print(f"[bench] warming up {name} ...", flush=True)
-                reply = proc.run(opts.warmup)
-                if reply is None:
-                    results[name]["error"] = proc.failure()
-                    print(f"[bench] {name} failed: {results[name]['error']}", file=sys.stderr)
-                    continue
-                results[name].update(warmup_time_s=reply["warmup_s"], applied=reply["applied"], slices=[])
-                live[name] = proc
-            if "baseline" not in live:
-                sys.exit(f"the plain-Trainer baseline failed: {results['baseline'].get('error')}")
-            started = time.monotonic()
-            for r in range(opts.rounds):
-                print(f"[bench] round {r + 1}/{opts.rounds}", flush=True)
-                order = list(live)
-                random.Random(r).shuffle(order)  # no row always runs right after another
-                for name in order:
-                    reply = live[name].run(opts.slice)
-                    if reply is None:
-                        results[name]["error"] = live.pop(name).failure()
-                        continue
-                    results[name]["slices"].append(reply["samples"] / sum(reply["times"]))
-            measure_time = time.monotonic() - started
-            for name, proc in live.items():
-                done = proc.finish()
-                if done:
-                    results[name].update(peak_mem_mb=done["peak_mem_mb"], mem_kind=done["mem_kind"])
-        finally:
-            for proc in procs.values():
-                proc.close()
+        measure_time = interleave(
+            procs,
+            results,
+            warmup=opts.warmup,
+            rounds=opts.rounds,
+            slice_steps=opts.slice,
+            baseline="baseline",
+            baseline_what="the plain-Trainer baseline",
+        )
 
     noise = analyze(results)
 
@@ -301,38 +267,6 @@ def main() -> None:
     path.write_text(json.dumps(report, indent=2))
     print_table(report)
     print(f"\nwritten to {path}")
-
-
-def analyze(
-    results: dict[str, dict],
-    baseline: str = "baseline",
-    ratios: dict[str, str] | None = None,
-) -> list[float] | None:
-    """Ratios of every row to `baseline` (the plain Trainer here); returns the noise floor (the 95 % interval of
-    `baseline@2` / `baseline`), or None without a second baseline process.
-
-    The reference of each round is the geometric mean of the two baseline processes' slices: one process can
-    run a few percent slower than an identical one for its whole life (where its memory and threads landed), and
-    two baselines halve that bias. The noise floor compares the two with each other. `ratios` maps a row field to
-    the name of its ratio to the baseline's (default: peak memory).
-    """
-    a, b = results[baseline], results.get(f"{baseline}@2", {"error": "not run"})
-    both = "error" not in b and len(b.get("slices", [])) == len(a["slices"])
-    reference = [math.sqrt(x * y) for x, y in zip(a["slices"], b["slices"], strict=True)] if both else a["slices"]
-    for r in results.values():
-        if "error" in r or len(r.get("slices", [])) != len(reference):
-            r.setdefault("error", "did not finish every round")
-            continue
-        paired = [x / y for x, y in zip(r["slices"], reference, strict=True)]
-        r["samples_per_s"] = statistics.median(r["slices"])
-        r["throughput_ratio"] = statistics.median(paired)
-        r["ratio_ci95"] = list(bootstrap_ci(paired))
-        for field, name in (ratios or {"peak_mem_mb": "peak_mem_ratio"}).items():
-            if r.get(field) and a.get(field):
-                r[name] = r[field] / a[field]
-    if not both:
-        return None
-    return list(bootstrap_ci([y / x for x, y in zip(a["slices"], b["slices"], strict=True)]))
 
 
 def reanalyze(path: Path) -> None:
@@ -400,16 +334,6 @@ def print_table(report: dict) -> None:
     if report["tuned"]:
         t = report["tuned"]
         print(f"autotune picked {t['chosen']} in {t['calibration_s']:.0f} s ({t['rounds']} rounds)")
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 if __name__ == "__main__":

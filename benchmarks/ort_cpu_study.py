@@ -8,9 +8,10 @@
 Each variant trains all-MiniLM-L6-v2 (sequence classification, batch 16, seq 128, random token ids) with
 ortlab's ORTTrainer in its own process: ORTModule keeps global state, environment switches are read when a
 process starts, and ORT's thread pool must not meet another variant's. All processes are started and warmed
-up first, then they train in interleaved slices (A B C ... A B C ...) driven by `ortlab.tune.Stepper`, and each
-slice is compared with the eager slice of the same round (paired ratios; medians with a bootstrap 95 %
-interval). On this shared machine one run after another differs by 15-30 %; a pair within a round does not.
+up first, then they train in interleaved slices (A B C ... A B C ...) driven by `ortlab.tune.Stepper` (the loop
+is benchmarks/common.py's `interleave`), and each slice is compared with the eager slice of the same round
+(paired ratios; medians with a bootstrap 95 % interval). On this shared machine one run after another differs
+by 15-30 %; a pair within a round does not.
 
 Two eager references: `eager-sdpa` is what a plain Trainer runs (transformers' default attention, SDPA) and
 `eager-attn` uses the same eager attention ORTModule needs (ORT 1.19 cannot build SDPA's gradient). A second
@@ -26,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import sys
 import tempfile
@@ -37,7 +37,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_trainer import bootstrap_ci, cpu_name, default_model, random_tokens  # noqa: E402
+from bench_trainer import default_model, random_tokens  # noqa: E402
+from common import bootstrap_ci, cpu_name, interleave  # noqa: E402
 
 # name: (ort, attention, session settings, environment, what it tests)
 VARIANTS: dict[str, dict] = {
@@ -221,45 +222,27 @@ def measure(opts: argparse.Namespace, names: list[str]) -> dict:
     results: dict[str, dict] = {n: {"variant": n, "why": VARIANTS[n]["why"]} for n in names}
     with tempfile.TemporaryDirectory(prefix="ortlab-ort-study-") as tmp:
         procs = {n: _stepper(opts, n, tmp) for n in names}
-        try:
-            live = {}
-            for n, p in procs.items():
-                if p.start() is None:
-                    results[n]["error"] = p.failure()
-            for n, p in procs.items():
-                if "error" in results[n]:
-                    continue
-                print(f"[study] warming up {n} ...", flush=True)
-                reply = p.run(opts.warmup)
-                if reply is None:
-                    results[n]["error"] = p.failure()
-                    print(f"[study] {n} failed: {results[n]['error']}", file=sys.stderr, flush=True)
-                    continue
-                results[n].update(warmup_s=reply["warmup_s"], applied=reply["applied"], slices=[], losses=[])
-                live[n] = p
-            started = time.monotonic()
-            for r in range(opts.rounds):
-                order = list(live)
-                random.Random(r).shuffle(order)
-                for n in order:
-                    reply = live[n].run(opts.slice)
-                    if reply is None:
-                        results[n]["error"] = live.pop(n).failure()
-                        continue
-                    results[n]["slices"].append(reply["samples"] / sum(reply["times"]))
-                    results[n]["losses"].extend(reply["losses"])
-                base = results[opts.reference]["slices"]
-                print(
-                    f"[study] round {r + 1}/{opts.rounds}: "
-                    + ", ".join(f"{n} {results[n]['slices'][-1] / base[-1]:.2f}" for n in live if results[n]["slices"]),
-                    flush=True,
-                )
-            elapsed = time.monotonic() - started
-            for p in live.values():
-                p.finish()
-        finally:
-            for p in procs.values():
-                p.close()
+
+        def report(r: int, live: dict) -> None:
+            base = results[opts.reference]["slices"]
+            print(
+                f"[study] round {r + 1}/{opts.rounds}: "
+                + ", ".join(f"{n} {results[n]['slices'][-1] / base[-1]:.2f}" for n in live if results[n]["slices"]),
+                flush=True,
+            )
+
+        elapsed = interleave(
+            procs,
+            results,
+            warmup=opts.warmup,
+            rounds=opts.rounds,
+            slice_steps=opts.slice,
+            tag="[study]",
+            warmup_key="warmup_s",
+            keep_losses=True,
+            keep_memory=False,
+            on_round=report,
+        )
     for ref in ("eager-sdpa", "eager-attn"):
         base = results.get(ref, {}).get("slices")
         if not base:

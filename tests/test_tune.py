@@ -196,8 +196,7 @@ def test_a_candidate_that_cannot_train_is_recorded_not_fatal(tmp_path, tiny_bert
     real_plan = tune.plan
     # fp16 on a CPU fails inside the candidate's process, after the model loaded: the verdict says why.
     monkeypatch.setattr(
-        tune,
-        "plan",
+        "ortlab.tune.measure.plan",
         lambda processes=1, use_cpu=False, compile=False: [*real_plan()[:1], tune.Candidate("fp16", precision="fp16")],
     )
     result = tune.tune_spec(_tiny_spec(tmp_path, tiny_bert), progress=lambda m: None)

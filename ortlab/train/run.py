@@ -22,6 +22,7 @@ from ortlab.accel.mix import mix_of, resolve
 from ortlab.fit import check, fitted
 from ortlab.runfolder.rundir import RunDir, process_create_time, write_json
 from ortlab.spec import RunSpec, SpecError
+from ortlab.tune.auto import decide
 
 if TYPE_CHECKING:
     from ortlab.train.terminal import Terminal
@@ -450,7 +451,6 @@ def _auto_mix(spec, run, model_path, prepared, train_ds, collate, log) -> dict[s
     run folder, so a run always says why ORT or bf16 was on or off.
     """
     from ortlab.train.metrics import JsonLinesSink
-    from ortlab.tune import decide
 
     rank0 = int(os.environ.get("RANK", "0")) == 0
     choice, result, why = decide(

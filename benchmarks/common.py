@@ -1,0 +1,148 @@
+"""The measuring loop every throughput benchmark here shares: start, warm up, interleaved rounds, paired ratios.
+
+Why interleaving: on a shared machine one run of a mix after another measured the same plain Trainer at 10.3 and
+11.7 samples/s, so no ratio under ~15 % could be read from runs in sequence. Here every row trains in its own
+process (driven by `ortlab.tune.Stepper`; the row scripts time their steps with `ortlab.tune.slice_callback`),
+all processes start at once and warm up one at a time (warm-up, ORT's export, torch.compile's compilation are
+reported apart), and then they train in slices, round by round, in a shuffled order (no row always runs right
+after another). A busy machine's drift then hits both sides of a pair alike: each row's slice is compared with
+the baseline's slice *of the same round* (a paired ratio), and the median of those ratios is the steady-state
+ratio, with a bootstrap 95 % interval. A second, identical baseline process gives the noise floor.
+
+Stdlib only (the row processes import torch; the driver needs not).
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ortlab.tune import Stepper
+
+
+def interleave(
+    procs: dict[str, Stepper],
+    results: dict[str, dict],
+    *,
+    warmup: int,
+    rounds: int,
+    slice_steps: int,
+    tag: str = "[bench]",
+    baseline: str | None = None,
+    baseline_what: str = "the baseline",
+    warmup_key: str = "warmup_time_s",
+    keep_losses: bool = False,
+    keep_memory: bool = True,
+    on_round: Callable[[int, dict[str, Stepper]], None] | None = None,
+) -> float:
+    """Drive the row processes `procs` (started, not yet loaded) through warm-up and `rounds` interleaved rounds;
+    returns the seconds the rounds took. Every process is closed on the way out, whatever happens.
+
+    Into `results[name]` (one dict per row, made by the caller) go: `error` (why a row failed: it leaves the
+    rounds, the others go on), `<warmup_key>` and `applied` from the warm-up, `slices` (samples/s of each round's
+    slice), with `keep_losses` the slices' `losses`, with `keep_memory` `peak_mem_mb` and `mem_kind`. A row named
+    `baseline` that fails before the rounds ends the benchmark (every ratio is to it). `on_round(r, live)` runs
+    after each round (default: a progress line).
+    """
+    try:
+        for name, proc in procs.items():
+            if proc.start() is None:
+                results[name]["error"] = proc.failure()
+        live: dict[str, Stepper] = {}
+        for name, proc in procs.items():
+            if "error" in results[name]:
+                continue
+            print(f"{tag} warming up {name} ...", flush=True)
+            reply = proc.run(warmup)
+            if reply is None:
+                results[name]["error"] = proc.failure()
+                print(f"{tag} {name} failed: {results[name]['error']}", file=sys.stderr, flush=True)
+                continue
+            results[name].update({warmup_key: reply["warmup_s"], "applied": reply["applied"], "slices": []})
+            if keep_losses:
+                results[name]["losses"] = []
+            live[name] = proc
+        if baseline is not None and baseline not in live:
+            raise SystemExit(f"{baseline_what} failed: {results[baseline].get('error')}")
+        started = time.monotonic()
+        for r in range(rounds):
+            order = list(live)
+            random.Random(r).shuffle(order)  # seeded: reruns interleave alike
+            for name in order:
+                reply = live[name].run(slice_steps)
+                if reply is None:
+                    results[name]["error"] = live.pop(name).failure()
+                    continue
+                results[name]["slices"].append(reply["samples"] / sum(reply["times"]))
+                if keep_losses:
+                    results[name]["losses"].extend(reply["losses"])
+            if on_round is not None:
+                on_round(r, live)
+            else:
+                print(f"{tag} round {r + 1}/{rounds}", flush=True)
+        elapsed = time.monotonic() - started
+        for name, proc in live.items():
+            done = proc.finish()
+            if done and keep_memory:
+                results[name].update(peak_mem_mb=done["peak_mem_mb"], mem_kind=done["mem_kind"])
+        return elapsed
+    finally:
+        for proc in procs.values():
+            proc.close()
+
+
+def bootstrap_ci(values: list[float], n: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """A 95 % interval for the median of `values` (resampled with a fixed seed, so reruns agree)."""
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(n))
+    return meds[int(0.025 * n)], meds[int(0.975 * n) - 1]
+
+
+def analyze(
+    results: dict[str, dict],
+    baseline: str = "baseline",
+    ratios: dict[str, str] | None = None,
+) -> list[float] | None:
+    """Ratios of every row to `baseline` (the plain Trainer here); returns the noise floor (the 95 % interval of
+    `baseline@2` / `baseline`), or None without a second baseline process.
+
+    The reference of each round is the geometric mean of the two baseline processes' slices: one process can
+    run a few percent slower than an identical one for its whole life (where its memory and threads landed), and
+    two baselines halve that bias. The noise floor compares the two with each other. `ratios` maps a row field to
+    the name of its ratio to the baseline's (default: peak memory).
+    """
+    a, b = results[baseline], results.get(f"{baseline}@2", {"error": "not run"})
+    both = "error" not in b and len(b.get("slices", [])) == len(a["slices"])
+    reference = [math.sqrt(x * y) for x, y in zip(a["slices"], b["slices"], strict=True)] if both else a["slices"]
+    for r in results.values():
+        if "error" in r or len(r.get("slices", [])) != len(reference):
+            r.setdefault("error", "did not finish every round")
+            continue
+        paired = [x / y for x, y in zip(r["slices"], reference, strict=True)]
+        r["samples_per_s"] = statistics.median(r["slices"])
+        r["throughput_ratio"] = statistics.median(paired)
+        r["ratio_ci95"] = list(bootstrap_ci(paired))
+        for field, name in (ratios or {"peak_mem_mb": "peak_mem_ratio"}).items():
+            if r.get(field) and a.get(field):
+                r[name] = r[field] / a[field]
+    if not both:
+        return None
+    return list(bootstrap_ci([y / x for x, y in zip(a["slices"], b["slices"], strict=True)]))
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

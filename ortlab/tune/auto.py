@@ -1,0 +1,131 @@
+"""A RunSpec's ways in: `decide` (what its 'auto' accelerations become in `ortlab.train.run`) and `tune_spec`
+(`ortlab tune`: check the spec's model and data, then measure).
+
+Both take the run's own batches (`batches_from`: a seeded shuffle of its training data, real lengths) and hand
+them to `ortlab.tune.measure.tune_batches`. Nothing here imports `ortlab.train.run` or `ortlab.runner`: the
+trainer of a spec calls down into the tuner, never the other way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ortlab.data import collator, tokenize
+from ortlab.fit import check, fitted
+from ortlab.tasks import load_tokenizer
+from ortlab.tune.measure import MAX_ROUNDS, SLICE_STEPS, WARMUP_STEPS, tune_batches
+from ortlab.tune.result import TuneResult
+
+AUTO_MIN_STEPS = 500  # accel.tune='auto' measures (when nothing is cached) only for runs at least this long
+BATCHES = WARMUP_STEPS + MAX_ROUNDS * SLICE_STEPS
+
+
+def batches_from(dataset: Any, collate: Callable, batch_size: int, seed: int, n: int = BATCHES) -> list[dict]:
+    """The first `n` batches a seeded shuffle of the run's own training data gives (its real lengths)."""
+    import torch
+
+    loader = torch.utils.data.DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(seed),
+        collate_fn=collate,
+    )
+    out: list[dict] = []
+    for batch in loader:
+        out.append({k: v for k, v in dict(batch).items() if hasattr(v, "shape")})
+        if len(out) == n:
+            break
+    return out
+
+
+def planned_steps(spec: Any, train_rows: int) -> int:
+    h = spec.hyper
+    if h.max_steps:
+        return h.max_steps
+    per_epoch = math.ceil(train_rows / (h.batch_size * h.gradient_accumulation_steps * spec.target.processes))
+    return math.ceil(per_epoch * h.epochs)
+
+
+def decide(
+    spec: Any,
+    *,
+    model_path: str,
+    label_names: list[str] | None,
+    train_dataset: Any,
+    collate: Callable,
+    progress: Callable[[str], None] = print,
+    log_dir: Path | None = None,
+) -> tuple[dict[str, Any] | None, TuneResult | None, str]:
+    """What the spec's 'auto' fields become in this run: (choice or None for the default, measurement, why)."""
+    a = spec.accel
+    if not a.auto_fields():
+        return None, None, "every acceleration is set explicitly: nothing to decide"
+    if spec.target.processes > 1:
+        return None, None, "not measured: ortlab tunes single-process runs only; the conservative default applies"
+    if spec.adapter.kind != "none":
+        # The measurement trains the full model; an adapter run's step (frozen base, a tiny optimizer) is another
+        # workload, and a choice measured on the first would be a guess for the second.
+        return None, None, "not measured: ortlab tunes full fine-tuning only; adapter runs get the conservative default"
+    if a.tune == "off":
+        return None, None, "accel.tune is 'off': the conservative default (PyTorch with fused AdamW, fp32)"
+    steps = planned_steps(spec, len(train_dataset))
+    measure = a.tune == "measure" or steps >= AUTO_MIN_STEPS
+    batches = batches_from(train_dataset, collate, spec.hyper.batch_size, spec.seed)
+    result = tune_batches(
+        batches,
+        model_path=model_path,
+        task=spec.task,
+        label_names=label_names,
+        revision=spec.model.revision,
+        learning_rate=spec.hyper.learning_rate,
+        weight_decay=spec.hyper.weight_decay,
+        seed=spec.seed,
+        measure=measure,
+        progress=progress,
+        log_dir=log_dir,
+    )
+    if result is None:
+        return (
+            None,
+            None,
+            (
+                f"not measured ({steps} steps; accel.tune='auto' measures runs of {AUTO_MIN_STEPS}+ steps): the "
+                "conservative default (PyTorch with fused AdamW, fp32). `ortlab tune` or accel.tune='measure' "
+                "measures which mix is fastest here"
+            ),
+        )
+    how = "a cached measurement" if result.cached else f"measured in {result.calibration_s:.0f} s"
+    return result.choice, result, f"{result.chosen} ({how}; table in tune.json)"
+
+
+def tune_spec(
+    spec: Any, progress: Callable[[str], None] = print, use_cache: bool = True, compile: bool = False
+) -> TuneResult:
+    """`ortlab tune`: check the spec's model and data, then measure its candidate mixes (or reuse the cache)."""
+    model_path, prepared = check(spec, progress)
+    spec = fitted(spec, prepared)
+    tokenizer = load_tokenizer(model_path, spec.model.revision)
+    train_ds, _ = tokenize(prepared, tokenizer, spec.task, spec.hyper.max_length, spec.hyper.max_target_length)
+    batches = batches_from(
+        train_ds, collator(spec.task, tokenizer, prepared=prepared), spec.hyper.batch_size, spec.seed
+    )
+    result = tune_batches(
+        batches,
+        model_path=model_path,
+        task=spec.task,
+        label_names=prepared.label_names,
+        revision=spec.model.revision,
+        learning_rate=spec.hyper.learning_rate,
+        weight_decay=spec.hyper.weight_decay,
+        seed=spec.seed,
+        processes=spec.target.processes,
+        use_cache=use_cache,
+        compile=compile,
+        progress=progress,
+    )
+    assert result is not None  # measure=True always returns a result or raises
+    return result
