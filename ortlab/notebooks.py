@@ -10,8 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ortlab.errors import OrtlabError
 
-class NotebookFailed(RuntimeError):
+
+class NotebookFailed(OrtlabError, RuntimeError):
     """A cell raised; the message names the notebook, the cell and the error."""
 
 

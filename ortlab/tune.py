@@ -38,6 +38,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ortlab.errors import OrtlabError
+
 MARK = "ORTLAB-TUNE "
 WARMUP_STEPS = 2  # step 1 holds ORT's export and graph build; step 2 settles the allocator
 SLICE_STEPS = 1  # steps per interleaved slice: one batch, the same batch for every candidate in a round
@@ -50,7 +52,7 @@ AUTO_MIN_STEPS = 500  # accel.tune='auto' measures (when nothing is cached) only
 CACHE_VERSION = 1
 
 
-class TuneError(RuntimeError):
+class TuneError(OrtlabError, RuntimeError):
     """The measurement could not be made (the plain baseline itself failed); says why."""
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ortlab.accel import Availability
+from ortlab.errors import OrtlabError
 
 Precision = Literal["fp32", "fp16", "bf16"]
 
@@ -44,7 +45,7 @@ class Mix:
         }
 
 
-class MixError(ValueError):
+class MixError(OrtlabError, ValueError):
     """An acceleration mix that cannot run here. `problems` lists each broken rule with its fix."""
 
     def __init__(self, problems: list[str]):

@@ -24,6 +24,7 @@ from typing import Any
 
 from ortlab.cluster import ADDRESSES_ENV, is_configured
 from ortlab.envvars import child_env
+from ortlab.errors import OrtlabError
 from ortlab.netutil import LOOPBACK, free_port
 from ortlab.runfolder.rundir import (
     DAMAGED,
@@ -47,7 +48,7 @@ def default_root() -> Path:
     return Path(os.environ.get("ORTLAB_RUNS", DEFAULT_ROOT))
 
 
-class RunError(RuntimeError):
+class RunError(OrtlabError, RuntimeError):
     """A run operation that cannot be done in the run's current state (the message says why)."""
 
 

@@ -21,11 +21,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ortlab.errors import OrtlabError
+
 # A launch may check another interpreter (`target.python`: up to 120 s in `ortlab.runner.check_runtime`).
 HELPER_TIMEOUT_S = 300.0
 
 
-class HelperFailed(RuntimeError):
+class HelperFailed(OrtlabError, RuntimeError):
     """The helper process crashed or timed out: the message has the end of its output."""
 
 
