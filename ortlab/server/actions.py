@@ -70,25 +70,22 @@ async def run_helper(args: list[str], stdin: dict[str, Any] | None, cwd: str | o
 
 
 def _launch(root: str, spec: dict[str, Any]) -> dict[str, Any]:
-    from ortlab.runner import RunError, launch
-    from ortlab.spec import SpecError
+    from ortlab.runner import launch
 
     try:
         run = launch(spec, root=root)
-    except SpecError as e:
-        return {"problems": e.problems}
-    except RunError as e:
-        return {"error": str(e)}
+    except OrtlabError as e:  # the user's to fix (answered 400): a spec's or a mix's problems, or what else is wrong
+        problems = getattr(e, "problems", None)
+        return {"problems": [str(p) for p in problems]} if problems else {"error": str(e)}
     return {"id": run.id, "path": str(run.path)}
 
 
 def _resume(root: str, run_id: str) -> dict[str, Any]:
-    from ortlab.runner import RunError, attach
-    from ortlab.spec import SpecError
+    from ortlab.runner import attach
 
     try:
         run = attach(run_id, root=root).resume()
-    except (RunError, SpecError) as e:
+    except OrtlabError as e:  # the run's state, its folder or its spec forbids it (answered 409)
         return {"refused": str(e)}
     return {"id": run.id, "state": run.dir.read_status().get("state")}
 
