@@ -27,6 +27,7 @@ from importlib.util import find_spec
 from pathlib import Path
 
 from ortlab import envvars
+from ortlab.errors import OrtlabError
 
 EMBEDDED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 EMBEDDED_LLM_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -77,7 +78,7 @@ def _unique_tmp(out: Path) -> Path:
     return out.with_name(f".{out.name}.{os.getpid()}.{threading.get_ident()}.tmp")
 
 
-class AssetMissing(FileNotFoundError):
+class AssetMissing(OrtlabError, FileNotFoundError):
     """An embedded asset's package is not installed."""
 
 

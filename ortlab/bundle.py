@@ -28,13 +28,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ortlab.errors import OrtlabError
+
 PROVIDED = ("torch", "transformers", "numpy", "pandas", "pyarrow")
 EXTRAS = ("ui",)
 MANIFEST = "manifest.json"
 GOAL_MB = 60
 
 
-class BundleError(RuntimeError):
+class BundleError(OrtlabError, RuntimeError):
     """The wheelhouse could not be built; the message says which step failed and what to do."""
 
 

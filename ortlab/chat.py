@@ -20,6 +20,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ortlab.errors import OrtlabError
+
 IGNORE = -100  # label of a token the loss leaves out (transformers' convention)
 ROLES = ("system", "user", "assistant", "tool")
 # ChatML, a common template, for the error message's example (SmolLM2's and Qwen's family use it)
@@ -29,7 +31,7 @@ CHATML_EXAMPLE = (
 )
 
 
-class ChatDataError(ValueError):
+class ChatDataError(OrtlabError, ValueError):
     """Chat data or a tokenizer that cannot be used; the message says what is wrong and how to fix it."""
 
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from typer.core import TyperGroup
+
+from ortlab.errors import OrtlabError
 
 
 class _Commands(TyperGroup):
@@ -23,6 +25,13 @@ class _Commands(TyperGroup):
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
+
+    def invoke(self, ctx: Any) -> Any:
+        # The one place every command's OrtlabError ends: its message, no traceback (anything else keeps its own).
+        try:
+            return super().invoke(ctx)
+        except OrtlabError as e:
+            _user_error(e)
 
 
 # Help is click's plain layout, not typer's rich panels: those split 76 columns among six table columns (option,
@@ -449,9 +458,6 @@ def train(
 
         with Terminal(verbose=verbose, progress=not quiet) as terminal:
             result = train_spec(spec, progress=not quiet, terminal=terminal)
-    except _user_errors() as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
     except KeyboardInterrupt:
         typer.echo("interrupted: the run is marked failed (its folder keeps what was written)", err=True)
         raise typer.Exit(130) from None
@@ -505,14 +511,10 @@ def tune_cmd(
     overrides = _overrides(locals())
     import json
 
-    from ortlab.tune import TuneError, tune_spec
+    from ortlab.tune import tune_spec
 
-    try:
-        spec = _build_spec(spec_file, overrides)
-        result = tune_spec(spec, progress=lambda m: typer.echo(m, err=json_out), use_cache=cache, compile=compile)
-    except (*_user_errors(), TuneError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
+    spec = _build_spec(spec_file, overrides)
+    result = tune_spec(spec, progress=lambda m: typer.echo(m, err=json_out), use_cache=cache, compile=compile)
     if json_out:
         print(json.dumps(result.to_dict(), indent=2, default=str))
         return
@@ -564,16 +566,18 @@ def _read_spec_file(path: Path) -> dict:
     return data
 
 
-def _user_errors() -> tuple[type[Exception], ...]:
-    """Errors that mean 'your input is wrong' (shown as one clear message), not 'ortlab is broken'."""
-    from ortlab.accel.mix import MixError
-    from ortlab.assets import AssetMissing
-    from ortlab.data import DataError
-    from ortlab.runner import RunError
-    from ortlab.spec import SpecError
-    from ortlab.tasks import ModelError
+def _user_error(e: OrtlabError, code: int = 2) -> NoReturn:
+    """An OrtlabError means 'your input or situation is wrong' (ortlab is not broken): `error: <message>` on stderr,
+    no traceback, exit `code` (2 by default, as for a usage error). The message may quote a spec, a path or a run
+    folder: control characters are removed and rich markup is escaped, so it prints as written."""
+    from rich.console import Console
+    from rich.markup import escape
 
-    return (SpecError, DataError, ModelError, MixError, AssetMissing, RunError)
+    from ortlab.chat import strip_controls
+
+    console = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
+    console.print(f"error: {escape(strip_controls(str(e)))}")  # uncoloured: `error: ` reads the same everywhere
+    raise typer.Exit(code) from None
 
 
 def _print_result(result: dict) -> None:
@@ -888,7 +892,7 @@ def notebook(
     """Run a notebook with parameters through papermill (every cell; a failing cell fails the command)."""
     import yaml
 
-    from ortlab.notebooks import NotebookFailed, run_notebook
+    from ortlab.notebooks import run_notebook
 
     parameters = {}
     for item in param or []:
@@ -899,9 +903,8 @@ def notebook(
         parameters[name] = yaml.safe_load(value)
     try:
         out = run_notebook(path, output or path.with_suffix(".out.ipynb"), parameters)
-    except (NotebookFailed, ValueError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(1) from None
+    except OrtlabError as e:  # a cell that failed, a parameter the notebook lacks, a file that is no notebook
+        _user_error(e, 1)
     typer.echo(f"executed: {out}")
 
 

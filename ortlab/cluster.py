@@ -51,6 +51,7 @@ from typing import Any
 from ortlab import safeio
 from ortlab.addresses import credentials_problem, is_loopback, origin
 from ortlab.envvars import cache_dir, child_env
+from ortlab.errors import OrtlabError
 
 LOCAL = "local"
 # How long a cluster address may take to answer before it is called unreachable.
@@ -58,7 +59,7 @@ CONNECT_TIMEOUT_S = 5.0
 INSTALL_HINT = "install Ray with ortlab's extra: pip install 'ortlab[remote]'"
 
 
-class ClusterError(RuntimeError):
+class ClusterError(OrtlabError, RuntimeError):
     """A cluster that cannot be used as asked (the message says why and what to do)."""
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ortlab.assets import EMBEDDED_PREFIX, embedded_dataset
+from ortlab.errors import OrtlabError
 
 if TYPE_CHECKING:  # pragma: no cover
     from datasets import Dataset
@@ -39,7 +40,7 @@ PROMPT_NAMES = ("prompt", "instruction")
 RESPONSE_NAMES = ("completion", "response")
 
 
-class DataError(ValueError):
+class DataError(OrtlabError, ValueError):
     """The data cannot be used for this run; the message says what is wrong and how to fix it."""
 
 

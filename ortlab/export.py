@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ortlab import safeio
+from ortlab.errors import OrtlabError
 from ortlab.spec import RunSpec
 
 # A float32 export of the same graph differs from PyTorch by rounding only; more than this is a broken export.
@@ -39,7 +40,7 @@ MAX_ABS_DIFF = 1e-3
 MIN_AGREEMENT = 0.99
 
 
-class ExportError(RuntimeError):
+class ExportError(OrtlabError, RuntimeError):
     """The run cannot be exported (not finished, no model); the message says why."""
 
 

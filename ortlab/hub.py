@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import os
 
+from ortlab.errors import OrtlabError
+
 TIMEOUT_S = 10.0
 
 
-class HubUnavailable(ConnectionError):
+class HubUnavailable(OrtlabError, ConnectionError):
     """The Hub cannot be reached (offline mode, no network, or it timed out)."""
 
 

@@ -10,9 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ortlab.errors import OrtlabError
 
-class NotebookFailed(RuntimeError):
+
+class NotebookFailed(OrtlabError, RuntimeError):
     """A cell raised; the message names the notebook, the cell and the error."""
+
+
+class NotebookUnusable(OrtlabError, ValueError):
+    """The notebook cannot be run as asked: it cannot be read as a notebook, or it lacks a parameter given."""
 
 
 def parameter_names(path: str | Path) -> list[str]:
@@ -48,9 +54,13 @@ def run_notebook(
     from papermill.exceptions import PapermillExecutionError
 
     path, output = Path(path), Path(output)
-    unknown = set(parameters or {}) - set(parameter_names(path))
+    try:
+        names = parameter_names(path)
+    except (OSError, ValueError) as e:  # missing, unreadable, not JSON (nbformat's NotJSONError is a ValueError)
+        raise NotebookUnusable(f"{path}: cannot be read as a notebook: {e}") from None
+    unknown = set(parameters or {}) - set(names)
     if unknown:
-        raise ValueError(f"{path.name} has no parameter(s) {sorted(unknown)}; it has {parameter_names(path)}")
+        raise NotebookUnusable(f"{path.name} has no parameter(s) {sorted(unknown)}; it has {names}")
     output.parent.mkdir(parents=True, exist_ok=True)
     try:
         papermill.execute_notebook(

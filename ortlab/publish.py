@@ -30,6 +30,7 @@ from typing import Any
 
 from ortlab import safeio
 from ortlab._version import __version__
+from ortlab.errors import OrtlabError
 from ortlab.scores import format_scores
 from ortlab.spec import RunSpec
 
@@ -42,7 +43,7 @@ TEXT_SUFFIXES = (".json", ".md", ".txt", ".yaml", ".yml")
 LFS_PATTERNS = ("*.safetensors", "*.onnx", "*.bin")
 
 
-class PublishError(RuntimeError):
+class PublishError(OrtlabError, RuntimeError):
     """The run cannot be published as asked; the message says what to do."""
 
 

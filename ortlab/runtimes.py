@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ortlab.envvars import cache_dir
+from ortlab.errors import OrtlabError
 
 # The runtimes ortlab knows how to build, with what each is for (shown by the CLI).
 RUNTIMES: dict[str, str] = {
@@ -76,7 +77,7 @@ PACKAGES = (
 )
 
 
-class RuntimeCreateError(RuntimeError):
+class RuntimeCreateError(OrtlabError, RuntimeError):
     """Building a runtime failed; the message names the step, what it ran and what to do."""
 
 

@@ -35,6 +35,8 @@ from contextlib import contextmanager, suppress
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from ortlab.errors import OrtlabError
+
 # One JSON document ortlab writes into a run folder (status, result, spec) is a few KiB; anything near this is not one.
 MAX_JSON_BYTES = 8 * 1024 * 1024
 READ_PIECE = 64 * 1024
@@ -42,11 +44,11 @@ READ_PIECE = 64 * 1024
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-class UnsafePath(OSError):
+class UnsafePath(OrtlabError, OSError):
     """A path below a folder is a link, escapes the folder, or is not a regular file where one was expected."""
 
 
-class TooLarge(OSError):
+class TooLarge(OrtlabError, OSError):
     """A file is larger than the limit its reader allows."""
 
 

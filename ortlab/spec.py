@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ortlab.addresses import credentials_problem
 from ortlab.assets import EMBEDDED_MODEL_ID
+from ortlab.errors import OrtlabError
 from ortlab.mixrules import Mix, MixError, rule_problems
 from ortlab.runfolder.rundir import RunDir, check_name
 
@@ -466,7 +467,7 @@ class RunSpec(_Strict):
         return cls.model_json_schema()
 
 
-class SpecError(ValueError):
+class SpecError(OrtlabError, ValueError):
     """A RunSpec that cannot run: one line per problem, each naming the field and what to do."""
 
     def __init__(self, problems: list[str]):

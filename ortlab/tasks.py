@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ortlab.errors import OrtlabError
+
 
 @dataclass(frozen=True)
 class Feature:
@@ -55,7 +57,7 @@ def check_model_matches(model: object, name: str) -> None:
 # --- models for a RunSpec ----------------------------------------------------------------------------------------
 
 
-class ModelError(ValueError):
+class ModelError(OrtlabError, ValueError):
     """The model cannot be used; the message says what is wrong and how to fix it."""
 
 

@@ -342,6 +342,45 @@ def test_a_replaced_metrics_file_is_read_afresh(api, runs):
     assert (code, body["step"], body["loss"]) == (200, 1, 9.0)
 
 
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        ("SpecError", 400),
+        ("RunStateError", 409),
+        ("UnsafePath", 409),
+        ("KeyError", 500),
+    ],
+)
+def test_an_ortlab_error_from_a_route_is_4xx_with_its_message_anything_else_500(api, monkeypatch, error, code):
+    """No route has a natural way to let one escape today (each says what is wrong itself): the doctor's reader
+    stands in for a future route that forgets. An OrtlabError's message is the user's; a bug's stays in the log."""
+    from ortlab import safeio
+    from ortlab.runfolder.rundir import RunStateError
+    from ortlab.server import handlers
+    from ortlab.spec import SpecError
+
+    raised = {
+        "SpecError": SpecError(["hyper.batch_size: must be >= 1 (got <b>0</b>)"]),
+        "RunStateError": RunStateError("run x is completed: only a stopped run can resume"),
+        "UnsafePath": safeio.UnsafePath("status.json is a link: not followed"),
+        "KeyError": KeyError("secret internals"),
+    }[error]
+
+    def fails() -> None:
+        raise raised
+
+    monkeypatch.setattr(handlers, "doctor_summary", fails)
+    got, body, response = api("GET", "doctor")
+    assert got == code, body
+    assert response.headers["Content-Type"].startswith("application/json")
+    if code == 500:
+        assert body["message"] == "Unhandled error" and "secret" not in json.dumps(body), body
+    elif error == "SpecError":
+        assert body == {"message": "invalid run spec", "problems": raised.problems}, body
+    else:
+        assert body == {"message": str(raised), "problems": []}, body
+
+
 def test_a_damaged_spec_is_reported_not_a_500(api, runs):
     (runs["done"] / "spec.yaml").write_text("hyper: [not, a, mapping]\n")
     code, body, _ = api("GET", "runs/done")

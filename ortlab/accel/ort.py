@@ -29,6 +29,7 @@ from typing import Any
 
 from ortlab.accel import NOT_PROBED, Availability, package_version
 from ortlab.envvars import temporary_env
+from ortlab.errors import OrtlabError
 
 EXTENSIONS = ("aten_op_executor", "torch_interop_utils")
 MAX_TORCH = (2, 7)  # exclusive
@@ -221,7 +222,7 @@ class ORTOptions:
             raise ValueError(f"ort_memory_opt_level must be 0, 1 or 2, got {self.memory_opt_level!r}")
 
 
-class ORTFallbackError(RuntimeError):
+class ORTFallbackError(OrtlabError, RuntimeError):
     """ORTModule could not run the model and `ort_fallback="error"` was set."""
 
 

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from ortlab import safeio
+from ortlab.errors import OrtlabError
 from ortlab.runfolder.stream import MetricsStream, summary_of
 from ortlab.runfolder.stream import records as stream_records
 
@@ -71,7 +72,7 @@ NAME_RULE = "1-100 characters of letters, digits, '.', '_' and '-', starting wit
 TASK_SHORT = {"sequence-classification": "cls", "token-classification": "tok", "causal-lm": "clm", "seq2seq": "s2s"}
 
 
-class RunStateError(RuntimeError):
+class RunStateError(OrtlabError, RuntimeError):
     """A status change the run's current state does not allow (the message says which and why)."""
 
 

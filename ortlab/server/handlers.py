@@ -8,6 +8,9 @@ cannot make a logged-in browser start or stop runs.
 Run ids come from URLs: each goes through `rundir.resolve`, which refuses `..`, absolute paths, odd characters
 and symbolic links out of the runs root; anything that is not a run folder there is a 404. Disk reads and
 launch/resume (`ortlab.server.actions`) run in the executor, so no request holds the event loop.
+
+An `OrtlabError` a route lets escape is the user's to read: it answers 4xx JSON with its message (`error_status`).
+Anything else is a bug: 500 "Unhandled error", its traceback in the server's log only.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from tornado import web
 from tornado.ioloop import IOLoop
 
 from ortlab import safeio
-from ortlab.runfolder.rundir import DAMAGED, RunDir, resolve
+from ortlab.errors import OrtlabError
+from ortlab.runfolder.rundir import DAMAGED, RunDir, RunStateError, resolve
 from ortlab.server.runs import metrics_since
 
 T = TypeVar("T")
@@ -32,6 +36,14 @@ API = "ortlab/api"
 # A request body ortlab reads (a run spec) is a few KiB; one larger than this is refused unread.
 MAX_BODY_BYTES = 2**20
 ID = r"(?P<run_id>[^/]+)"
+
+
+def error_status(e: OrtlabError) -> int:
+    """409 when a run's state or its folder forbids what was asked (as the routes answer such requests
+    themselves), 400 for everything else the user can fix (a spec, data, a path)."""
+    from ortlab.runner import RunError  # (the server already imports the runner: it lists runs with it)
+
+    return 409 if isinstance(e, (RunError, RunStateError, safeio.UnsafePath)) else 400
 
 
 class OrtlabHandler(APIHandler):
@@ -50,6 +62,23 @@ class OrtlabHandler(APIHandler):
     def reply(self, status: int, body: dict[str, Any]) -> None:
         self.set_status(status)
         self.finish(safeio.dumps(body))  # always valid JSON: a NaN from a run folder is null, not `NaN`
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        """An OrtlabError that escaped a route: 4xx with its message (and its problems, one per line, as a bad
+        spec's are); anything else is jupyter_server's JSON 500, which says no more than "Unhandled error"."""
+        e = kwargs.get("exc_info", (None, None, None))[1]
+        if not isinstance(e, OrtlabError):
+            return super().write_error(status_code, **kwargs)
+        problems = [str(p) for p in getattr(e, "problems", None) or []]
+        message = str(e).splitlines()[0].rstrip(":") if problems else str(e)
+        self.reply(error_status(e), {"message": message, "problems": problems})
+
+    def log_exception(self, typ: Any, value: BaseException | None, tb: Any) -> None:
+        """An OrtlabError is a warning line (the user's error, answered 4xx), not an error with a traceback."""
+        if isinstance(value, OrtlabError):
+            self.log.warning("%s %s %s: %s", error_status(value), self.request.method, self.request.path, value)
+            return
+        super().log_exception(typ, value, tb)
 
     def run_dir(self, run_id: str) -> RunDir:
         """The run folder for `run_id`, or 404: an id that is not a safe name inside the root, or not a run."""

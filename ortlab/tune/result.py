@@ -10,8 +10,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ortlab.errors import OrtlabError
 
-class TuneError(RuntimeError):
+
+class TuneError(OrtlabError, RuntimeError):
     """The measurement could not be made (the plain baseline itself failed); says why."""
 
 

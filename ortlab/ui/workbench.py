@@ -15,6 +15,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from ortlab.errors import OrtlabError
 from ortlab.ui.charts import RunMonitor
 from ortlab.ui.display import RefreshedDisplay
 from ortlab.ui.summary import generations_html, rows, static_summary, table_html
@@ -528,18 +529,22 @@ class Workbench(RefreshedDisplay, widgets.VBox):
         return RunSpec.parse(self.spec_dict())
 
     def validate(self) -> bool:
-        from ortlab.spec import SpecError
-
         try:
             self.spec()
-        except SpecError as e:
+        except OrtlabError as e:
             self.launch_button.disabled = True
-            items = "".join(f"<li>{html.escape(p)}</li>" for p in e.problems)
-            self.problems.value = f"<span style='color:#b00'>cannot launch:</span><ul>{items}</ul>"
+            self.show_error(e)
             return False
         self.launch_button.disabled = False
         self.problems.value = "<span style='color:#080'>ready to launch</span>"
         return True
+
+    def show_error(self, e: OrtlabError) -> None:
+        """An OrtlabError in the message area under Launch: its problems one per line (a spec's), else its
+        message; escaped, as it may quote a spec, a path or a run folder."""
+        problems = getattr(e, "problems", None) or [line.strip() for line in str(e).splitlines() if line.strip()]
+        items = "".join(f"<li>{html.escape(str(p))}</li>" for p in problems)
+        self.problems.value = f"<span style='color:#b00'>cannot launch:</span><ul>{items}</ul>"
 
     # --- pickers -------------------------------------------------------------------------------------------
 
@@ -556,12 +561,11 @@ class Workbench(RefreshedDisplay, widgets.VBox):
         self.model_info.value = "<br>".join(lines) + (f"<br><small>{html.escape(note)}</small>" if note else "")
 
     def inspect_data(self) -> None:
-        from ortlab.data import DataError
         from ortlab.discover import inspect_dataset
 
         try:
             info = inspect_dataset(self.data.value.strip())
-        except DataError as e:
+        except OrtlabError as e:  # data that cannot be used, an asset not installed, the Hub offline
             self.data_preview.value = f"<span style='color:#b00'>{html.escape(str(e))}</span>"
             return
         p = info.proposal
@@ -584,15 +588,14 @@ class Workbench(RefreshedDisplay, widgets.VBox):
     def launch(self):
         """Start the current spec in its own process; its charts appear below. The spec's own rules are checked as
         it is edited (`validate`); what its target can run is checked here, once, by the launch itself."""
-        from ortlab.runner import RunError, launch
+        from ortlab.runner import launch
 
         if not self.validate():
             return None
         try:
             run = launch(self.spec())
-        except RunError as e:
-            items = "".join(f"<li>{html.escape(line.strip())}</li>" for line in str(e).splitlines() if line.strip())
-            self.problems.value = f"<span style='color:#b00'>cannot launch:</span><ul>{items}</ul>"
+        except OrtlabError as e:  # what the spec alone cannot tell (the mix here, another Python): said, not raised
+            self.show_error(e)
             return None
         self._track(run)
         return run
