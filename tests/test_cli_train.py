@@ -134,11 +134,15 @@ def test_spec_options_help_is_the_spec_fields_description(command):
 
 
 def test_a_changed_field_description_is_the_new_help(monkeypatch):
-    from ortlab.cli import options
+    from typer.testing import CliRunner
+
+    from ortlab.cli import app
     from ortlab.spec import HyperSpec
 
-    monkeypatch.setattr(HyperSpec.model_fields["learning_rate"], "description", "How big each step is.")
-    assert options.spec_help("learning_rate").startswith("How big each step is. [hyper.learning_rate")
+    monkeypatch.setattr(HyperSpec.model_fields["learning_rate"], "description", "How big each optimizer step is.")
+    result = CliRunner().invoke(app, ["train", "--help"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert "How big each optimizer step is. [hyper.learning_rate;" in " ".join(result.output.split())
 
 
 def _train_yaml(tmp_path: Path, spec: dict) -> dict:

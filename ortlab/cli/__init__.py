@@ -14,6 +14,7 @@ import typer
 
 from ortlab.cli import env, runs, train
 from ortlab.cli.common import PLAIN_HELP
+from ortlab.cli.options import SpecHelp
 
 app = typer.Typer(
     help="ortlab: fine-tune Hugging Face models fast, with ONNX Runtime training and friends.",
@@ -47,8 +48,8 @@ app.command()(env.info)
 app.command()(env.doctor)
 app.command("build-ort-extensions")(env.build_ort_extensions)
 app.command("bundle")(env.bundle_command)
-app.command()(train.train)
-app.command("tune")(train.tune_cmd)
+app.command(cls=SpecHelp)(train.train)
+app.command("tune", cls=SpecHelp)(train.tune_cmd)
 app.command("runs")(runs.list_runs)
 app.command()(runs.follow)
 app.command()(runs.stop)

@@ -1,9 +1,12 @@
 """The one table of the command-line options that set a RunSpec field (`train`'s and `tune`'s alike).
 
 An option's help is the field's own `description` (with the choices of a Literal field, its default and the spec
-path it sets), read from the RunSpec when the CLI is imported: a field described once, in `ortlab/spec.py`,
-reads the same in `--help`, the JSON schema, the notebook form and the sidebar. Only the option NAMES are the
-command line's own (short: `--lr`, `--lora`), and a note where a flag sets a field other than by its value.
+path it sets), read from the RunSpec when the help is shown: a field described once, in `ortlab/spec.py`, reads
+the same in `--help`, the JSON schema, the notebook form and the sidebar. Only the option NAMES are the command
+line's own (short: `--lr`, `--lora`), and a note where a flag sets a field other than by its value.
+
+`ortlab.spec` is imported only where a spec is needed (here: the help, and building a spec): building its pydantic
+models would add 0.5-1 s to the start of every command, `ortlab runs` and `ortlab --version` included.
 """
 
 from __future__ import annotations
@@ -12,14 +15,16 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args, get_origin
 
 import typer
-from pydantic import BaseModel
-from pydantic.fields import FieldInfo
-from pydantic_core import PydanticUndefined
+from typer.core import TyperCommand, TyperOption
 
-from ortlab.spec import RunSpec, SpecError
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+    from pydantic.fields import FieldInfo
+
+    from ortlab.spec import RunSpec
 
 
 def _names(values: list[str] | None) -> list[str] | None:
@@ -84,6 +89,8 @@ SPEC_OPTIONS: dict[str, SpecOption] = {
 
 def spec_field(path: tuple[str, ...]) -> FieldInfo:
     """The RunSpec field at `path` (its description, type and default), through the nested spec models."""
+    from ortlab.spec import RunSpec
+
     model: type[BaseModel] = RunSpec
     for key in path[:-1]:
         model = model.model_fields[key].annotation  # type: ignore[assignment]  # a nested spec, e.g. HyperSpec
@@ -103,6 +110,8 @@ def _shown(value: Any) -> str:
 
 def spec_help(name: str) -> str:
     """An option's help: its field's description, the choices of a Literal field, the default, the spec path."""
+    from pydantic_core import PydanticUndefined
+
     option = SPEC_OPTIONS[name]
     field = spec_field(option.path)
     text = (field.description or "").strip()
@@ -119,8 +128,18 @@ def spec_help(name: str) -> str:
 
 
 def spec_option(name: str) -> Any:
-    """The `typer.Option` of the table's option `name`, its help from the RunSpec (`Annotated[T, spec_option(..)]`)."""
-    return typer.Option(*SPEC_OPTIONS[name].decls, help=spec_help(name))
+    """The `typer.Option` of the table's option `name` (`Annotated[T, spec_option(..)]`); `SpecHelp` writes its help."""
+    return typer.Option(*SPEC_OPTIONS[name].decls)
+
+
+class SpecHelp(TyperCommand):
+    """A command taking spec options (`train`, `tune`): their help is `spec_help`, written when the help is shown."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        for param in self.params:
+            if isinstance(param, TyperOption) and param.name in SPEC_OPTIONS:
+                param.help = spec_help(param.name)
+        super().format_help(ctx, formatter)
 
 
 def overrides(options: dict[str, Any]) -> dict[tuple[str, ...], Any]:
@@ -137,6 +156,8 @@ SpecFile = Annotated[Path | None, typer.Argument(help="a RunSpec as YAML or JSON
 
 def build_spec(spec_file: Path | None, given: dict[tuple[str, ...], Any]) -> RunSpec:
     """The spec file (or the embedded default) with the command line's options (`overrides`) on top."""
+    from ortlab.spec import RunSpec
+
     base = read_spec_file(spec_file) if spec_file is not None else RunSpec().model_dump(mode="json")
     data = given.get(("data", "source"))
     if data is not None and spec_file is None:
@@ -154,6 +175,8 @@ def build_spec(spec_file: Path | None, given: dict[tuple[str, ...], Any]) -> Run
 def read_spec_file(path: Path) -> dict:
     """A spec file's fields, before validation; a missing or unparsable file is a SpecError that says so."""
     import yaml
+
+    from ortlab.spec import SpecError
 
     if not path.is_file():
         raise SpecError([f"spec file {str(path)!r} does not exist"])

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from ortlab.cli.common import num, reported
 from ortlab.cli.options import SpecFile, build_spec, overrides, spec_option
 from ortlab.cli.runs import follow
-from ortlab.spec import RunSpec, SpecError
+
+if TYPE_CHECKING:
+    from ortlab.spec import RunSpec
 
 
 def train(
@@ -73,6 +75,8 @@ def train(
 
 def _train(spec: RunSpec, *, adapter_rank: int | None, quiet: bool, verbose: bool, detach: bool) -> dict | None:
     """Train `spec` here and return its result, or launch it (and follow it unless `detach`) and return None."""
+    from ortlab.spec import SpecError
+
     if adapter_rank is not None and spec.adapter.kind == "none":
         raise SpecError(["adapter.rank: --adapter-rank sets the rank of a LoRA adapter; add --lora to train one"])
     # Another interpreter or several processes cannot train in this process: they are launched, and in the
@@ -235,5 +239,7 @@ def spec(
 ) -> None:
     """Print the default RunSpec as YAML (a starting point for your own), or its JSON schema."""
     import json
+
+    from ortlab.spec import RunSpec
 
     print(json.dumps(RunSpec.json_schema(), indent=2) if schema else RunSpec().to_yaml())
