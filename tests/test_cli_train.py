@@ -80,31 +80,69 @@ def test_bad_input_fails_fast_and_leaves_no_run(tmp_path, bad_files, args, expec
 def test_train_and_tune_map_their_options_to_the_spec_through_one_table():
     import inspect
 
-    from ortlab import cli
+    from ortlab.cli import options, train
     from ortlab.spec import RunSpec
 
     fields = RunSpec().model_dump(mode="json")
-    for name, path in cli.SPEC_OPTIONS.items():
+    for name, option in options.SPEC_OPTIONS.items():
         node = fields
-        for key in path[:-1]:
+        for key in option.path[:-1]:
+            assert isinstance(node.get(key), dict), f"--{name} sets {'.'.join(option.path)}: no spec section {key!r}"
             node = node[key]
-        assert path[-1] in node, f"--{name} sets {'.'.join(path)}, which the RunSpec does not have"
+        assert option.path[-1] in node, f"--{name} sets {'.'.join(option.path)}, which the RunSpec does not have"
     # every option of either command is in the table, or is the command's own (not a spec field)
     own = {
         "train": {"spec_file", "quiet", "verbose", "detach"},
         "tune_cmd": {"spec_file", "cache", "compile", "json_out"},
     }
     for command, not_spec in own.items():
-        unmapped = set(inspect.signature(getattr(cli, command)).parameters) - not_spec - set(cli.SPEC_OPTIONS)
+        unmapped = set(inspect.signature(getattr(train, command)).parameters) - not_spec - set(options.SPEC_OPTIONS)
         assert not unmapped, f"{command} has options that set no spec field: {unmapped}"
     given = {"model": "m", "data": None, "lora": False, "tune": True, "report_to": ["a,b", "c"], "quiet": True}
-    assert cli._overrides(given) == {
+    assert options.overrides(given) == {
         ("model", "name"): "m",
         ("data", "source"): None,
         ("accel", "tune"): "measure",
         ("adapter", "kind"): "none",
         ("report_to",): ["a", "b", "c"],
     }
+
+
+@pytest.mark.parametrize("command", ["train", "tune"])
+def test_spec_options_help_is_the_spec_fields_description(command):
+    """--help shows each field's own description (and a Literal field's choices): a description changed in
+    ortlab/spec.py shows in --help, with no second copy to forget."""
+    from typer.testing import CliRunner
+
+    from ortlab.cli import app, options
+    from ortlab.spec import TASKS
+
+    result = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    shown = "".join(result.output.split())  # click wraps (and breaks at hyphens): compare without whitespace
+    checked = 0
+    for name, option in options.SPEC_OPTIONS.items():
+        if command == "tune" and name not in ("model", "data", "task", "batch_size", "max_length"):
+            continue
+        description = options.spec_field(option.path).description
+        assert description, f"{'.'.join(option.path)} has no description for --help"
+        assert "".join(description.split()) in shown, f"--help of {command} lost {name}'s description:\n{description}"
+        assert "".join(f"[{'.'.join(option.path)}".split()) in shown
+        checked += 1
+    assert checked >= 5
+    assert "One of: " + ", ".join(TASKS) in " ".join(result.output.split()).replace("- ", "-")
+
+
+def test_a_changed_field_description_is_the_new_help(monkeypatch):
+    from typer.testing import CliRunner
+
+    from ortlab.cli import app
+    from ortlab.spec import HyperSpec
+
+    monkeypatch.setattr(HyperSpec.model_fields["learning_rate"], "description", "How big each optimizer step is.")
+    result = CliRunner().invoke(app, ["train", "--help"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert "How big each optimizer step is. [hyper.learning_rate;" in " ".join(result.output.split())
 
 
 def _train_yaml(tmp_path: Path, spec: dict) -> dict:

@@ -26,6 +26,8 @@ def error_classes() -> dict[str, type[BaseException]]:
     """Every exception class defined at the top of any ortlab module (warnings are not errors), by its name."""
     found = {}
     for info in pkgutil.walk_packages(ortlab.__path__, "ortlab."):
+        if info.name.endswith(".__main__"):  # a command's entry point: importing it runs the command
+            continue
         module = importlib.import_module(info.name)
         for _, cls in inspect.getmembers(module, inspect.isclass):
             if cls.__module__ == info.name and issubclass(cls, BaseException) and not issubclass(cls, Warning):

@@ -1,0 +1,241 @@
+"""The commands that make runs: `train`, `tune`, `notebook`, and `spec` (the default spec to start from)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from ortlab.cli.common import num, reported
+from ortlab.cli.options import SpecFile, build_spec, overrides, spec_option
+from ortlab.cli.runs import follow
+
+if TYPE_CHECKING:
+    from ortlab.spec import RunSpec
+
+
+def train(
+    spec_file: SpecFile = None,
+    model: Annotated[str | None, spec_option("model")] = None,
+    data: Annotated[str | None, spec_option("data")] = None,
+    task: Annotated[str | None, spec_option("task")] = None,
+    text_column: Annotated[str | None, spec_option("text_column")] = None,
+    label_column: Annotated[str | None, spec_option("label_column")] = None,
+    source_column: Annotated[str | None, spec_option("source_column")] = None,
+    target_column: Annotated[str | None, spec_option("target_column")] = None,
+    messages_column: Annotated[str | None, spec_option("messages_column")] = None,
+    prompt_column: Annotated[str | None, spec_option("prompt_column")] = None,
+    response_column: Annotated[str | None, spec_option("response_column")] = None,
+    packing: Annotated[bool | None, spec_option("packing")] = None,
+    max_train_samples: Annotated[int | None, spec_option("max_train_samples")] = None,
+    max_eval_samples: Annotated[int | None, spec_option("max_eval_samples")] = None,
+    epochs: Annotated[float | None, spec_option("epochs")] = None,
+    max_steps: Annotated[int | None, spec_option("max_steps")] = None,
+    learning_rate: Annotated[float | None, spec_option("learning_rate")] = None,
+    batch_size: Annotated[int | None, spec_option("batch_size")] = None,
+    max_length: Annotated[int | None, spec_option("max_length")] = None,
+    max_target_length: Annotated[int | None, spec_option("max_target_length")] = None,
+    ort: Annotated[bool | None, spec_option("ort")] = None,
+    fused_adam: Annotated[bool | None, spec_option("fused_adam")] = None,
+    zero_stage: Annotated[int | None, spec_option("zero_stage")] = None,
+    precision: Annotated[str | None, spec_option("precision")] = None,
+    tune: Annotated[bool, spec_option("tune")] = False,
+    torch_compile: Annotated[bool | None, spec_option("torch_compile")] = None,
+    lora: Annotated[bool | None, spec_option("lora")] = None,
+    adapter_rank: Annotated[int | None, spec_option("adapter_rank")] = None,
+    report_to: Annotated[list[str] | None, spec_option("report_to")] = None,
+    output_dir: Annotated[str | None, spec_option("output_dir")] = None,
+    name: Annotated[str | None, spec_option("name")] = None,
+    seed: Annotated[int | None, spec_option("seed")] = None,
+    quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="show every library's output (default: in the run's logs/run.log)")
+    ] = False,
+    detach: Annotated[
+        bool, typer.Option("--detach", "-d", help="run in the background; watch with `ortlab follow RUN`")
+    ] = False,
+    cluster: Annotated[str | None, spec_option("cluster")] = None,
+) -> None:
+    """Train a RunSpec: checks everything first, then trains in the foreground (or detached) and prints eval
+    before and after."""
+
+    given = overrides(locals())
+    try:
+        with reported():
+            result = _train(
+                build_spec(spec_file, given), adapter_rank=adapter_rank, quiet=quiet, verbose=verbose, detach=detach
+            )
+    except KeyboardInterrupt:
+        typer.echo("interrupted: the run is marked failed (its folder keeps what was written)", err=True)
+        raise typer.Exit(130) from None
+    if result is not None:
+        _print_result(result)
+
+
+def _train(spec: RunSpec, *, adapter_rank: int | None, quiet: bool, verbose: bool, detach: bool) -> dict | None:
+    """Train `spec` here and return its result, or launch it (and follow it unless `detach`) and return None."""
+    from ortlab.spec import SpecError
+
+    if adapter_rank is not None and spec.adapter.kind == "none":
+        raise SpecError(["adapter.rank: --adapter-rank sets the rank of a LoRA adapter; add --lora to train one"])
+    # Another interpreter or several processes cannot train in this process: they are launched, and in the
+    # foreground followed here, like a detached run.
+    # So does a run that needs ortlab's compile runtime (torch_compile where this runtime cannot compile).
+    from ortlab.fit import check
+    from ortlab.runner import check as check_target
+    from ortlab.runner import trains_here
+    from ortlab.train.run import train_spec
+
+    if detach or not trains_here(spec):
+        check_target(spec)  # the machine first (the target's doctor, cached): seconds, before the data
+        if spec.target.cluster is None:  # (a cluster run's model and data are checked on the cluster)
+            check(spec)  # the same fast checks as in the foreground, before anything starts
+        from ortlab.runner import default_root, launch
+
+        run = launch(spec)
+        root = Path(spec.output_dir)
+        where = "" if root.resolve() == default_root().resolve() else f" --root {root}"
+        if detach:
+            typer.echo(f"launched {run.id} ({run.path}); watch it with: ortlab follow {run.id}{where}")
+            return None
+        typer.echo(f"launched {run.id} ({run.path}); following it (Ctrl-C stops following, not the run)")
+        try:
+            follow(run.id, root=root)
+        except KeyboardInterrupt:
+            typer.echo(f"\nstill running: ortlab follow {run.id}{where}", err=True)
+            raise typer.Exit(130) from None
+        return None
+    from ortlab.train.terminal import Terminal
+
+    with Terminal(verbose=verbose, progress=not quiet) as terminal:
+        return train_spec(spec, progress=not quiet, terminal=terminal)
+
+
+def tune_cmd(
+    spec_file: SpecFile = None,
+    model: Annotated[str | None, spec_option("model")] = None,
+    data: Annotated[str | None, spec_option("data")] = None,
+    task: Annotated[str | None, spec_option("task")] = None,
+    text_column: Annotated[str | None, spec_option("text_column")] = None,
+    label_column: Annotated[str | None, spec_option("label_column")] = None,
+    source_column: Annotated[str | None, spec_option("source_column")] = None,
+    target_column: Annotated[str | None, spec_option("target_column")] = None,
+    batch_size: Annotated[int | None, spec_option("batch_size")] = None,
+    max_length: Annotated[int | None, spec_option("max_length")] = None,
+    cache: Annotated[bool, typer.Option("--cache/--no-cache", help="reuse an earlier measurement")] = True,
+    compile: Annotated[
+        bool, typer.Option("--compile", help="also measure torch.compile (its warm-up takes a minute or more)")
+    ] = False,
+    json_out: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Measure which acceleration mix trains fastest here, on the spec's model and batches (about a minute).
+
+    Runs that leave accelerations at 'auto' reuse the result (cached per model, shapes and machine)."""
+    given = overrides(locals())
+    import json
+
+    from ortlab.tune import tune_spec
+
+    with reported():
+        spec = build_spec(spec_file, given)
+        result = tune_spec(spec, progress=lambda m: typer.echo(m, err=json_out), use_cache=cache, compile=compile)
+    if json_out:
+        print(json.dumps(result.to_dict(), indent=2, default=str))
+        return
+    _print_tune(result)
+
+
+def _print_tune(result: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    table = Table(title=None)
+    for col, justify in (("mix", "left"), ("samples/s", "right"), ("vs plain", "right"), ("warm-up", "right")):
+        table.add_column(col, justify=justify, overflow="fold")
+    table.add_column("verdict", overflow="fold")
+    for m in result.candidates:
+        table.add_row(
+            m.name,
+            num(m.samples_per_s, ".1f"),
+            num(m.ratio, ".2f") + ("x" if m.ratio is not None else ""),
+            num(m.warmup_s, ".1f") + (" s" if m.warmup_s is not None else ""),
+            m.verdict,
+        )
+    console.print(table)
+    how = "cached measurement" if result.cached else f"measured in {result.calibration_s:.0f} s"
+    console.print(f"fastest here: [bold]{result.chosen}[/] ({how}, {result.rounds} interleaved rounds)")
+    if result.choice.get("torch_compile"):
+        console.print("torch.compile is never chosen for you: set accel.torch_compile (--torch-compile) to use it")
+    else:
+        console.print("runs that leave ort / fused_adam / precision at 'auto' on this model and batch shape use it")
+
+
+def _print_result(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    # The path on a line of its own, whole: a table title would wrap it into the table's width.
+    console.print(f"[bold]run[/] {result['run_dir']}", soft_wrap=True)
+    table = Table()
+    table.add_column("metric")
+    table.add_column("before", justify="right")
+    table.add_column("after", justify="right")
+    from ortlab.scores import eval_scores
+
+    before = eval_scores(result["eval_before"])
+    for name, value in eval_scores(result["eval_after"]).items():
+        table.add_row(name, f"{before[name]:.4f}" if name in before else "", f"{value:.4f}")
+    console.print(table)
+    s = result["summary"]
+    applied = [k for k, v in result["accelerations"].items() if v["applied"]]
+    not_applied = [k for k, v in result["accelerations"].items() if v["requested"] and not v["applied"]]
+    console.print(
+        f"steady state: {s.get('steady_samples_per_s', 0):.1f} samples/s, {s.get('steady_tokens_per_s', 0):.0f} "
+        f"tokens/s; warm-up {s['warmup_time_s']:.1f} s; peak memory {s['peak_mem_mb']:.0f} MB"
+    )
+    console.print(f"accelerations applied: {', '.join(applied) or 'none'}")
+    params = result.get("parameters") or {}
+    if params.get("total"):
+        trained = "LoRA adapter" if result.get("adapter") else "every weight"
+        console.print(
+            f"trained: {trained}, {params['trainable']:,} of {params['total']:,} parameters; optimizer state "
+            f"{params.get('optimizer_state_bytes', 0) / 2**20:.1f} MiB"
+        )
+    if not_applied:
+        console.print(f"[red]requested but NOT applied: {', '.join(not_applied)}[/]")
+
+
+def notebook(
+    path: Annotated[Path, typer.Argument(help="the notebook to run, e.g. notebooks/01-quickstart.ipynb")],
+    param: Annotated[list[str] | None, typer.Option("-p", "--param", help="NAME=VALUE (YAML value)")] = None,
+    output: Annotated[Path | None, typer.Option(help="executed notebook (default: <name>.out.ipynb)")] = None,
+) -> None:
+    """Run a notebook with parameters through papermill (every cell; a failing cell fails the command)."""
+    import yaml
+
+    from ortlab.notebooks import run_notebook
+
+    parameters = {}
+    for item in param or []:
+        name, sep, value = item.partition("=")
+        if not sep:
+            typer.echo(f"error: -p takes NAME=VALUE, got {item!r}", err=True)
+            raise typer.Exit(2)
+        parameters[name] = yaml.safe_load(value)
+    with reported(code=1):
+        out = run_notebook(path, output or path.with_suffix(".out.ipynb"), parameters)
+    typer.echo(f"executed: {out}")
+
+
+def spec(
+    schema: Annotated[bool, typer.Option("--schema", help="print the JSON schema instead of the default spec")] = False,
+) -> None:
+    """Print the default RunSpec as YAML (a starting point for your own), or its JSON schema."""
+    import json
+
+    from ortlab.spec import RunSpec
+
+    print(json.dumps(RunSpec.json_schema(), indent=2) if schema else RunSpec().to_yaml())
