@@ -88,13 +88,10 @@ class SpecFields:
                 choices.extend([True, False])
             if b.get("exclusiveMinimum") == 0:
                 zero_is_unset = True
-        default: Any = self.defaults
-        for part in path.split("."):
-            default = default.get(part) if isinstance(default, dict) else None
         return FieldDoc(
             path=path,
             description=node.get("description", ""),
-            default=default,
+            default=get_path(self.defaults, path),
             choices=tuple(choices),
             nullable=nullable,
             zero_is_unset=zero_is_unset and nullable,
@@ -105,3 +102,41 @@ class SpecFields:
 
     def choices(self, path: str) -> tuple[Any, ...]:
         return self.field(path).choices
+
+    def tip(self, path: str) -> str:
+        """The field's description as a tooltip, saying what a form's empty value means."""
+        f = self.field(path)
+        if f.zero_is_unset:
+            return f"{f.description} (0: not set)"
+        return f.description
+
+    def value(self, path: str, raw: Any) -> Any:
+        """A form widget's value as the spec field at `path` wants it: text stripped, an empty text of a nullable
+        field (or the 0 of a nullable positive number) is None, a tuple of choices a list."""
+        f = self.field(path)
+        if isinstance(raw, str):
+            raw = raw.strip()
+        if isinstance(raw, tuple):
+            return list(raw)
+        if f.nullable and (raw == "" or (f.zero_is_unset and raw == 0)):
+            return None
+        return raw
+
+
+def get_path(data: dict[str, Any], path: str) -> Any:
+    """The value at a dotted path of a spec dict (None when a section is missing)."""
+    value: Any = data
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def set_path(data: dict[str, Any], path: str, value: Any) -> None:
+    """Set a dotted path of a spec dict, making the sections on the way (copies: the caller's sections are
+    shared with the form's starting spec, which must not change)."""
+    *sections, last = path.split(".")
+    node = data
+    for part in sections:
+        node[part] = dict(node.get(part) or {})
+        node = node[part]
+    node[last] = value
