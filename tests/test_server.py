@@ -25,7 +25,7 @@ from pytest_jupyter.jupyter_server import *  # noqa: F403 (fixtures, for this mo
 
 import ortlab
 from ortlab.runfolder.rundir import RunDir, process_create_time
-from ortlab.spec import RunSpec
+from ortlab.spec import TASKS, HyperSpec, RunSpec
 
 # Every route, with a run id that exists in the `runs` fixture (a running run).
 ROUTES = [
@@ -36,6 +36,7 @@ ROUTES = [
     ("POST", "runs/live/stop"),
     ("POST", "runs/live/resume"),
     ("GET", "doctor"),
+    ("GET", "spec"),
 ]
 
 
@@ -119,6 +120,10 @@ def test_every_route_answers_with_the_token(api, runs, runs_root):
     code, body, _ = api("GET", "doctor")
     assert code == 200, body
     assert isinstance(body["probed"], bool) and isinstance(body["accelerations"], dict)
+
+    code, body, _ = api("GET", "spec")
+    assert code == 200 and body["schema"] == RunSpec.json_schema(), body
+    assert body["defaults"] == RunSpec.parse({}, stored=True).model_dump(mode="json")
 
     code, body, _ = api("POST", "runs/live/stop")
     assert (code, body) == (202, {"id": "live", "state": "running", "stop_requested": True})
@@ -515,11 +520,28 @@ detail = index.detail(RunDir({str(runs["done"])!r}))
 metrics_since(RunDir({str(runs["live"])!r}), 0)
 RunSpec.parse({{"accel": {{"ort": True, "precision": "bf16"}}}})
 doctor_summary()
+from ortlab.specfields import form
+form()
 print(json.dumps({{"rows": len(rows), "torch": "torch" in sys.modules, "spec": detail["spec"] is not None}}))
 """
     out = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"rows": 3, "torch": False, "spec": True}
+
+
+def test_the_spec_route_gives_the_new_run_form_every_task(api):
+    """The sidebar's form takes its task choices and defaults from here: seq2seq, the newest task, is among them,
+    and so is every field's description (the form's tooltips)."""
+    code, body, _ = api("GET", "spec")
+    assert code == 200, body
+    schema = body["schema"]
+    assert schema["properties"]["task"]["enum"] == list(TASKS)
+    assert "seq2seq" in schema["properties"]["task"]["enum"]
+    hyper = schema["$defs"]["HyperSpec"]["properties"]
+    assert hyper["batch_size"]["description"] == HyperSpec.model_fields["batch_size"].description
+    # The defaults a factory builds (the capped embedded dataset) are not in the schema: they come alongside.
+    assert body["defaults"]["data"]["max_train_samples"] == RunSpec().data.max_train_samples
+    assert body["defaults"]["model"]["name"] == RunSpec().model.name
 
 
 # --- real runs through the API -----------------------------------------------------------------------------

@@ -25,6 +25,8 @@ from conftest import ROOT
 from lab_server import start_lab
 from test_browser import CHROMIUM, _wait_for
 
+from ortlab.spec import TASKS, HyperSpec, RunSpec
+
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 ARTIFACTS = ROOT / "test-artifacts"
@@ -141,6 +143,16 @@ def test_sidebar_launches_watches_and_stops_a_run(lab_with_ortlab, tiny_bert):
 
             # A bad spec: the server's field-by-field problems show inline, and no run folder is made.
             page.locator("#ortlab-runs .ortlab-NewRunButton").click()
+            # The form is built from the server's RunSpec schema: every task (seq2seq too), the spec's defaults,
+            # and the field descriptions as tooltips.
+            form = page.locator("form.ortlab-NewRun")
+            form.wait_for(timeout=60_000)
+            options = form.locator('select[name="task"] option').evaluate_all("els => els.map(e => e.value)")
+            assert options == list(TASKS), options
+            assert form.locator('select[name="task"]').input_value() == RunSpec().task
+            assert form.locator('input[name="batch_size"]').input_value() == str(HyperSpec().batch_size)
+            tip = form.locator("label.ortlab-Field", has=page.locator('select[name="task"]')).get_attribute("title")
+            assert tip == RunSpec.model_fields["task"].description, tip
             _fill_form(page, str(tiny_bert), "0")
             problems = page.locator("form.ortlab-NewRun .ortlab-Problems li")
             problems.first.wait_for(timeout=60_000)

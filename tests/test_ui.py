@@ -475,3 +475,50 @@ def test_the_target_picker_offers_local_other_python_and_a_cluster(workbench):
     assert workbench.spec().target.cluster == "http://10.0.0.5:8265" and workbench.launch_button.disabled is False
     workbench.where.value = "local"
     assert workbench.spec().target.cluster is None
+
+
+@pytest.fixture
+def reworded_learning_rate():
+    """RunSpec with hyper.learning_rate's description reworded (the models rebuilt, then restored): what a
+    contributor's edit of ortlab/spec.py does."""
+    from ortlab.spec import HyperSpec
+
+    info = HyperSpec.model_fields["learning_rate"]
+    before = info.description
+    info.description = "Reworded: <b>how big</b> each optimizer step is."
+    HyperSpec.model_rebuild(force=True)
+    RunSpec.model_rebuild(force=True)
+    try:
+        yield info.description
+    finally:
+        info.description = before
+        HyperSpec.model_rebuild(force=True)
+        RunSpec.model_rebuild(force=True)
+
+
+def test_the_widgets_take_choices_defaults_and_tooltips_from_the_spec_schema(reworded_learning_rate, tmp_path):
+    """The workbench copies nothing from the spec: a reworded description is the tooltip at once, the task list
+    is the schema's (seq2seq included), and a blank workbench starts at the spec's defaults."""
+    from ortlab.spec import TASKS, DataSpec, HyperSpec
+    from ortlab.ui import Workbench
+
+    wb = Workbench(root=str(tmp_path))
+    try:
+        assert wb.learning_rate.tooltip == reworded_learning_rate
+        assert wb.batch_size.tooltip == HyperSpec.model_fields["batch_size"].description
+        assert wb.max_steps.tooltip.startswith(HyperSpec.model_fields["max_steps"].description)
+        assert wb.task.options == TASKS and "seq2seq" in wb.task.options
+        assert wb.text_column.tooltip == DataSpec.model_fields["text_column"].description
+        wb.task.value = "seq2seq"  # the pair of column fields edits source/target now: their descriptions follow
+        assert wb.text_column.tooltip == DataSpec.model_fields["source_column"].description
+        assert wb.label_column.tooltip == DataSpec.model_fields["target_column"].description
+        defaults = RunSpec()
+        h = defaults.hyper
+        assert (wb.batch_size.value, wb.learning_rate.value) == (h.batch_size, h.learning_rate)
+        assert wb.max_train_samples.value == defaults.data.max_train_samples  # a factory default, not in the schema
+        wb.task.value = "sequence-classification"
+        # An untouched workbench is the default spec (the toggles make the mix explicit: what `auto` resolves to).
+        blank = RunSpec.parse({"output_dir": str(tmp_path)}).model_dump(exclude={"accel"})
+        assert wb.spec().model_dump(exclude={"accel"}) == blank
+    finally:
+        wb.monitor.close()

@@ -51,6 +51,24 @@ export interface IDoctor {
   accelerations: { [name: string]: IAcceleration };
 }
 
+/** A node of RunSpec's JSON schema as pydantic writes it (only the keys the form reads are typed). */
+export interface ISchemaNode {
+  $ref?: string;
+  anyOf?: ISchemaNode[];
+  enum?: unknown[];
+  const?: unknown;
+  type?: string;
+  description?: string;
+  default?: unknown;
+  properties?: { [name: string]: ISchemaNode };
+}
+
+/** `GET spec`: RunSpec's JSON schema and a default spec, from which the New run form is built. */
+export interface ISpecForm {
+  schema: ISchemaNode & { $defs?: { [name: string]: ISchemaNode } };
+  defaults: { [name: string]: unknown };
+}
+
 export interface ILaunched {
   id: string;
   path: string;

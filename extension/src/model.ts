@@ -14,6 +14,7 @@ import {
   IMetricsPage,
   IRunRow,
   IRunsList,
+  ISpecForm,
   requestAPI,
   runPath
 } from './api';
@@ -51,6 +52,8 @@ export class RunsModel {
   root = '';
   runs: IRunRow[] = [];
   doctor: IDoctor | null = null;
+  /** RunSpec's schema and defaults (the New run form is built from them), once loaded. */
+  form: ISpecForm | null = null;
   /** Why the last refresh failed (shown at the top of the panel), or null. */
   error: string | null = null;
   loaded = false;
@@ -84,6 +87,7 @@ export class RunsModel {
     if (!this._started) {
       this._started = true;
       void this.loadDoctor();
+      void this.loadForm();
       this.kick();
     }
   }
@@ -105,6 +109,17 @@ export class RunsModel {
       this.doctor = await requestAPI<IDoctor>('doctor');
     } catch (error) {
       this.doctor = null;
+      this.error = describe(error);
+    }
+    this._changed.emit();
+  }
+
+  /** RunSpec's fields from the server: what the New run form offers is what this ortlab accepts. */
+  async loadForm(): Promise<void> {
+    try {
+      this.form = await requestAPI<ISpecForm>('spec');
+    } catch (error) {
+      this.form = null;
       this.error = describe(error);
     }
     this._changed.emit();

@@ -16,8 +16,9 @@ import {
 import { Message } from '@lumino/messaging';
 import * as React from 'react';
 
-import { ApiError, IDoctor, IRunRow } from './api';
+import { ApiError, IDoctor, IRunRow, ISpecForm } from './api';
 import { describe, LIVE_STATES, RunsModel } from './model';
+import { choices, defaultText, description } from './specform';
 import { Sparkline } from './sparkline';
 
 /** What the panel asks the application to do. */
@@ -98,6 +99,7 @@ function SidebarView(props: IViewProps): JSX.Element {
           tooltip={trans.__('Refresh the runs and the doctor')}
           onClick={() => {
             void model.loadDoctor();
+            void model.loadForm();
             model.kick();
           }}
         />
@@ -113,8 +115,15 @@ function SidebarView(props: IViewProps): JSX.Element {
         </div>
       ) : null}
       <DoctorSummary doctor={model.doctor} trans={trans} />
-      {props.formOpen ? (
-        <NewRunForm model={model} trans={trans} onClose={() => props.setFormOpen(false)} />
+      {props.formOpen && model.form ? (
+        <NewRunForm
+          model={model}
+          form={model.form}
+          trans={trans}
+          onClose={() => props.setFormOpen(false)}
+        />
+      ) : props.formOpen ? (
+        <div className="ortlab-NewRun-loading">{trans.__("Loading the run spec's fields…")}</div>
       ) : null}
       {model.loaded && runs.length === 0 ? (
         <p className="ortlab-Empty">{trans.__('No runs yet. Start one with New run.')}</p>
@@ -325,8 +334,6 @@ const TOGGLES: { name: string; label: string }[] = [
   { name: 'torch_compile', label: 'torch.compile' }
 ];
 
-const TASKS = ['sequence-classification', 'token-classification', 'causal-lm'];
-
 /** The RunSpec `accel` section for the ticked toggles; `auto` leaves every choice to ortlab's measurement. */
 export function accelFor(auto: boolean, ticked: Set<string>): Record<string, unknown> {
   if (auto) {
@@ -342,18 +349,24 @@ export function accelFor(auto: boolean, ticked: Set<string>): Record<string, unk
   };
 }
 
+/**
+ * The New run form. Its choices (every task), starting values and tooltips come from RunSpec's schema and
+ * defaults as the server sends them (`GET spec`), so the form offers what this ortlab accepts.
+ */
 function NewRunForm(props: {
   model: RunsModel;
+  form: ISpecForm;
   trans: TranslationBundle;
   onClose(): void;
 }): JSX.Element {
-  const { model, trans } = props;
+  const { model, form, trans } = props;
+  const tasks = choices(form, 'task');
   const [name, setName] = React.useState('');
-  const [modelName, setModelName] = React.useState('sentence-transformers/all-MiniLM-L6-v2');
-  const [source, setSource] = React.useState('embedded:rotten-tomatoes');
-  const [task, setTask] = React.useState(TASKS[0]);
-  const [maxSteps, setMaxSteps] = React.useState('');
-  const [batchSize, setBatchSize] = React.useState('16');
+  const [modelName, setModelName] = React.useState(defaultText(form, 'model.name'));
+  const [source, setSource] = React.useState(defaultText(form, 'data.source'));
+  const [task, setTask] = React.useState(defaultText(form, 'task') || tasks[0] || '');
+  const [maxSteps, setMaxSteps] = React.useState(defaultText(form, 'hyper.max_steps'));
+  const [batchSize, setBatchSize] = React.useState(defaultText(form, 'hyper.batch_size'));
   const [auto, setAuto] = React.useState(true);
   const [ticked, setTicked] = React.useState<Set<string>>(new Set());
   const [busy, setBusy] = React.useState(false);
@@ -411,7 +424,7 @@ function NewRunForm(props: {
     // noValidate: the server checks the spec and answers field by field, the same way everywhere in ortlab.
     <form className="ortlab-NewRun" noValidate onSubmit={event => void submit(event)}>
       <div className="ortlab-NewRun-title">{trans.__('New run')}</div>
-      <label className="ortlab-Field">
+      <label className="ortlab-Field" title={description(form, 'name')}>
         <span>{trans.__('name (optional)')}</span>
         <input
           className="jp-mod-styled"
@@ -421,7 +434,7 @@ function NewRunForm(props: {
           onChange={e => setName(e.target.value)}
         />
       </label>
-      <label className="ortlab-Field">
+      <label className="ortlab-Field" title={description(form, 'model.name')}>
         <span>{trans.__('model')}</span>
         <input
           className="jp-mod-styled"
@@ -430,7 +443,7 @@ function NewRunForm(props: {
           onChange={e => setModelName(e.target.value)}
         />
       </label>
-      <label className="ortlab-Field">
+      <label className="ortlab-Field" title={description(form, 'data.source')}>
         <span>{trans.__('data')}</span>
         <input
           className="jp-mod-styled"
@@ -439,7 +452,7 @@ function NewRunForm(props: {
           onChange={e => setSource(e.target.value)}
         />
       </label>
-      <label className="ortlab-Field">
+      <label className="ortlab-Field" title={description(form, 'task')}>
         <span>{trans.__('task')}</span>
         <select
           className="jp-mod-styled"
@@ -447,7 +460,7 @@ function NewRunForm(props: {
           value={task}
           onChange={e => setTask(e.target.value)}
         >
-          {TASKS.map(t => (
+          {tasks.map(t => (
             <option key={t} value={t}>
               {t}
             </option>
@@ -455,7 +468,7 @@ function NewRunForm(props: {
         </select>
       </label>
       <div className="ortlab-Field-row">
-        <label className="ortlab-Field">
+        <label className="ortlab-Field" title={description(form, 'hyper.max_steps')}>
           <span>{trans.__('max steps')}</span>
           <input
             className="jp-mod-styled"
@@ -467,7 +480,7 @@ function NewRunForm(props: {
             onChange={e => setMaxSteps(e.target.value)}
           />
         </label>
-        <label className="ortlab-Field">
+        <label className="ortlab-Field" title={description(form, 'hyper.batch_size')}>
           <span>{trans.__('batch size')}</span>
           <input
             className="jp-mod-styled"

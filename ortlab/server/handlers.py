@@ -213,6 +213,17 @@ class DoctorHandler(OrtlabHandler):
         self.reply(200, await self.io(doctor_summary))
 
 
+class SpecHandler(OrtlabHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        """RunSpec's JSON schema and defaults: the sidebar's New run form builds its choices (every task),
+        defaults and tooltips from them, so the form never lags the spec."""
+        from ortlab.specfields import form
+
+        self.reply(200, await self.io(form))
+
+
 def doctor_summary() -> dict[str, Any]:
     from ortlab.probe import cached_report
 
@@ -242,4 +253,5 @@ def handlers() -> list[tuple[str, type[OrtlabHandler]]]:
         (f"{API}/runs/{ID}/stop", StopHandler),
         (f"{API}/runs/{ID}/resume", ResumeHandler),
         (f"{API}/doctor", DoctorHandler),
+        (f"{API}/spec", SpecHandler),
     ]

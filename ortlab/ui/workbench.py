@@ -16,6 +16,7 @@ from typing import Any
 import ipywidgets as widgets
 
 from ortlab.errors import OrtlabError
+from ortlab.specfields import SpecFields, get_path, set_path
 from ortlab.ui.charts import RunMonitor
 from ortlab.ui.display import RefreshedDisplay
 from ortlab.ui.summary import generations_html, rows, static_summary, table_html
@@ -27,6 +28,10 @@ LABEL = {"description_width": "100px"}
 # The two column fields: a text and its label, or (seq2seq) a source and the target text to produce from it.
 COLUMN_LABELS = {"seq2seq": ("source col", "target col")}
 TEXT_LABEL_COLUMNS = ("text col", "label col")
+COLUMN_FIELDS = {"seq2seq": ("data.source_column", "data.target_column")}
+TEXT_LABEL_FIELDS = ("data.text_column", "data.label_column")
+# causal-lm chat data: a messages column, or a prompt and a response column (TRL's formats), and packing.
+CHAT_FIELDS = ("data.messages_column", "data.prompt_column", "data.response_column", "data.packing")
 
 
 def _availability() -> tuple[dict[str, Any], Any]:
@@ -147,18 +152,23 @@ class Workbench(RefreshedDisplay, widgets.VBox):
     embedded default; `root` is the runs folder (default ./ortlab-runs)."""
 
     def __init__(self, spec: Any = None, root: str | None = None, **kwargs: Any):
-        from ortlab.spec import TASKS, TRACKERS, RunSpec
+        from ortlab.spec import TRACKERS, RunSpec
 
         self.root = root
         start = spec if isinstance(spec, RunSpec) else RunSpec.parse(spec or {})
         self._base = start.model_dump(mode="json")
+        # The fields' choices and descriptions (the tooltips) come from RunSpec's schema, not from copies here.
+        self.fields = SpecFields()
+        # The widgets that edit one spec field each, by the field's path: `spec_dict` writes them back by path.
+        self.by_path: dict[str, widgets.ValueWidget] = {}
         self.available, self.report = _availability()
         self.notes: dict[str, widgets.HTML] = {}
         self._runs: dict[str, Any] = {}
 
         # model and data
-        self.model = widgets.Combobox(
-            value=start.model.name,
+        self.model = self._field(
+            widgets.Combobox,
+            "model.name",
             placeholder="Hub id or local folder",
             description="model",
             layout=WIDE,
@@ -166,8 +176,9 @@ class Workbench(RefreshedDisplay, widgets.VBox):
         )
         self.model_search = widgets.Button(description="search", layout=widgets.Layout(width="80px"))
         self.model_info = widgets.HTML()
-        self.data = widgets.Combobox(
-            value=start.data.source,
+        self.data = self._field(
+            widgets.Combobox,
+            "data.source",
             description="data",
             layout=WIDE,
             placeholder="Hub id, file or folder, embedded:NAME",
@@ -175,20 +186,17 @@ class Workbench(RefreshedDisplay, widgets.VBox):
         )
         self.data_inspect = widgets.Button(description="inspect", layout=widgets.Layout(width="80px"))
         self.data_preview = widgets.HTML()
-        self.task = widgets.Dropdown(options=list(TASKS), value=start.task, description="task")
-        d = start.data
+        self.task = self._field(widgets.Dropdown, "task", options=list(self.fields.choices("task")), description="task")
         # One pair of column fields for every task; for seq2seq they name the source and the target column.
-        first, second = (
-            (d.source_column, d.target_column) if start.task == "seq2seq" else (d.text_column, d.label_column)
-        )
-        self.text_column = widgets.Text(value=first or "", placeholder="auto")
-        self.label_column = widgets.Text(value=second or "", placeholder="auto")
+        first, second = COLUMN_FIELDS.get(start.task, TEXT_LABEL_FIELDS)
+        self.text_column = widgets.Text(value=get_path(self._base, first) or "", placeholder="auto")
+        self.label_column = widgets.Text(value=get_path(self._base, second) or "", placeholder="auto")
         self._label_columns()
-        # causal-lm chat data: a messages column, or a prompt and a response column (TRL's formats)
-        self.messages_column = widgets.Text(value=d.messages_column or "", placeholder="auto", description="messages")
-        self.prompt_column = widgets.Text(value=d.prompt_column or "", placeholder="auto", description="prompt")
-        self.response_column = widgets.Text(value=d.response_column or "", placeholder="auto", description="response")
-        self.packing = widgets.Checkbox(value=d.packing, description="packing", indent=False)
+        self.messages_column, self.prompt_column, self.response_column = (
+            self._field(widgets.Text, f"data.{what}_column", placeholder="auto", description=what)
+            for what in ("messages", "prompt", "response")
+        )
+        self.packing = self._field(widgets.Checkbox, "data.packing", description="packing", indent=False)
         self.chat_box = widgets.HBox([self.messages_column, self.prompt_column, self.response_column, self.packing])
 
         # the acceleration mix: a toggle each, with what the doctor says
@@ -234,40 +242,43 @@ class Workbench(RefreshedDisplay, widgets.VBox):
         self._tune_thread: threading.Thread | None = None
 
         # hyperparameters and target
-        h = start.hyper
-        self.learning_rate = widgets.FloatText(value=h.learning_rate, description="learning rate", style=LABEL)
-        self.epochs = widgets.FloatText(value=h.epochs, description="epochs", style=LABEL)
-        self.max_steps = widgets.IntText(
-            value=h.max_steps or 0, description="max steps", tooltip="0 = epochs", style=LABEL
-        )
-        self.batch_size = widgets.IntText(value=h.batch_size, description="batch size", style=LABEL)
-        self.max_length = widgets.IntText(value=h.max_length, description="max length", style=LABEL)
-        self.max_train_samples = widgets.IntText(
-            value=start.data.max_train_samples or 0, description="train rows", style=LABEL
-        )
+        self.learning_rate = self._field(widgets.FloatText, "hyper.learning_rate", description="learning rate")
+        self.epochs = self._field(widgets.FloatText, "hyper.epochs", description="epochs")
+        self.max_steps = self._field(widgets.IntText, "hyper.max_steps", description="max steps")
+        self.batch_size = self._field(widgets.IntText, "hyper.batch_size", description="batch size")
+        self.max_length = self._field(widgets.IntText, "hyper.max_length", description="max length")
+        self.max_train_samples = self._field(widgets.IntText, "data.max_train_samples", description="train rows")
         # what trains (every weight, or a LoRA adapter) and where the metrics also go
         self.lora = widgets.Checkbox(
             value=start.adapter.kind == "lora",
             description="LoRA adapter",
             indent=False,
-            tooltip="train LoRA adapters (peft) beside the frozen model instead of every weight",
+            tooltip=self.fields.tip("adapter.kind"),
             layout=widgets.Layout(width="130px"),
         )
-        self.adapter_rank = widgets.IntText(
-            value=start.adapter.rank, description="rank", style=LABEL, disabled=start.adapter.kind != "lora"
+        self.adapter_rank = self._field(
+            widgets.IntText, "adapter.rank", description="rank", disabled=start.adapter.kind != "lora"
         )
-        self.report_to = widgets.SelectMultiple(
-            options=list(TRACKERS), value=list(start.report_to), description="trackers", rows=len(TRACKERS)
+        self.report_to = self._field(
+            widgets.SelectMultiple, "report_to", options=list(TRACKERS), description="trackers", rows=len(TRACKERS)
         )
-        self.processes = widgets.IntText(value=start.target.processes, description="processes", style=LABEL)
-        self.python = widgets.Text(value=start.target.python or "", description="runtime", placeholder="this Python")
+        self.processes = self._field(widgets.IntText, "target.processes", description="processes")
+        self.python = widgets.Text(
+            value=start.target.python or "",
+            description="runtime",
+            placeholder="this Python",
+            tooltip=self.fields.tip("target.python"),
+        )
         # Where the run goes: this machine, another Python here, or a Ray cluster (its address, or 'local').
         where = "cluster" if start.target.cluster else "other Python" if start.target.python else "local"
         self.where = widgets.Dropdown(options=["local", "other Python", "cluster"], value=where, description="where")
         self.cluster = widgets.Text(
-            value=start.target.cluster or "", description="cluster", placeholder="local or http://HOST:8265"
+            value=start.target.cluster or "",
+            description="cluster",
+            placeholder="local or http://HOST:8265",
+            tooltip=self.fields.tip("target.cluster"),
         )
-        self.name = widgets.Text(value=start.name or "", description="run name", placeholder="automatic")
+        self.name = self._field(widgets.Text, "name", description="run name", placeholder="automatic")
 
         # actions, state
         self.launch_button = widgets.Button(description="Launch", button_style="success", icon="play")
@@ -306,29 +317,13 @@ class Workbench(RefreshedDisplay, widgets.VBox):
         super().__init__([form, runs_box, self.monitor], **kwargs)
 
         for w in (
-            self.model,
-            self.data,
-            self.task,
+            *self.by_path.values(),
             self.text_column,
             self.label_column,
-            self.messages_column,
-            self.prompt_column,
-            self.response_column,
-            self.packing,
-            self.learning_rate,
-            self.epochs,
-            self.max_steps,
-            self.batch_size,
-            self.max_length,
-            self.max_train_samples,
-            self.processes,
             self.python,
             self.where,
             self.cluster,
-            self.name,
             self.lora,
-            self.adapter_rank,
-            self.report_to,
             *self.toggles.values(),
         ):
             w.observe(lambda _change: self.validate(), names="value")
@@ -350,6 +345,22 @@ class Workbench(RefreshedDisplay, widgets.VBox):
         self.stop_button.add_class("ortlab-stop")
         self.validate()
         self.reattach()
+
+    def _field(self, cls: type, path: str, **kw: Any) -> Any:
+        """A widget that edits the spec field at `path`: it starts at the starting spec's value (the spec's
+        default unless given), its tooltip is the field's description from RunSpec's schema, and `spec_dict`
+        reads it back by the same path."""
+        value = get_path(self._base, path)
+        if value is None:  # an unset optional field: an empty text, or 0 for a number (its tooltip says so)
+            value = 0 if issubclass(cls, (widgets.IntText, widgets.FloatText)) else ""
+        if isinstance(value, list):
+            value = tuple(value)
+        kw.setdefault("tooltip", self.fields.tip(path))
+        if issubclass(cls, (widgets.IntText, widgets.FloatText)):
+            kw.setdefault("style", LABEL)
+        w = cls(value=value, **kw)
+        self.by_path[path] = w
+        return w
 
     @property
     def probed(self) -> bool:
@@ -459,43 +470,37 @@ class Workbench(RefreshedDisplay, widgets.VBox):
         self.check_button.description = "check the cluster" if self.where.value == "cluster" else here
 
     def _label_columns(self) -> None:
-        """Name the two column fields for the chosen task."""
+        """Name the two column fields for the chosen task, with the descriptions of the fields they edit."""
         first, second = COLUMN_LABELS.get(self.task.value, TEXT_LABEL_COLUMNS)
         self.text_column.description, self.label_column.description = first, second
+        first_path, second_path = COLUMN_FIELDS.get(self.task.value, TEXT_LABEL_FIELDS)
+        self.text_column.tooltip = self.fields.tip(first_path)
+        self.label_column.tooltip = self.fields.tip(second_path)
         if hasattr(self, "chat_box"):
             self.chat_box.layout.display = None if self.task.value == "causal-lm" else "none"
 
     def spec_dict(self) -> dict[str, Any]:
+        """The spec the widgets say: the starting spec, with each widget's value written to the field it edits
+        (by path, converted as the field's schema wants: an empty optional text is None). The fields of the other
+        tasks (columns, chat data) are cleared: a spec keeps only what its task reads."""
         t = self.toggles
         spec = {**self._base}
-        spec["name"] = self.name.value.strip() or None
-        spec["task"] = self.task.value
-        spec["model"] = {**self._base["model"], "name": self.model.value.strip()}
-        first, second = self.text_column.value.strip() or None, self.label_column.value.strip() or None
         seq2seq = self.task.value == "seq2seq"
-        spec["data"] = {
-            **self._base["data"],
-            "source": self.data.value.strip(),
-            "text_column": None if seq2seq else first,
-            "label_column": None if seq2seq else second,
-            "source_column": first if seq2seq else None,
-            "target_column": second if seq2seq else None,
-            "max_train_samples": self.max_train_samples.value or None,
-        }
         causal = self.task.value == "causal-lm"
-        for field in ("messages_column", "prompt_column", "response_column"):
-            spec["data"][field] = (getattr(self, field).value.strip() or None) if causal else None
-        spec["data"]["packing"] = bool(self.packing.value) and causal
-        spec["hyper"] = {
-            **self._base["hyper"],
-            "learning_rate": self.learning_rate.value,
-            "epochs": self.epochs.value,
-            "max_steps": self.max_steps.value or None,
-            "batch_size": self.batch_size.value,
-            "max_length": self.max_length.value,
+        columns = COLUMN_FIELDS.get(self.task.value, TEXT_LABEL_FIELDS)
+        values = {
+            **{p: w.value for p, w in self.by_path.items() if p not in CHAT_FIELDS},
+            columns[0]: self.text_column.value,
+            columns[1]: self.label_column.value,
         }
+        for other in {*TEXT_LABEL_FIELDS, *COLUMN_FIELDS["seq2seq"]} - set(columns):
+            values[other] = None
+        for path in CHAT_FIELDS:
+            values[path] = self.by_path[path].value if causal else self.fields.field(path).default
+        for path, value in values.items():
+            set_path(spec, path, None if value is None else self.fields.value(path, value))
         if not seq2seq:  # a seq2seq start's generation settings do not follow into another task
-            spec["hyper"]["max_target_length"] = None
+            set_path(spec, "hyper.max_target_length", None)
             kept = ("prompts", "num_prompts", "score_examples", "max_new_tokens") if causal else ()
             spec["generation"] = {k: v for k, v in self._base["generation"].items() if k in kept}
         precision = "fp16" if t["fp16"].value else "bf16" if t["bf16"].value else "fp32"
@@ -507,12 +512,7 @@ class Workbench(RefreshedDisplay, widgets.VBox):
             "precision": precision,
             "torch_compile": t["torch_compile"].value,
         }
-        spec["adapter"] = {
-            **self._base["adapter"],
-            "kind": "lora" if self.lora.value else "none",
-            "rank": self.adapter_rank.value,
-        }
-        spec["report_to"] = list(self.report_to.value)
+        set_path(spec, "adapter.kind", "lora" if self.lora.value else "none")
         spec["target"] = {"processes": self.processes.value}
         if self.where.value == "other Python":
             spec["target"]["python"] = self.python.value.strip() or None
