@@ -275,7 +275,7 @@ def _add_runtimes(report: DoctorReport, refresh: bool, probe: bool = True) -> No
     """Probe ortlab's other runtimes (each through its own cached doctor) and say where torch_compile runs.
 
     In the ORT runtime (torch 2.6) torch.compile cannot run, but a launched run that asks for it goes to the
-    compile runtime by itself (`ortlab.runner.runtime_for`): the doctor says so, instead of a bare "no".
+    compile runtime by itself (`ortlab.runner.local.Local.interpreter`): the doctor says so, instead of a bare "no".
     """
     from ortlab import runtimes
 

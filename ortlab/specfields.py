@@ -36,8 +36,8 @@ def schema() -> dict[str, Any]:
 def defaults() -> dict[str, Any]:
     """The spec a form starts from: every field's default, as JSON. The schema alone misses some (a section
     built by a factory, such as data's capped embedded dataset), so the defaults come from a real default spec.
-    `stored=True`: the fields only, nothing checked against this machine (no torch)."""
-    return RunSpec.parse({}, stored=True).model_dump(mode="json")
+    A spec validates only itself, so this asks nothing of the machine (no torch)."""
+    return RunSpec.parse({}).model_dump(mode="json")
 
 
 def form() -> dict[str, Any]:

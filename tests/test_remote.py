@@ -357,6 +357,18 @@ def _monitor(tmp_path: Path):
     return raychannel.Monitor(local.path, "local"), local
 
 
+def test_bring_home_copies_a_finished_jobs_results_when_its_monitor_could_not(tmp_path):
+    """The launcher interface's bring_home: a monitor that died left the model on the storage; Run.bring_home()
+    copies it (and result.json) into the local folder, through the run's own launcher, without a cluster."""
+    from ortlab.runner import Run
+
+    _, local = _monitor(tmp_path)
+    assert not local.model_dir.exists() and local.result() is None
+    Run(local.path).bring_home()
+    assert (local.model_dir / "config.json").read_text() == "{}"
+    assert local.result() == {"summary": {"steps": 3}}
+
+
 def test_a_remote_folder_the_status_names_is_used_only_where_the_launch_puts_it(tmp_path):
     """status.json is the folder's: a planted `launcher.storage` naming another folder made resume claim that
     folder (its status rewritten, its control files removed) and the monitor bring its files home."""

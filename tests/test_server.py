@@ -123,7 +123,7 @@ def test_every_route_answers_with_the_token(api, runs, runs_root):
 
     code, body, _ = api("GET", "spec")
     assert code == 200 and body["schema"] == RunSpec.json_schema(), body
-    assert body["defaults"] == RunSpec.parse({}, stored=True).model_dump(mode="json")
+    assert body["defaults"] == RunSpec.parse({}).model_dump(mode="json")
 
     code, body, _ = api("POST", "runs/live/stop")
     assert (code, body) == (202, {"id": "live", "state": "running", "stop_requested": True})
@@ -619,14 +619,17 @@ def test_launch_stop_resume_through_the_api(api, runs_root, tiny_bert, tmp_path)
 
 @pytest.mark.slow
 def test_a_mix_this_machine_cannot_run_is_400_with_the_mix_problems(api, runs_root):
-    from ortlab.spec import RunSpec, SpecError
+    """The launch's machine check (the doctor's report, in the server's own process: no helper) refuses what the
+    target cannot run, with the same words as `ortlab.runner.check`, before any run folder exists."""
+    from ortlab.runner import RunError, check
+    from ortlab.spec import RunSpec
 
     try:
-        RunSpec.parse({"accel": {"precision": "fp16"}})
+        check(RunSpec.parse({"accel": {"precision": "fp16"}}))
         pytest.skip("this machine has CUDA: fp16 is a valid mix here")
-    except SpecError as e:
-        expected = e.problems
+    except RunError as e:
+        expected = str(e)
     code, body, _ = api("POST", "runs", {"accel": {"precision": "fp16"}})
     assert code == 400, body
-    assert body["problems"] == expected and body["problems"][0].startswith("accel: fp16")
+    assert body["problems"] == [expected] and "accel: fp16 is not available in this Python" in expected
     assert list(runs_root.iterdir()) == []

@@ -196,6 +196,12 @@ class Run:
         self._process = _start(self.dir, spec, resume=True, cwd=cwd)
         return self
 
+    def bring_home(self) -> None:
+        """Copy what the run made on its target (model, result, the last checkpoint) into this run folder. A Ray
+        job's monitor does this when the job ends; call it when the monitor could not (it died, the machine slept).
+        Nothing to do for a run on this machine, which writes here itself."""
+        launcher_for(self.spec()).bring_home(self.dir)
+
     def export_onnx(self, **kwargs: Any):
         """Export the finished model to ONNX with a parity check and latency numbers (see ortlab.export)."""
         from ortlab.export import export_onnx
