@@ -57,3 +57,40 @@ def tiny_chat_llama(tmp_path_factory) -> Path:
     from tiny_models import build_tiny_chat_llama
 
     return build_tiny_chat_llama(tmp_path_factory.mktemp("tiny-chat-llama"))
+
+
+# --- the suite's time budget (issue #26) ---------------------------------------------------------------------------
+# `scripts/dev test` passes --suite-budget-s: the last line of its output says how long the session took against
+# CI's budget, next to the slowest tests (--durations), so a suite that drifts towards the limit shows at once.
+_SESSION_STARTED: list[float] = []
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--suite-budget-s",
+        type=float,
+        default=0.0,
+        help="print how long the session took against this many seconds (0: say nothing)",
+    )
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    import time
+
+    _SESSION_STARTED.append(time.monotonic())
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    import time
+
+    budget = config.getoption("--suite-budget-s")
+    if not budget or not _SESSION_STARTED:
+        return
+    took = time.monotonic() - _SESSION_STARTED[0]
+    verdict = "within" if took <= budget else "OVER"
+    markup = {"green": True} if took <= budget else {"red": True, "bold": True}
+    terminalreporter.write_line(
+        f"suite time: {took / 60:.1f} min of the {budget / 60:.0f} min budget ({verdict}, {took / budget:.0%}); "
+        "the slowest tests are listed above",
+        **markup,
+    )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -63,17 +62,13 @@ def test_bad_input_fails_fast_and_leaves_no_run(tmp_path, bad_files, args, expec
         pytest.skip("fp16 is possible here")
     args = [str(bad_files[a[1:-1]]) if a.startswith("{") else a for a in args]
     out = tmp_path / "runs"
-    started = time.monotonic()
     proc = ortlab("train", *args, "--output-dir", str(out), "--quiet", cwd=tmp_path, timeout=180)
-    elapsed = time.monotonic() - started
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert expected in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
-    # Before anything expensive: no model loaded, nothing tokenized (a time limit would flake on a busy machine;
-    # this one only catches a run that trained).
+    # Before anything expensive: no model loaded, nothing tokenized (what a time limit stood for, without the clock).
     assert "loading the model" not in proc.stdout + proc.stderr
     assert "tokenizing" not in proc.stdout + proc.stderr
-    assert elapsed < 120, f"took {elapsed:.1f} s"
     assert not out.exists() or not any(out.iterdir()), "a failed check must not leave a run folder"
 
 

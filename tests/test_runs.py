@@ -57,12 +57,12 @@ def test_first_metric_arrives_while_running(make_spec):
 
 
 def test_stop_then_resume_continues_from_the_checkpoint(make_spec):
-    run = launch_gated(make_spec("stop-resume", max_steps=60), at_step=5)
+    run = launch_gated(make_spec("stop-resume", max_steps=15), at_step=5)
     wait_paused(run)
     status = run.stop()
     assert status["state"] == "stopped", status
     stopped_at = status["step"]
-    assert 5 <= stopped_at < 60
+    assert 5 <= stopped_at < 15
     checkpoint = Path(status["checkpoint"])
     assert checkpoint.name == f"checkpoint-{stopped_at}"
     assert (checkpoint / "trainer_state.json").exists()
@@ -72,12 +72,12 @@ def test_stop_then_resume_continues_from_the_checkpoint(make_spec):
     run.resume().wait(timeout=300)
     assert run.state == "completed", run.status()
     steps = steps_of(run)
-    assert steps == list(range(1, 61)), "resume continues at the next step: no step twice, none missing"
+    assert steps == list(range(1, 16)), "resume continues at the next step: no step twice, none missing"
     resumed = [r for r in run.metrics() if r["event"] == "resume"]
     assert [r["step"] for r in resumed] == [stopped_at]
     evals = [(r["phase"], r["step"]) for r in run.metrics() if r["event"] == "eval"]
-    assert evals == [("before", 0), ("after", 60)], "each evaluation is written once, with its phase"
-    assert run.result()["summary"]["steps"] == 60
+    assert evals == [("before", 0), ("after", 15)], "each evaluation is written once, with its phase"
+    assert run.result()["summary"]["steps"] == 15
 
 
 def test_kill_9_ends_failed_and_keeps_every_metric_line(make_spec):
@@ -97,7 +97,7 @@ def test_kill_9_ends_failed_and_keeps_every_metric_line(make_spec):
 def test_reattach_from_a_new_process_replays_history_then_follows_live(make_spec, tmp_path):
     # The run is held (control/pause) while the second process attaches, so it is running then however fast or
     # slow this machine is; released once the watcher has said it is attached.
-    run = launch_gated(make_spec("attach", max_steps=40), at_step=5)
+    run = launch_gated(make_spec("attach", max_steps=15), at_step=5)
     wait_paused(run)
     assert steps_of(run) == [1, 2, 3, 4, 5], "held exactly after step 5"
     script = textwrap.dedent(
@@ -121,7 +121,7 @@ def test_reattach_from_a_new_process_replays_history_then_follows_live(make_spec
     assert proc.returncode == 0, err
     seen = json.loads(out.strip().splitlines()[-1])
     assert seen["state_at_attach"] == "running"
-    assert seen["steps"] == list(range(1, 41)), "history from step 1, then live to the last step"
+    assert seen["steps"] == list(range(1, 16)), "history from step 1, then live to the last step"
     assert seen["final"] == "completed"
     assert not run.status().get("paused"), "a finished run is not paused"
 

@@ -568,7 +568,7 @@ def test_launch_stop_resume_through_the_api(api, runs_root, tiny_bert, tmp_path)
         "output_dir": str(tmp_path / "not-here"),  # a request cannot choose where to write
         "model": {"name": str(tiny_bert)},
         "data": {"source": "embedded:rotten-tomatoes", "max_train_samples": 2000, "max_eval_samples": 16},
-        "hyper": {"learning_rate": 1e-3, "batch_size": 8, "max_length": 32, "max_steps": 30},
+        "hyper": {"learning_rate": 1e-3, "batch_size": 8, "max_length": 32, "max_steps": 12},
         "accel": {"ort": False, "fused_adam": False},
     }
     code, body, _ = api("POST", "runs", spec)
@@ -581,7 +581,7 @@ def test_launch_stop_resume_through_the_api(api, runs_root, tiny_bert, tmp_path)
     try:
         row = _wait(api, run_id, lambda b: b["paused"] or b["state"] in ("failed", "completed"), what="reach step 3")
         assert row["state"] == "running", row["status"]
-        assert row["step"] >= 3 and row["max_steps"] == 30
+        assert row["step"] >= 3 and row["max_steps"] == 12
         assert isinstance(row["loss"], float) and isinstance(row["samples_per_s"], float)
         assert row["requested"] == [] and row["not_applied"] == []
         _, metrics, _ = api("GET", f"runs/{run_id}/metrics?offset=0")
@@ -593,7 +593,7 @@ def test_launch_stop_resume_through_the_api(api, runs_root, tiny_bert, tmp_path)
         stopped = _wait(api, run_id, lambda b: b["state"] in ("stopped", "failed", "completed"), what="stop")
         assert stopped["state"] == "stopped", stopped["status"]
         at = stopped["status"]["step"]
-        assert 3 <= at < 30
+        assert 3 <= at < 12
         code, body, _ = api("POST", f"runs/{run_id}/stop")
         assert code == 409, body
 
@@ -603,11 +603,11 @@ def test_launch_stop_resume_through_the_api(api, runs_root, tiny_bert, tmp_path)
         assert code == 409, "a second resume of a resumed run is refused"
         done = _wait(api, run_id, lambda b: b["state"] in ("completed", "failed"), what="finish")
         assert done["state"] == "completed", done["status"]
-        assert done["step"] == 30 and done["result"]["summary"]["steps"] == 30
+        assert done["step"] == 12 and done["result"]["summary"]["steps"] == 12
 
         _, later, _ = api("GET", f"runs/{run_id}/metrics?offset={seen}")
         steps = [r["step"] for r in later["records"] if r["event"] == "step"]
-        assert steps == list(range(steps[0], 31)) and steps[0] > 3, "only what came after the offset"
+        assert steps == list(range(steps[0], 13)) and steps[0] > 3, "only what came after the offset"
         assert [r["step"] for r in later["records"] if r["event"] == "resume"] == [at]
         code, body, _ = api("POST", f"runs/{run_id}/resume")
         assert code == 409 and "completed" in body["message"]

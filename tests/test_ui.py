@@ -3,7 +3,6 @@ throttling, and the static view shown where widgets cannot render."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -140,38 +139,36 @@ def test_live_updates_are_batched_and_throttled(tmp_path):
     from ortlab.ui import RunMonitor
 
     run = recorded_run(tmp_path, steps=1)
-    monitor = RunMonitor(throttle_s=0.5)
+    # A throttle period longer than the test: no timed flush can fire, so what is counted is the batching itself.
+    monitor = RunMonitor(throttle_s=3600)
     monitor.add_run(run, follow=False)
-    sent_before = monitor.updates_sent
-
-    def produce():
-        for step in range(2, 202):  # 200 steps over ~2 s, as a fast run would write them
-            monitor.consume(
-                run.id,
-                {
-                    "event": "step",
-                    "step": step,
-                    "loss": 0.5,
-                    "samples_per_s": 1.0,
-                    "step_time_s": 0.1,
-                    "peak_mem_mb": 1.0,
-                },
-            )
-            time.sleep(0.01)
-
-    started = time.monotonic()
-    producer = threading.Thread(target=produce)
-    producer.start()
-    producer.join()
     monitor.flush()
-    elapsed = time.monotonic() - started
-    sent = monitor.updates_sent - sent_before
-    # One message batch per throttle period (plus the final flush) instead of one per point: 800 points here.
-    assert sent <= elapsed / 0.5 + 2, (sent, elapsed)
+    sent_before = monitor.updates_sent
+    for step in range(2, 202):  # 200 steps, as a fast run writes them between two flushes
+        monitor.consume(
+            run.id,
+            {"event": "step", "step": step, "loss": 0.5, "samples_per_s": 1.0, "step_time_s": 0.1, "peak_mem_mb": 1.0},
+        )
+    assert monitor.updates_sent == sent_before, "a point was sent on its own instead of waiting for the flush"
+    monitor.flush()
+    # One message batch for the whole period instead of one per point: 800 points here.
+    assert monitor.updates_sent == sent_before + 1
     assert monitor.points_received == 4 + 800
     train_loss = next(t for t in monitor.figure.data if t.name.endswith("(train)"))
     assert len(train_loss.x) == 201  # nothing dropped
     monitor.close()
+
+    # The flusher sends a buffered point by itself, one throttle period later (no flush() called).
+    fast = RunMonitor(throttle_s=0.05)
+    fast.add_run(run, follow=False)
+    fast.flush()
+    sent = fast.updates_sent
+    fast.consume(run.id, {"event": "step", "step": 300, "loss": 0.4})
+    deadline = time.monotonic() + 60
+    while fast.updates_sent == sent and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert fast.updates_sent == sent + 1
+    fast.close()
 
 
 def test_static_view_where_widgets_cannot_render(workbench, tmp_path):
