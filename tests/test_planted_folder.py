@@ -345,7 +345,7 @@ def test_a_stop_right_after_a_resume_claims_the_run_survives(root, monkeypatch):
     ckpt.mkdir(parents=True)
     (ckpt / "trainer_state.json").write_text("{}")
     run.request_stop()  # the stop that ended it: the resume clears this one
-    monkeypatch.setattr(runner, "_start", lambda run_dir, spec, resume=False: None)
+    monkeypatch.setattr(runner, "_start", lambda run_dir, spec, resume=False, cwd=None: None)
     real_write = rundir.write_json
 
     def write_then_stop(path, data):

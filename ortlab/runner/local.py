@@ -47,20 +47,26 @@ class Local(Launcher):
         """(interpreter, ortlab runtime name) that a run of `spec` starts in, without checking it.
 
         `target.python` when the spec names one; else ortlab's compile runtime when the mix asks for
-        torch_compile and this runtime's torch cannot compile (its doctor says `needs_newer_torch`); else this
-        interpreter. Raises RunError when the runtime the mix needs is not built, with the command that builds it.
+        torch_compile and this interpreter's doctor sends it there (its torch cannot compile; the runtime can);
+        else this interpreter. Raises RunError, with the doctor's reason and remedy (the command that builds the
+        runtime), when torch_compile can run in neither.
         """
         if spec.target.python:
             return str(spec.target.python), None
         if not spec.accel.torch_compile or spec.accel.ort is True:
             return sys.executable, None
         here = doctor().to_dict()["accelerations"]["torch_compile"]  # (cached: no torch imported here)
-        if not here.get("details", {}).get("needs_newer_torch"):
-            return sys.executable, None
-        state = state_of("compile")
-        if state.python is None:
-            raise RunError(f"this run asks for torch_compile, which needs ortlab's compile runtime, but {state.why}")
-        return str(state.python), "compile"
+        details = here.get("details") or {}
+        if details.get("runtime") == "compile":
+            state = state_of("compile")
+            if state.python is None:
+                raise RunError(
+                    f"this run asks for torch_compile, which runs in ortlab's compile runtime, but {state.why}"
+                )
+            return str(state.python), "compile"
+        if details.get("needs_newer_torch"):
+            raise RunError(f"this run asks for torch_compile: {here['reason']}. Fix: {here['remedy']}")
+        return sys.executable, None
 
     def doctor(self, spec: Any) -> dict[str, Any]:
         return doctor(self.interpreter(spec)[0]).to_dict()
