@@ -105,12 +105,13 @@ def test_an_eval_split_without_rows_is_refused(monkeypatch):
     import datasets
 
     import ortlab.data
+    import ortlab.data.checks
 
     rows = {"text": [f"review {i}" for i in range(10)], "label": [i % 2 for i in range(10)]}
     splits = {"train": datasets.Dataset.from_dict(rows), "test": datasets.Dataset.from_dict({"text": [], "label": []})}
     # A Hub dataset with an empty split (local files are a single 'train' split): the loading is replaced, the
     # splits are real datasets.
-    monkeypatch.setattr(ortlab.data, "load_raw", lambda spec: (splits, []))
+    monkeypatch.setattr(ortlab.data.checks, "load_raw", lambda spec: (splits, []))
     spec = RunSpec.parse({"data": {"source": "someone/reviews", "eval_split": "test"}})
     with pytest.raises(DataError, match=r"data.eval_split: the 'test' split has no rows"):
         ortlab.data.load_and_check(spec.data, "sequence-classification", 0)

@@ -491,27 +491,26 @@ def _csv(path: Path, rows: list[tuple[str, object]]) -> Path:
 def test_labels_only_in_the_eval_split_fail_before_a_model_loads(tmp_path, monkeypatch):
     import datasets
 
-    from ortlab import data
-    from ortlab.data import DataError, load_and_check
+    from ortlab.data import DataError, checks, load_and_check
     from ortlab.spec import DataSpec
 
     train = datasets.Dataset.from_dict({"text": [f"t {i}" for i in range(20)], "label": ["neg", "pos"] * 10})
     evaluation = datasets.Dataset.from_dict({"text": ["odd", "fine"], "label": ["neutral", "pos"]})
-    monkeypatch.setattr(data, "load_raw", lambda spec: ({"train": train, "validation": evaluation}, []))
+    monkeypatch.setattr(checks, "load_raw", lambda spec: ({"train": train, "validation": evaluation}, []))
     with pytest.raises(DataError, match="'neutral'"):
         load_and_check(DataSpec(source="some/hub-id", eval_split="validation"), "sequence-classification", 0)
 
     # Integer labels outside the training classes are caught the same way (not passed on unmapped).
     train = datasets.Dataset.from_dict({"text": [f"t {i}" for i in range(30)], "label": [i % 3 for i in range(30)]})
     evaluation = datasets.Dataset.from_dict({"text": ["x", "y"], "label": [7, 1]})
-    monkeypatch.setattr(data, "load_raw", lambda spec: ({"train": train, "validation": evaluation}, []))
+    monkeypatch.setattr(checks, "load_raw", lambda spec: ({"train": train, "validation": evaluation}, []))
     with pytest.raises(DataError, match="'7'"):
         load_and_check(DataSpec(source="some/hub-id", eval_split="validation"), "sequence-classification", 0)
 
     # Token tags too.
     train = datasets.Dataset.from_dict({"tokens": [["a", "b"]] * 4, "ner_tags": [["O", "B-PER"]] * 4})
     evaluation = datasets.Dataset.from_dict({"tokens": [["c"]], "ner_tags": [["B-LOC"]]})
-    monkeypatch.setattr(data, "load_raw", lambda spec: ({"train": train, "validation": evaluation}, []))
+    monkeypatch.setattr(checks, "load_raw", lambda spec: ({"train": train, "validation": evaluation}, []))
     with pytest.raises(DataError, match="'B-LOC'"):
         load_and_check(DataSpec(source="some/hub-id", eval_split="validation"), "token-classification", 0)
 

@@ -1,0 +1,264 @@
+"""Checking loaded data against the task, then splitting and capping it: `load_and_check`, everything that can
+be checked without a model (cheap: reading the files), so a bad column or an empty file fails before a model
+is loaded."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ortlab.data.columns import (
+    SOURCE_NAMES,
+    TARGET_NAMES,
+    chat_columns,
+    is_string,
+    is_string_list,
+    misshapen_messages,
+    propose_mapping,
+    seq2seq_columns,
+)
+from ortlab.data.load import load_raw
+from ortlab.data.prepared import DataError, Prepared
+
+if TYPE_CHECKING:  # pragma: no cover
+    from datasets import Dataset
+
+    from ortlab.spec import DataSpec
+
+
+def check_chat(raw: dict[str, Dataset], spec: DataSpec) -> dict[str, str | None] | None:
+    """The chat columns of a causal-lm run ({messages_column} or {prompt_column, response_column}), or None for
+    raw text; every row of both splits checked (cheap: no tokenizer), naming the first bad row."""
+    from ortlab.chat import ChatDataError, check_messages, from_pair
+
+    if spec.text_column is not None:
+        return None
+    train = raw[spec.train_split]
+    columns = list(train.features)
+    given = {k: getattr(spec, k) for k in ("messages_column", "prompt_column", "response_column")}
+    chat = given if any(given.values()) else chat_columns(train) or misshapen_messages(train)
+    if chat is None:
+        return None
+    for role, col in chat.items():
+        if col is not None and col not in columns:
+            raise DataError(f"data.{role}: no column {col!r}; the data has columns {columns}")
+    splits = [(spec.train_split, train)] + ([(spec.eval_split, raw[spec.eval_split])] if spec.eval_split else [])
+    try:
+        for split, ds in splits:
+            if chat["messages_column"]:
+                for i, value in enumerate(ds[chat["messages_column"]]):
+                    check_messages(value, f"data.messages_column: {split!r} row {i}")
+            else:
+                for i, (p, r) in enumerate(zip(ds[chat["prompt_column"]], ds[chat["response_column"]], strict=True)):
+                    from_pair(p, r, f"data.prompt_column/response_column: {split!r} row {i}")
+    except ChatDataError as e:
+        raise DataError(str(e)) from None
+    return chat
+
+
+def check(raw: dict[str, Dataset], spec: DataSpec, task: str) -> tuple[str, str | None, str | None]:
+    """The (text, pair, label) columns to use, or a DataError naming the problem."""
+    if spec.train_split not in raw:
+        raise DataError(f"data.train_split: no split {spec.train_split!r}; the data has {sorted(raw)}")
+    train = raw[spec.train_split]
+    if len(train) == 0:
+        raise DataError(f"data.source: the {spec.train_split!r} split of {spec.source!r} is empty")
+    features = train.features
+    columns = list(features)
+    guess = propose_mapping(train)
+    text = spec.text_column or guess["text_column"]
+    label = None if task == "causal-lm" else (spec.label_column or guess["label_column"])
+    pair = spec.text_pair_column
+    for role, col in (("text_column", text), ("text_pair_column", pair), ("label_column", label)):
+        if col is not None and col not in columns:
+            raise DataError(f"data.{role}: no column {col!r}; the data has columns {columns}")
+    if text is None:
+        raise DataError(f"data.text_column: found no text column among {columns}; set data.text_column")
+    if task == "token-classification":
+        if not is_string_list(features[text]):
+            raise DataError(
+                f"data.text_column: token classification needs a column of word lists, but {text!r} holds "
+                f"{features[text]}; use task sequence-classification for whole texts"
+            )
+    elif not is_string(features[text]):
+        raise DataError(
+            f"data.text_column: column {text!r} is not text (it holds {features[text]}); name a text column"
+        )
+    if pair is not None and not is_string(features[pair]):
+        raise DataError(f"data.text_pair_column: column {pair!r} is not text (it holds {features[pair]})")
+    if task != "causal-lm" and label is None:
+        raise DataError(f"data.label_column: found no label column among {columns}; set data.label_column")
+    if spec.eval_split is not None and spec.eval_split not in raw:
+        raise DataError(f"data.eval_split: no split {spec.eval_split!r}; the data has {sorted(raw)}")
+    return text, pair, label
+
+
+def check_seq2seq(raw: dict[str, Dataset], spec: DataSpec) -> tuple[str, str]:
+    """The (source, target) text columns of a seq2seq run, or a DataError naming the columns found and the fix."""
+    if spec.train_split not in raw:
+        raise DataError(f"data.train_split: no split {spec.train_split!r}; the data has {sorted(raw)}")
+    train = raw[spec.train_split]
+    if len(train) == 0:
+        raise DataError(f"data.source: the {spec.train_split!r} split of {spec.source!r} is empty")
+    if spec.eval_split is not None and spec.eval_split not in raw:
+        raise DataError(f"data.eval_split: no split {spec.eval_split!r}; the data has {sorted(raw)}")
+    features = train.features
+    columns = list(features)
+    guess_source, guess_target = seq2seq_columns(train)
+    source = spec.source_column or guess_source
+    target = spec.target_column or guess_target
+    for role, col in (("source_column", source), ("target_column", target)):
+        if col is not None and col not in columns:
+            raise DataError(f"data.{role}: no column {col!r}; the data has columns {columns}")
+    for role, col, names in (("source_column", source, SOURCE_NAMES), ("target_column", target, TARGET_NAMES)):
+        if col is None:
+            raise DataError(
+                f"data.{role}: found no {role.split('_')[0]} column among {columns} (looked for "
+                f"{', '.join(names[:6])}, ...); set data.{role} (CLI: --{role.replace('_', '-')})"
+            )
+        if not is_string(features[col]):
+            raise DataError(f"data.{role}: column {col!r} is not text (it holds {features[col]}); name a text column")
+    if source == target:
+        raise DataError(f"data.target_column: {target!r} is also the source column; name two different columns")
+    splits = [(spec.train_split, train)]
+    if spec.eval_split is not None:
+        splits.append((spec.eval_split, raw[spec.eval_split]))
+    for split, ds in splits:
+        for role, col in (("source_column", source), ("target_column", target)):
+            if col not in ds.column_names:
+                raise DataError(f"data.{role}: the {split!r} split has no column {col!r} (it has {ds.column_names})")
+            missing = [i for i, v in enumerate(ds[col]) if v is None]
+            if missing:
+                raise DataError(
+                    f"data.{role}: {len(missing)} row(s) of the {split!r} split have no {col!r} (first: row "
+                    f"{missing[0]}); fill or drop them"
+                )
+    return source, target
+
+
+def label_names(train: Dataset, label: str, task: str) -> list[str]:
+    """Sorted label names; checks the labels fit the task (several classes, no regression targets)."""
+    feature = train.features[label]
+    names = getattr(feature, "names", None) or getattr(getattr(feature, "feature", None), "names", None)
+    if names:
+        return list(names)
+    values = train[label]
+    if task == "token-classification":
+        if not all(isinstance(v, list) for v in values):
+            raise DataError(f"data.label_column: token classification needs a list of tags per row in {label!r}")
+        flat = {str(t) for row in values for t in row}
+    else:
+        if any(isinstance(v, float) and not float(v).is_integer() for v in values):
+            raise DataError(
+                f"data.label_column: {label!r} holds fractional numbers (a regression target); "
+                "ortlab trains classifiers: use class labels"
+            )
+        if any(isinstance(v, list) for v in values):
+            raise DataError(f"data.label_column: {label!r} holds lists; for tags per word use token-classification")
+        flat = {str(v) for v in values if v is not None}
+    if len(flat) < 2:
+        raise DataError(
+            f"data.label_column: {label!r} has {len(flat)} distinct label(s); a classifier needs at least 2"
+        )
+    if len(flat) > 1000:
+        raise DataError(f"data.label_column: {label!r} has {len(flat)} distinct labels; is it really a label column?")
+    return sorted(flat, key=lambda s: (not s.lstrip("-").isdigit(), int(s) if s.lstrip("-").isdigit() else 0, s))
+
+
+def load_and_check(spec: DataSpec, task: str, seed: int) -> Prepared:
+    """Load the data, check it against the task, split and cap it. No model, no tokenizer needed."""
+    raw, files = load_raw(spec)
+    target = None
+    chat = None
+    if task == "causal-lm":
+        if spec.train_split not in raw:
+            raise DataError(f"data.train_split: no split {spec.train_split!r}; the data has {sorted(raw)}")
+        if spec.eval_split is not None and spec.eval_split not in raw:
+            raise DataError(f"data.eval_split: no split {spec.eval_split!r}; the data has {sorted(raw)}")
+        chat = check_chat(raw, spec)
+    if spec.packing and chat is None:
+        raise DataError(
+            "data.packing: packing joins short chat examples into full rows, and this is raw text, which is already "
+            "cut into full blocks of hyper.max_length; remove data.packing (or name the chat columns)"
+        )
+    if chat is not None:
+        text, pair, label = None, None, None
+    elif task == "seq2seq":
+        (text, target), pair, label = check_seq2seq(raw, spec), None, None
+    else:
+        text, pair, label = check(raw, spec, task)
+    train = raw[spec.train_split]
+    splits = [(spec.train_split, train)] + ([(spec.eval_split, raw[spec.eval_split])] if spec.eval_split else [])
+    if chat is None:
+        read = {"source": text, "target": target} if task == "seq2seq" else {"text": text, "text_pair": pair}
+        for split, ds in splits:
+            _check_values(ds, split, task, **read, label=label)
+    if spec.eval_split is not None:
+        evaluation = raw[spec.eval_split]
+        if len(evaluation) == 0:
+            raise DataError(
+                f"data.eval_split: the {spec.eval_split!r} split has no rows, so there is nothing to evaluate on; "
+                "name a split with rows, or unset data.eval_split to hold out part of the training split"
+            )
+    else:
+        if len(train) < 2:
+            raise DataError("data.source: need at least 2 rows to hold some out for evaluation")
+        split = train.train_test_split(test_size=spec.eval_fraction, seed=seed)
+        train, evaluation = split["train"], split["test"]
+    if spec.max_train_samples:
+        train = train.shuffle(seed=seed).select(range(min(spec.max_train_samples, len(train))))
+    if spec.max_eval_samples:
+        evaluation = evaluation.select(range(min(spec.max_eval_samples, len(evaluation))))
+    names = label_names(train, label, task) if label else []
+    if label:
+        _check_labels_known(evaluation, label, task, names, "eval split")
+    return Prepared(train, evaluation, text, pair, label, names, files, target, **(chat or {}), packing=spec.packing)
+
+
+def _check_values(ds: Dataset, split: str, task: str, **columns: str | None) -> None:
+    """Every row has a value in each column the run reads, and the text is not mostly empty.
+
+    A missing value (an empty CSV cell, a JSON null) would stop the run inside the tokenizer or the label mapping
+    after the model has loaded; a text column that is mostly empty strings trains a classifier on nothing but
+    [CLS] [SEP], silently. Row numbers count the split's data rows from 0 (the header is not a row)."""
+    for role, col in columns.items():
+        if col is None or col not in ds.column_names:
+            continue
+        values = ds[col]
+        missing = [i for i, v in enumerate(values) if v is None]
+        if missing:
+            raise DataError(
+                f"data.{role}_column: {len(missing)} of {len(values)} row(s) of the {split!r} split have no {col!r} "
+                f"(first: row {missing[0]}); fill or drop those rows"
+            )
+        if role == "label" or (role == "text" and task == "causal-lm"):
+            continue  # raw text for a causal LM has blank lines between paragraphs: they are skipped
+        empty = sum(1 for v in values if (not v.strip() if isinstance(v, str) else not v))
+        if values and empty * 2 > len(values):
+            raise DataError(
+                f"data.{role}_column: {empty} of {len(values)} rows of the {split!r} split have an empty {col!r}, "
+                f"so the model would learn from nothing; is {col!r} the right column? (set data.{role}_column)"
+            )
+
+
+def _check_labels_known(ds: Dataset, label: str, task: str, names: list[str], where: str) -> None:
+    """Every label in `ds` must be one of the classes the model is built with (from the training split).
+
+    A label seen only in evaluation would crash after the model has loaded (or, as an integer, be passed on
+    unmapped and compared against the wrong class): say so now, naming the labels.
+    """
+    feature = ds.features[label]
+    class_names = getattr(feature, "names", None) or getattr(getattr(feature, "feature", None), "names", None)
+    values = ds[label]
+    flat = [t for row in values for t in row] if task == "token-classification" else values
+    if class_names:  # ClassLabel: integer ids into the names
+        unknown = sorted({v for v in flat if v is not None and not (0 <= int(v) < len(names)) and v != -100})
+    else:
+        known = set(names)
+        unknown = sorted({str(v) for v in flat if v is not None and str(v) not in known})
+    if unknown:
+        shown = ", ".join(repr(u) for u in unknown[:10]) + (" ..." if len(unknown) > 10 else "")
+        raise DataError(
+            f"data.label_column: the {where} has labels the training split does not have: {shown} "
+            f"(training labels: {', '.join(names[:20])}{' ...' if len(names) > 20 else ''}). Add training rows "
+            "with these labels, drop those rows, or let ortlab hold out the eval rows (unset data.eval_split)"
+        )

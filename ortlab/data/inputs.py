@@ -1,0 +1,155 @@
+"""Turning checked data into model inputs: token ids and labels per task (chat data rendered with its template,
+packed on request), and the batch collator of each task. Tokenized datasets are cached by `datasets` (keyed on
+the data, the tokenizer and the settings), so a second run over the same data starts at once."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ortlab.data.prepared import DataError, Prepared
+
+if TYPE_CHECKING:  # pragma: no cover
+    from datasets import Dataset
+
+
+def tokenize(
+    prepared: Prepared, tokenizer: Any, task: str, max_length: int, max_target_length: int | None = None
+) -> tuple[Dataset, Dataset]:
+    """Token ids (and label ids) for both splits; the original columns are dropped. For seq2seq, `max_length`
+    cuts the source and `max_target_length` (default: `max_length`) the target."""
+    if prepared.chat:
+        return _tokenize_chat(prepared, tokenizer, max_length)
+    index = {name: i for i, name in enumerate(prepared.label_names)}
+    text, pair, label = prepared.text_column, prepared.text_pair_column, prepared.label_column
+
+    def to_id(value: Any) -> int:
+        return index[str(value)] if not isinstance(value, int) or str(value) in index else value
+
+    if task == "sequence-classification":
+
+        def fn(batch: dict) -> dict:
+            args = (batch[text], batch[pair]) if pair else (batch[text],)
+            out = tokenizer(*args, truncation=True, max_length=max_length)
+            out["labels"] = [to_id(v) for v in batch[label]]
+            return out
+
+    elif task == "token-classification":
+
+        def fn(batch: dict) -> dict:
+            out = tokenizer(batch[text], is_split_into_words=True, truncation=True, max_length=max_length)
+            all_labels = []
+            for i, tags in enumerate(batch[label]):
+                previous, row = None, []
+                for word in out.word_ids(i):
+                    # Label the first sub-token of each word; -100 (ignored) for the rest and special tokens.
+                    row.append(-100 if word is None or word == previous else to_id(tags[word]))
+                    previous = word
+                all_labels.append(row)
+            out["labels"] = all_labels
+            return out
+
+    elif task == "seq2seq":
+        target = prepared.target_column
+
+        def fn(batch: dict) -> dict:
+            out = tokenizer(batch[text], truncation=True, max_length=max_length)
+            # text_target: tokenizers with a separate target vocabulary (Marian) switch to it for the labels
+            labels = tokenizer(text_target=batch[target], truncation=True, max_length=max_target_length or max_length)
+            out["labels"] = labels["input_ids"]
+            return out
+
+    else:  # causal-lm: concatenate and cut into blocks of max_length
+
+        def fn(batch: dict) -> dict:
+            ids = tokenizer([t for t in batch[text] if t and t.strip()])["input_ids"]
+            eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+            flat = [tok for row in ids for tok in row + eos]
+            n = (len(flat) // max_length) * max_length
+            blocks = [flat[i : i + max_length] for i in range(0, n, max_length)]
+            return {"input_ids": blocks, "attention_mask": [[1] * max_length for _ in blocks], "labels": blocks}
+
+    def run(ds: Dataset, what: str) -> Dataset:
+        return ds.map(fn, batched=True, remove_columns=ds.column_names, desc=f"tokenizing {what}")
+
+    train, evaluation = run(prepared.train, "train"), run(prepared.eval, "eval")
+    if len(train) == 0:
+        raise DataError(
+            f"data: no training examples after tokenizing (causal LM needs at least {max_length} tokens of text; "
+            "lower hyper.max_length or add text)"
+        )
+    return train, evaluation
+
+
+def _tokenize_chat(prepared: Prepared, tokenizer: Any, max_length: int) -> tuple[Dataset, Dataset]:
+    """Conversations rendered with the chat template; labels on the assistant's tokens only; packed on request
+    (training split only: evaluation scores each example on its own, so the same examples give the same loss)."""
+    from ortlab.chat import ChatDataError, check_messages, encode, from_pair, pack, strip_labels
+
+    if not tokenizer.is_fast:
+        raise DataError("chat data needs a fast tokenizer (it maps tokens to characters); this one is not")
+    messages, prompt, response = prepared.messages_column, prepared.prompt_column, prepared.response_column
+
+    def fn(batch: dict) -> dict:
+        if messages:
+            convs = [check_messages(m, "row") for m in batch[messages]]
+        else:
+            convs = [from_pair(p, r, "row") for p, r in zip(batch[prompt], batch[response], strict=True)]
+        rows = [encode(tokenizer, c, max_length) for c in convs]
+        return {"input_ids": [r["input_ids"] for r in rows], "labels": [r["labels"] for r in rows]}
+
+    def packed(batch: dict) -> dict:
+        return pack(batch["input_ids"], batch["labels"], max_length)
+
+    def run(ds: Dataset, what: str) -> Dataset:
+        try:
+            out = ds.map(fn, batched=True, remove_columns=ds.column_names, desc=f"formatting chat {what}")
+        except ChatDataError as e:
+            raise DataError(f"data: {e}") from None
+        return strip_labels(out)
+
+    train, evaluation = run(prepared.train, "train"), run(prepared.eval, "eval")
+    if len(train) == 0:
+        raise DataError(
+            f"data: no training example keeps an assistant token within hyper.max_length={max_length}; raise "
+            "hyper.max_length or shorten the prompts"
+        )
+    if prepared.packing:
+        train = train.map(packed, batched=True, batch_size=1000, desc="packing train")
+    return train, evaluation
+
+
+def collator(
+    task: str,
+    tokenizer: Any,
+    model: Any = None,
+    prepared: Prepared | None = None,
+    pad_to_multiple_of: int | None = None,
+) -> Any:
+    """The batch collator of `task` (chat data: its own). `pad_to_multiple_of` pads each batch's length up to a
+    multiple (torch.compile runs use 8: fewer distinct shapes for Dynamo to compile for, and lengths that tensor
+    cores tile evenly)."""
+    from transformers import (
+        DataCollatorForSeq2Seq,
+        DataCollatorForTokenClassification,
+        DataCollatorWithPadding,
+        default_data_collator,
+    )
+
+    if prepared is not None and prepared.chat:
+        if prepared.packing:
+            from ortlab.chat import PackedCollator
+
+            return PackedCollator(tokenizer.pad_token_id)
+        # Examples of different lengths: ids padded with the pad token, labels with -100 (out of the loss).
+        return DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100, pad_to_multiple_of=pad_to_multiple_of)
+    if task == "seq2seq":
+        # Labels padded with -100 (left out of the loss); with the model, decoder_input_ids are built from the
+        # labels here, as the model would shift them itself.
+        return DataCollatorForSeq2Seq(
+            tokenizer, model=model, label_pad_token_id=-100, pad_to_multiple_of=pad_to_multiple_of
+        )
+    if task == "sequence-classification":
+        return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad_to_multiple_of)
+    if task == "token-classification":
+        return DataCollatorForTokenClassification(tokenizer, pad_to_multiple_of=pad_to_multiple_of)
+    return default_data_collator  # causal LM blocks all have the same length

@@ -1,0 +1,253 @@
+"""The workbench's form: the widgets that edit a RunSpec, each bound by path to the spec field it edits (its
+value from the starting spec, its tooltip the field's description in RunSpec's schema), the spec they say, checked
+by RunSpec's own rules on every change, and the pickers that fill the form (search models, inspect data)."""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import ipywidgets as widgets
+
+from ortlab.errors import OrtlabError
+from ortlab.specfields import SpecFields, get_path, set_path
+from ortlab.ui.summary import table_html
+
+WIDE = widgets.Layout(width="420px")
+# Labels such as "learning rate" are wider than ipywidgets' default label column: size it to fit them whole.
+LABEL = {"description_width": "100px"}
+# The two column fields: a text and its label, or (seq2seq) a source and the target text to produce from it.
+COLUMN_LABELS = {"seq2seq": ("source col", "target col")}
+TEXT_LABEL_COLUMNS = ("text col", "label col")
+COLUMN_FIELDS = {"seq2seq": ("data.source_column", "data.target_column")}
+TEXT_LABEL_FIELDS = ("data.text_column", "data.label_column")
+# causal-lm chat data: a messages column, or a prompt and a response column (TRL's formats), and packing.
+CHAT_FIELDS = ("data.messages_column", "data.prompt_column", "data.response_column", "data.packing")
+
+
+class SpecForm:
+    """The form part of the `Workbench` (a mixin over the workbench's widgets: Launch and its message area are the
+    runs panel's, the acceleration toggles the mix's)."""
+
+    def _form_widgets(self, start: Any) -> None:
+        """The fields that edit `start` (a RunSpec): model, data and its columns, training, adapter, trackers and
+        where the run goes."""
+        from ortlab.spec import TRACKERS
+
+        self._base = start.model_dump(mode="json")
+        # The fields' choices and descriptions (the tooltips) come from RunSpec's schema, not from copies here.
+        self.fields = SpecFields()
+        # The widgets that edit one spec field each, by the field's path: `spec_dict` writes them back by path.
+        self.by_path: dict[str, widgets.ValueWidget] = {}
+
+        # model and data
+        self.model = self._field(
+            widgets.Combobox,
+            "model.name",
+            placeholder="Hub id or local folder",
+            description="model",
+            layout=WIDE,
+            ensure_option=False,
+        )
+        self.model_search = widgets.Button(description="search", layout=widgets.Layout(width="80px"))
+        self.model_info = widgets.HTML()
+        self.data = self._field(
+            widgets.Combobox,
+            "data.source",
+            description="data",
+            layout=WIDE,
+            placeholder="Hub id, file or folder, embedded:NAME",
+            ensure_option=False,
+        )
+        self.data_inspect = widgets.Button(description="inspect", layout=widgets.Layout(width="80px"))
+        self.data_preview = widgets.HTML()
+        self.task = self._field(widgets.Dropdown, "task", options=list(self.fields.choices("task")), description="task")
+        # One pair of column fields for every task; for seq2seq they name the source and the target column.
+        first, second = COLUMN_FIELDS.get(start.task, TEXT_LABEL_FIELDS)
+        self.text_column = widgets.Text(value=get_path(self._base, first) or "", placeholder="auto")
+        self.label_column = widgets.Text(value=get_path(self._base, second) or "", placeholder="auto")
+        self._label_columns()
+        self.messages_column, self.prompt_column, self.response_column = (
+            self._field(widgets.Text, f"data.{what}_column", placeholder="auto", description=what)
+            for what in ("messages", "prompt", "response")
+        )
+        self.packing = self._field(widgets.Checkbox, "data.packing", description="packing", indent=False)
+        self.chat_box = widgets.HBox([self.messages_column, self.prompt_column, self.response_column, self.packing])
+
+        # hyperparameters and target
+        self.learning_rate = self._field(widgets.FloatText, "hyper.learning_rate", description="learning rate")
+        self.epochs = self._field(widgets.FloatText, "hyper.epochs", description="epochs")
+        self.max_steps = self._field(widgets.IntText, "hyper.max_steps", description="max steps")
+        self.batch_size = self._field(widgets.IntText, "hyper.batch_size", description="batch size")
+        self.max_length = self._field(widgets.IntText, "hyper.max_length", description="max length")
+        self.max_train_samples = self._field(widgets.IntText, "data.max_train_samples", description="train rows")
+        # what trains (every weight, or a LoRA adapter) and where the metrics also go
+        self.lora = widgets.Checkbox(
+            value=start.adapter.kind == "lora",
+            description="LoRA adapter",
+            indent=False,
+            tooltip=self.fields.tip("adapter.kind"),
+            layout=widgets.Layout(width="130px"),
+        )
+        self.adapter_rank = self._field(
+            widgets.IntText, "adapter.rank", description="rank", disabled=start.adapter.kind != "lora"
+        )
+        self.report_to = self._field(
+            widgets.SelectMultiple, "report_to", options=list(TRACKERS), description="trackers", rows=len(TRACKERS)
+        )
+        self.processes = self._field(widgets.IntText, "target.processes", description="processes")
+        self.python = widgets.Text(
+            value=start.target.python or "",
+            description="runtime",
+            placeholder="this Python",
+            tooltip=self.fields.tip("target.python"),
+        )
+        # Where the run goes: this machine, another Python here, or a Ray cluster (its address, or 'local').
+        where = "cluster" if start.target.cluster else "other Python" if start.target.python else "local"
+        self.where = widgets.Dropdown(options=["local", "other Python", "cluster"], value=where, description="where")
+        self.cluster = widgets.Text(
+            value=start.target.cluster or "",
+            description="cluster",
+            placeholder="local or http://HOST:8265",
+            tooltip=self.fields.tip("target.cluster"),
+        )
+        self.name = self._field(widgets.Text, "name", description="run name", placeholder="automatic")
+
+    def _field(self, cls: type, path: str, **kw: Any) -> Any:
+        """A widget that edits the spec field at `path`: it starts at the starting spec's value (the spec's
+        default unless given), its tooltip is the field's description from RunSpec's schema, and `spec_dict`
+        reads it back by the same path."""
+        value = get_path(self._base, path)
+        if value is None:  # an unset optional field: an empty text, or 0 for a number (its tooltip says so)
+            value = 0 if issubclass(cls, (widgets.IntText, widgets.FloatText)) else ""
+        if isinstance(value, list):
+            value = tuple(value)
+        kw.setdefault("tooltip", self.fields.tip(path))
+        if issubclass(cls, (widgets.IntText, widgets.FloatText)):
+            kw.setdefault("style", LABEL)
+        w = cls(value=value, **kw)
+        self.by_path[path] = w
+        return w
+
+    # --- the spec ------------------------------------------------------------------------------------------
+
+    def _show_target(self) -> None:
+        """Only the field of the chosen target is shown (the interpreter, or the cluster's address)."""
+        self.python.layout.display = None if self.where.value == "other Python" else "none"
+        self.cluster.layout.display = None if self.where.value == "cluster" else "none"
+        here = "check again" if self.probed else "check this machine"
+        self.check_button.description = "check the cluster" if self.where.value == "cluster" else here
+
+    def _label_columns(self) -> None:
+        """Name the two column fields for the chosen task, with the descriptions of the fields they edit."""
+        first, second = COLUMN_LABELS.get(self.task.value, TEXT_LABEL_COLUMNS)
+        self.text_column.description, self.label_column.description = first, second
+        first_path, second_path = COLUMN_FIELDS.get(self.task.value, TEXT_LABEL_FIELDS)
+        self.text_column.tooltip = self.fields.tip(first_path)
+        self.label_column.tooltip = self.fields.tip(second_path)
+        if hasattr(self, "chat_box"):
+            self.chat_box.layout.display = None if self.task.value == "causal-lm" else "none"
+
+    def spec_dict(self) -> dict[str, Any]:
+        """The spec the widgets say: the starting spec, with each widget's value written to the field it edits
+        (by path, converted as the field's schema wants: an empty optional text is None). The fields of the other
+        tasks (columns, chat data) are cleared: a spec keeps only what its task reads."""
+        t = self.toggles
+        spec = {**self._base}
+        seq2seq = self.task.value == "seq2seq"
+        causal = self.task.value == "causal-lm"
+        columns = COLUMN_FIELDS.get(self.task.value, TEXT_LABEL_FIELDS)
+        values = {
+            **{p: w.value for p, w in self.by_path.items() if p not in CHAT_FIELDS},
+            columns[0]: self.text_column.value,
+            columns[1]: self.label_column.value,
+        }
+        for other in {*TEXT_LABEL_FIELDS, *COLUMN_FIELDS["seq2seq"]} - set(columns):
+            values[other] = None
+        for path in CHAT_FIELDS:
+            values[path] = self.by_path[path].value if causal else self.fields.field(path).default
+        for path, value in values.items():
+            set_path(spec, path, None if value is None else self.fields.value(path, value))
+        if not seq2seq:  # a seq2seq start's generation settings do not follow into another task
+            set_path(spec, "hyper.max_target_length", None)
+            kept = ("prompts", "num_prompts", "score_examples", "max_new_tokens") if causal else ()
+            spec["generation"] = {k: v for k, v in self._base["generation"].items() if k in kept}
+        precision = "fp16" if t["fp16"].value else "bf16" if t["bf16"].value else "fp32"
+        spec["accel"] = {
+            **self._base["accel"],
+            "ort": t["ort"].value,
+            "fused_adam": t["fused_adam"].value,
+            "zero_stage": 1 if t["zero1"].value else 0,
+            "precision": precision,
+            "torch_compile": t["torch_compile"].value,
+        }
+        set_path(spec, "adapter.kind", "lora" if self.lora.value else "none")
+        spec["target"] = {"processes": self.processes.value}
+        if self.where.value == "other Python":
+            spec["target"]["python"] = self.python.value.strip() or None
+        elif self.where.value == "cluster":
+            spec["target"]["cluster"] = self.cluster.value.strip() or "local"
+        if self.root:
+            spec["output_dir"] = self.root
+        return spec
+
+    def spec(self):
+        """The RunSpec that Launch would start (raises SpecError when its own rules are broken)."""
+        from ortlab.spec import RunSpec
+
+        return RunSpec.parse(self.spec_dict())
+
+    def validate(self) -> bool:
+        try:
+            self.spec()
+        except OrtlabError as e:
+            self.launch_button.disabled = True
+            self.show_error(e)
+            return False
+        self.launch_button.disabled = False
+        self.problems.value = "<span style='color:#080'>ready to launch</span>"
+        return True
+
+    def show_error(self, e: OrtlabError) -> None:
+        """An OrtlabError in the message area under Launch: its problems one per line (a spec's), else its
+        message; escaped, as it may quote a spec, a path or a run folder."""
+        problems = getattr(e, "problems", None) or [line.strip() for line in str(e).splitlines() if line.strip()]
+        items = "".join(f"<li>{html.escape(str(p))}</li>" for p in problems)
+        self.problems.value = f"<span style='color:#b00'>cannot launch:</span><ul>{items}</ul>"
+
+    # --- pickers -------------------------------------------------------------------------------------------
+
+    def search_models(self) -> None:
+        from ortlab.discover import search_models
+
+        hits, note = search_models(self.model.value if "/" not in self.model.value else "")
+        self.model.options = [h.id for h in hits]
+        lines = []
+        for h in hits[:10]:
+            size = f", {h.size_mb:.0f} MB" if h.size_mb else ""
+            params = f", {h.parameters / 1e6:.1f}M parameters" if h.parameters else ""
+            lines.append(f"{html.escape(h.id)} <small>({html.escape(h.where)}{size}{params})</small>")
+        self.model_info.value = "<br>".join(lines) + (f"<br><small>{html.escape(note)}</small>" if note else "")
+
+    def inspect_data(self) -> None:
+        from ortlab.discover import inspect_dataset
+
+        try:
+            info = inspect_dataset(self.data.value.strip())
+        except OrtlabError as e:  # data that cannot be used, an asset not installed, the Hub offline
+            self.data_preview.value = f"<span style='color:#b00'>{html.escape(str(e))}</span>"
+            return
+        p = info.proposal
+        self.task.value = p["task"] or self.task.value
+        seq2seq = p["task"] == "seq2seq"
+        self.text_column.value = (p["source_column"] if seq2seq else p["text_column"]) or ""
+        self.label_column.value = (p["target_column"] if seq2seq else p["label_column"]) or ""
+        for field in ("messages_column", "prompt_column", "response_column"):
+            getattr(self, field).value = p.get(field) or ""
+        preview = [{k: str(v)[:80] for k, v in row.items()} for row in info.rows]
+        labels = f", labels: {', '.join(map(str, info.label_names[:12]))}" if info.label_names else ""
+        # Split, column and label names come from the data: escaped, like every value in the preview table.
+        self.data_preview.value = (
+            f"<small>{html.escape(f'splits {info.splits}; columns {info.columns}{labels}; proposed task ')}"
+            f"<b>{html.escape(str(p['task']))}</b></small>" + table_html(preview)
+        )
