@@ -138,7 +138,29 @@ def read_bytes(folder: str | os.PathLike, rel: str | os.PathLike, limit: int = M
 
     Read in pieces: `read(limit + 1)` would allocate the whole limit (8 MiB by default) for every 2 KiB status file.
     """
-    fd = open_in(folder, rel)
+    data = _read_fd(open_in(folder, rel), limit)
+    if data is None:
+        raise TooLarge(errno.EFBIG, f"{os.fspath(rel)} in {os.fspath(folder)} is larger than {limit} bytes")
+    return data
+
+
+def read_named_file(path: str | os.PathLike, limit: int = MAX_JSON_BYTES) -> bytes:
+    """A small file the user named (a spec on the command line, a path given to `launch`): links are followed (the
+    path is the user's own), but it must be a regular file (a FIFO or a device would hang or never end) of at most
+    `limit` bytes (UnsafePath, TooLarge), and a missing one is FileNotFoundError."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UnsafePath(errno.EINVAL, f"{os.fspath(path)} is not a regular file")
+    os.set_blocking(fd, True)
+    data = _read_fd(fd, limit)
+    if data is None:
+        raise TooLarge(errno.EFBIG, f"{os.fspath(path)} is larger than {limit} bytes")
+    return data
+
+
+def _read_fd(fd: int, limit: int) -> bytes | None:
+    """Everything `fd` holds, closing it; None once it holds more than `limit` bytes (read no further)."""
     pieces, size = [], 0
     with os.fdopen(fd, "rb", buffering=0) as f:
         while size <= limit:
@@ -147,9 +169,7 @@ def read_bytes(folder: str | os.PathLike, rel: str | os.PathLike, limit: int = M
                 break
             pieces.append(piece)
             size += len(piece)
-    if size > limit:
-        raise TooLarge(errno.EFBIG, f"{os.fspath(rel)} in {os.fspath(folder)} is larger than {limit} bytes")
-    return b"".join(pieces)
+    return None if size > limit else b"".join(pieces)
 
 
 def read_json(folder: str | os.PathLike, rel: str | os.PathLike, limit: int = MAX_JSON_BYTES) -> Any:

@@ -17,11 +17,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from ortlab import safeio
 from ortlab.addresses import credentials_problem
 from ortlab.assets import EMBEDDED_MODEL_ID
 from ortlab.errors import OrtlabError
 from ortlab.mixrules import Mix, MixError, rule_problems
-from ortlab.runfolder.rundir import RunDir, check_name
+from ortlab.runfolder.rundir import SPEC_MAX_BYTES, RunDir, check_name
 
 Task = Literal["sequence-classification", "token-classification", "causal-lm", "seq2seq"]
 TASKS: tuple[str, ...] = ("sequence-classification", "token-classification", "causal-lm", "seq2seq")
@@ -447,10 +448,8 @@ class RunSpec(_Strict):
     def load(cls, path: str | Path) -> RunSpec:
         """Read a YAML/JSON spec (any machine's: a fp16 spec written for a GPU reads on a laptop too)."""
         p = Path(path)
-        if not p.is_file():
-            raise SpecError([f"spec file {str(p)!r} does not exist"])
         read = cls.from_json if p.suffix == ".json" else cls.from_yaml
-        return read(p.read_text())
+        return read(read_spec_text(p))
 
     @classmethod
     def parse(cls, data: dict[str, Any]) -> RunSpec:
@@ -465,6 +464,16 @@ class RunSpec(_Strict):
     @classmethod
     def json_schema(cls) -> dict[str, Any]:
         return cls.model_json_schema()
+
+
+def read_spec_text(path: Path) -> str:
+    """A spec file's text: a regular file of at most SPEC_MAX_BYTES (a spec is a page of YAML), else SpecError."""
+    try:
+        return safeio.read_named_file(path, SPEC_MAX_BYTES).decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        raise SpecError([f"spec file {str(path)!r} does not exist"]) from None
+    except OSError as e:
+        raise SpecError([f"spec file {str(path)!r} cannot be read: {e.strerror or e}"]) from None
 
 
 class SpecError(OrtlabError, ValueError):

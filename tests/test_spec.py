@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -105,3 +106,24 @@ def test_the_launch_judges_the_machine_before_any_folder_exists(tmp_path):
     with pytest.raises(RunError, match=r"fp16 is not available in this Python: fp16 needs a CUDA device.*Fix: "):
         launch({"accel": {"precision": "fp16"}, "output_dir": str(tmp_path / "runs")})
     assert not (tmp_path / "runs").exists(), "a refused launch leaves nothing behind"
+
+
+def test_a_spec_file_is_read_bounded_and_only_if_it_is_a_file(tmp_path):
+    """A spec path from the command line or `launch(path)`: a FIFO (which would block for ever) or a file far larger
+    than a spec is refused with the reason, never read whole; a link the user made to a real spec is followed."""
+    from ortlab.runfolder.rundir import SPEC_MAX_BYTES
+
+    fifo = tmp_path / "spec.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(SpecError, match="is not a regular file"):
+        RunSpec.load(fifo)
+    huge = tmp_path / "huge.yaml"
+    huge.write_text("name: x\n" + "#" * (SPEC_MAX_BYTES + 1))
+    with pytest.raises(SpecError, match="larger than"):
+        RunSpec.load(huge)
+    with pytest.raises(SpecError, match="does not exist"):
+        RunSpec.load(tmp_path / "missing.yaml")
+    real = tmp_path / "real.yaml"
+    real.write_text("name: linked\n")
+    (tmp_path / "link.yaml").symlink_to(real)
+    assert RunSpec.load(tmp_path / "link.yaml").name == "linked"

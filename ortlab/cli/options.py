@@ -176,11 +176,9 @@ def read_spec_file(path: Path) -> dict:
     """A spec file's fields, before validation; a missing or unparsable file is a SpecError that says so."""
     import yaml
 
-    from ortlab.spec import SpecError
+    from ortlab.spec import SpecError, read_spec_text
 
-    if not path.is_file():
-        raise SpecError([f"spec file {str(path)!r} does not exist"])
-    text = path.read_text()
+    text = read_spec_text(path)
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as e:

@@ -37,7 +37,7 @@ from ortlab.runner.launcher import Launcher, RunError
 from ortlab.runner.local import Local
 from ortlab.runner.rayjob import RayJob
 from ortlab.runner.trust import trusted_target
-from ortlab.spec import RunSpec
+from ortlab.spec import RunSpec, SpecError
 
 DEFAULT_ROOT = "ortlab-runs"
 # How long a status may stay unreadable (missing, or not JSON) before follow/wait give up with the reason.
@@ -147,7 +147,11 @@ class Run:
             status = self.status()
             if status["state"] in TERMINAL:
                 return status
-            launcher_for(self.spec()).terminate(self.dir, status)  # RunError when it cannot, saying why
+            try:
+                launcher = launcher_for(self.spec())
+            except SpecError:  # spec.yaml damaged meanwhile: Local signals only a process shown to be this worker
+                launcher = Local()
+            launcher.terminate(self.dir, status)  # RunError when it cannot, saying why
             return self.wait(timeout=30)
 
     def pause(self, at_step: int | None = None) -> None:
