@@ -19,7 +19,7 @@ from ortlab.errors import OrtlabError
 
 ORTLAB = str(Path(PYTHON).parent / "ortlab")
 # Not for the user: ORTModule's probe raises it to choose a path, and catches it itself.
-INTERNAL = {"ortlab.accel.ort.ForwardNotCapturable"}
+INTERNAL = {"ortlab.accel.ort_capture.ForwardNotCapturable"}
 
 
 def error_classes() -> dict[str, type[BaseException]]:

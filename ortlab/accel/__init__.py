@@ -1,6 +1,7 @@
 """The accelerations ortlab can apply, one module each.
 
-    ort            ONNX Runtime training: the model runs inside ORTModule (ort.py)
+    ort            ONNX Runtime training: the model runs inside ORTModule (ort.py: the check and the build;
+                   ort_module.py: wrapping and fallback; ort_capture.py: can the forward be captured)
     fused_adam     a fused AdamW: ORT's FusedAdam on CUDA, torch's fused AdamW elsewhere (fused_adam.py)
     zero1          DeepSpeed ZeRO stage 1: optimizer state sharded across processes (zero.py)
     fp16, bf16     mixed precision (precision.py)
