@@ -42,7 +42,7 @@ CHANNEL = "ortlab.runner.raychannel"
 def _client(spec: Any) -> Any:
     try:
         # The launcher passes only an address the user named (the spec given to `launch`, or one `Run.resume`
-        # checked: see `ortlab.runner._trusted_target`), so the user's token may go there.
+        # checked: see `ortlab.runner.trust.trusted_target`), so the user's token may go there.
         return cluster.connect(spec.target.cluster, trusted=True)
     except cluster.ClusterError as e:
         raise RunError(str(e)) from None
