@@ -15,9 +15,9 @@ def test_free_port_is_a_loopback_port_that_can_be_bound():
 
 
 def test_the_launcher_and_zero_use_the_one_helper():
-    from ortlab import runner
     from ortlab.accel import zero
+    from ortlab.runner import local
 
-    assert runner.free_port is netutil.free_port
+    assert local.free_port is netutil.free_port  # torchrun's --master_port (the local launcher)
     assert zero.free_port is netutil.free_port
-    assert not hasattr(runner, "_free_port")
+    assert not hasattr(local, "_free_port")
