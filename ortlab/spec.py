@@ -333,8 +333,20 @@ class RunSpec(_Strict):
         # a second process to shard across). What the target can run is checked once, when a run is launched,
         # by the launcher against the target's own doctor (`ortlab.runner.check`): a spec is a description, the
         # same value on a laptop, a GPU box or a cluster, and parsing one never imports torch.
+        problems = rule_problems(self.asked_mix())
+        if problems:
+            raise MixError(problems)
+        if self.task == "causal-lm" and self.data.label_column:
+            raise ValueError("data.label_column: a causal LM learns from the text alone; remove label_column")
+        self._columns_fit_the_task()
+        return self
+
+    def asked_mix(self) -> Mix:
+        """The mix this spec asks for explicitly: 'auto' counts as off here, because it resolves where the run goes
+        (`ortlab.accel.mix.resolve`), into a mix that obeys the same rules. What the spec's own rules judge, and
+        what a launch compares with the target's doctor."""
         a = self.accel
-        asked = Mix(  # what is asked explicitly: 'auto' resolves where the run goes, into a mix that obeys these
+        return Mix(
             ort=a.ort is True,
             fused_adam=a.fused_adam is True,
             zero_stage=a.zero_stage,
@@ -344,13 +356,6 @@ class RunSpec(_Strict):
             processes=self.target.processes,
             lora=self.adapter.kind == "lora",
         )
-        problems = rule_problems(asked)
-        if problems:
-            raise MixError(problems)
-        if self.task == "causal-lm" and self.data.label_column:
-            raise ValueError("data.label_column: a causal LM learns from the text alone; remove label_column")
-        self._columns_fit_the_task()
-        return self
 
     def _columns_fit_the_task(self) -> None:
         """seq2seq maps a source column to a target column; the other tasks a text to a label. A field of the other

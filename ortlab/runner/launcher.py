@@ -66,18 +66,7 @@ class Launcher:
 def mix_problems(spec: Any, accelerations: dict[str, dict[str, Any]], where: str) -> list[str]:
     """One line per acceleration the spec asks for explicitly that a doctor's report (`to_dict()` form, so a
     report from another machine works too) says is not available `where`."""
-    from ortlab.accel.mix import Mix
-
-    # What the spec asks for explicitly ('auto' resolves in the target runtime itself, when the run starts).
-    a = spec.accel
-    wanted = Mix(
-        ort=a.ort is True,
-        fused_adam=a.fused_adam is True,
-        zero_stage=a.zero_stage,
-        precision=a.precision,
-        torch_compile=a.torch_compile,
-        tf32=a.tf32 is True,
-    ).requested()
+    wanted = spec.asked_mix().requested()  # ('auto' resolves in the target runtime itself, when the run starts)
     unknown = {"reason": "its doctor does not know this acceleration", "remedy": "install the same ortlab there"}
     found = {name: accelerations.get(name) or unknown for name in wanted}
     return [
