@@ -83,12 +83,11 @@ def _train(spec: RunSpec, *, adapter_rank: int | None, quiet: bool, verbose: boo
     # foreground followed here, like a detached run.
     # So does a run that needs ortlab's compile runtime (torch_compile where this runtime cannot compile).
     from ortlab.fit import check
-    from ortlab.runner import check as check_target
     from ortlab.runner import trains_here
     from ortlab.train.run import train_spec
 
     if detach or not trains_here(spec):
-        check_target(spec)  # the machine first (the target's doctor, cached): seconds, before the data
+        # (The target itself is checked by `launch`, once: checking it here too ran a named interpreter twice.)
         if spec.target.cluster is None:  # (a cluster run's model and data are checked on the cluster)
             check(spec)  # the same fast checks as in the foreground, before anything starts
         from ortlab.runner import default_root, launch
