@@ -10,6 +10,8 @@ from __future__ import annotations
 import socket
 
 LOOPBACK = "127.0.0.1"
+# Linux's name for the loopback interface: gloo binds its sockets to the address of the interface named here.
+LOOPBACK_INTERFACE = "lo"
 
 
 def free_port() -> int:

@@ -237,7 +237,12 @@ TRACKERS: tuple[str, ...] = ("trackio", "tensorboard", "mlflow", "wandb")
 
 class TargetSpec(_Strict):
     python: str | None = Field(None, description="Python interpreter of another runtime to train in (default: this).")
-    processes: int = Field(1, ge=1, le=64, description="Data-parallel training processes.")
+    processes: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Data-parallel training processes: torchrun ranks on this machine, Ray Train workers on a cluster.",
+    )
     cluster: str | None = Field(
         None,
         description="Run as a job on a Ray cluster: its Jobs address (http://HOST:8265), or 'local' for the head "
@@ -249,6 +254,13 @@ class TargetSpec(_Strict):
         None,
         description="Cluster runs: a folder this machine and the cluster's workers both read and write (a shared "
         "file system), where the remote run folder lives (default for 'local': the head's own folder).",
+    )
+    max_failures: int = Field(
+        0,
+        ge=0,
+        le=100,
+        description="Cluster runs with several processes: how many times Ray Train restarts the workers from the "
+        "run's last checkpoint after one of them fails, before the run ends failed.",
     )
 
     @field_validator("cluster")
@@ -275,8 +287,10 @@ class TargetSpec(_Strict):
     def _python_or_cluster(self) -> TargetSpec:
         if self.cluster and self.python:
             raise ValueError("python and cluster exclude each other (a cluster run uses the cluster's python)")
-        if not self.cluster and (self.storage or self.gpus_per_process):
-            raise ValueError("storage and gpus_per_process only apply to a cluster run; set target.cluster")
+        if not self.cluster and (self.storage or self.gpus_per_process or self.max_failures):
+            raise ValueError(
+                "storage, gpus_per_process and max_failures only apply to a cluster run; set target.cluster"
+            )
         return self
 
 

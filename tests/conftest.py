@@ -59,6 +59,43 @@ def tiny_chat_llama(tmp_path_factory) -> Path:
     return build_tiny_chat_llama(tmp_path_factory.mktemp("tiny-chat-llama"))
 
 
+@pytest.fixture(scope="session")
+def ray_head(tmp_path_factory):
+    """One local Ray head for the session (2 CPUs), started through `ortlab.cluster.start` on loopback with token
+    auth in its own folder, stopped by its PID at the end. Every cluster test shares it: a head costs ~15 s."""
+    from ortlab import cluster
+
+    folder = tmp_path_factory.mktemp("cluster")
+    old = os.environ.get("ORTLAB_CLUSTER_DIR")
+    os.environ["ORTLAB_CLUSTER_DIR"] = str(folder)  # the monitors started by the tests inherit it
+    record = cluster.start(num_cpus=2)
+    yield record
+    cluster.stop()
+    if old is None:
+        os.environ.pop("ORTLAB_CLUSTER_DIR", None)
+    else:
+        os.environ["ORTLAB_CLUSTER_DIR"] = old
+
+
+@pytest.fixture(scope="session")
+def remote_spec(tiny_bert, tmp_path_factory):
+    """make(name, max_steps, **target): a tiny-BERT spec dict for the local head, in a runs folder of its own."""
+    root = tmp_path_factory.mktemp("remote-runs")
+
+    def make(name: str, max_steps: int = 12, **target) -> dict:
+        return {
+            "name": name,
+            "output_dir": str(root),
+            "model": {"name": str(tiny_bert)},
+            "data": {"source": "embedded:rotten-tomatoes", "max_train_samples": 400, "max_eval_samples": 32},
+            "hyper": {"learning_rate": 1e-3, "batch_size": 8, "max_length": 32, "max_steps": max_steps},
+            "accel": {"ort": False, "fused_adam": False},
+            "target": {"cluster": "local", **target},
+        }
+
+    return make
+
+
 # --- the suite's time budget (issue #26) ---------------------------------------------------------------------------
 # `scripts/dev test` passes --suite-budget-s: the last line of its output says how long the session took against
 # CI's budget, next to the slowest tests (--durations), so a suite that drifts towards the limit shows at once.

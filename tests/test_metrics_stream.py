@@ -400,3 +400,45 @@ def test_the_jupyter_server_lists_a_huge_run_in_bounded_memory_and_keeps_answeri
         sampler.join()
         growth = peak[-1] - rss_before
         assert growth < 200 * MiB, f"the server grew by {growth / MiB:.0f} MiB listing a 48 MiB metrics file"
+
+
+def test_workers_and_restarts_are_folded_once_for_every_view(tmp_path):
+    """A two-worker stream with one restart: the summary counts the restart, keeps each rank's steady step time
+    (the slower rank shows), and `ortlab runs`/`compare` say so. A malformed `workers` field is passed over."""
+    from ortlab.runfolder.compare import row_for, worker_throughput
+    from ortlab.runfolder.stream import summary_of
+
+    run = RunDir(make_fake_run(tmp_path, "two", state="completed", steps=0))
+    status = run.read_status()
+    run.update_status(launcher={**(status.get("launcher") or {}), "cluster": "local", "kind": "ray-train"})
+    steps = []
+    for n in range(1, 7):
+        record = step_record(n)  # 16 samples in 0.4 s on the two ranks together
+        record["workers"] = [{"step_time_s": 0.4, "peak_mem_mb": 900.0}, {"step_time_s": 0.8, "peak_mem_mb": 910.0}]
+        steps.append(record)
+    bad = {**step_record(7), "workers": ["not a worker"]}
+    restart = {
+        "event": "restart",
+        "attempt": 1,
+        "failed_workers": [1],
+        "reason": "rank 1: died",
+        "resumes_from_step": 4,
+    }
+    append(
+        run.metrics_path,
+        {"event": "train_begin", "max_steps": 7, "world_size": 2},
+        *steps[:4],
+        restart,
+        *steps[4:],
+        bad,
+    )
+
+    summary = summary_of(run.path)
+    assert (summary.world_size, summary.restarts) == (2, 1)
+    times = summary.throughput()["worker_step_time_s"]
+    assert times == pytest.approx([0.4, 0.8]), "the steady steps' mean per rank (the bad line's list left out)"
+    row = row_for(run)
+    assert row.where == "cluster local, 2 workers, 1 restart"
+    # Each rank trains half of a step's 16 samples: 8 / 0.4 s and 8 / 0.8 s.
+    assert worker_throughput(row.summary) == pytest.approx([20.0, 10.0])
+    assert worker_throughput({"steady_samples_per_s": 40.0}) is None, "one process: no per-worker numbers"

@@ -30,36 +30,15 @@ from ortlab.spec import RunSpec
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
 
-@pytest.fixture(scope="module")
-def head(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("cluster")
-    old = os.environ.get("ORTLAB_CLUSTER_DIR")
-    os.environ["ORTLAB_CLUSTER_DIR"] = str(folder)  # the monitors started by the tests inherit it
-    record = cluster.start(num_cpus=2)
-    yield record
-    cluster.stop()
-    if old is None:
-        os.environ.pop("ORTLAB_CLUSTER_DIR", None)
-    else:
-        os.environ["ORTLAB_CLUSTER_DIR"] = old
+@pytest.fixture
+def head(ray_head):
+    """The session's local Ray head (conftest), running again if a test here stopped it."""
+    return cluster.start(num_cpus=2)
 
 
 @pytest.fixture(scope="module")
-def make_spec(tiny_bert, tmp_path_factory):
-    root = tmp_path_factory.mktemp("runs")
-
-    def make(name: str, max_steps: int = 12, **target) -> dict:
-        return {
-            "name": name,
-            "output_dir": str(root),
-            "model": {"name": str(tiny_bert)},
-            "data": {"source": "embedded:rotten-tomatoes", "max_train_samples": 400, "max_eval_samples": 32},
-            "hyper": {"learning_rate": 1e-3, "batch_size": 8, "max_length": 32, "max_steps": max_steps},
-            "accel": {"ort": False, "fused_adam": False},
-            "target": {"cluster": "local", **target},
-        }
-
-    return make
+def make_spec(remote_spec):
+    return remote_spec
 
 
 def steps_of(run) -> list[int]:
@@ -280,12 +259,12 @@ def test_clear_errors_before_anything_is_created(head, make_spec, tmp_path, monk
         m.setattr(ray.job_submission, "JobSubmissionClient", lambda *a, **k: built.append(a))
         refused(rf"http://127.0.0.1:{free} is unreachable", cluster=f"http://127.0.0.1:{free}", storage=str(tmp_path))
     assert built == [], "Ray's retrying client was built for an address that does not answer"
-    refused(r"asks for 1 GPU\(s\), but the cluster at local has 0", gpus_per_process=1)
+    refused(r"asks for 1 GPU\(s\) in all, but the cluster at local has 0", gpus_per_process=1)
     # fp16 is not refused by this CPU laptop when the spec is parsed, but by the cluster's own doctor.
     spec = make_spec("fp16")
     spec["accel"]["precision"] = "fp16"
     spec["output_dir"] = str(tmp_path / "runs")
-    with pytest.raises(RunError, match=r"cannot run on the cluster:\n.*fp16 is not available in the cluster local"):
+    with pytest.raises(RunError, match=r"cannot start on the cluster:\n.*fp16 is not available in the cluster local"):
         ortlab.launch(spec)
 
 

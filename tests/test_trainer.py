@@ -143,6 +143,8 @@ def test_zero1_two_processes_partition_optimizer_state(runs, tmp_path):
         details = r["accelerations"]["zero1"]["details"]
         assert details["world_size"] == 2 and "note" not in details
         assert abs(details["optimizer_state_share"] - share) < 1e-9, "ortlab measures what the test counts"
+        shares = [x["opt_state_numel"] / total for x in ranks]
+        assert details["optimizer_state_share_by_rank"] == pytest.approx(shares), "every rank's share, on every rank"
         assert r["accelerations"]["ort"]["applied"]
     assert ranks[0]["weights_sha256"] == ranks[1]["weights_sha256"], "ranks must end with identical weights"
     # Each rank trained on its own shard of the data (so the per-rank losses differ) ...

@@ -14,7 +14,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from ortlab.accel import NOT_PROBED, Availability, package_version
-from ortlab.netutil import LOOPBACK, free_port
+from ortlab.netutil import LOOPBACK, LOOPBACK_INTERFACE, free_port
 
 
 @lru_cache(maxsize=2)
@@ -119,6 +119,3 @@ def ensure_process_group_env() -> bool:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     return True
-
-
-LOOPBACK_INTERFACE = "lo"  # Linux's name for it; gloo binds its sockets to this interface's address

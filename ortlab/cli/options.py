@@ -84,6 +84,9 @@ SPEC_OPTIONS: dict[str, SpecOption] = {
     "name": SpecOption(("name",)),
     "seed": SpecOption(("seed",)),
     "cluster": SpecOption(("target", "cluster")),
+    "processes": SpecOption(("target", "processes")),
+    "storage": SpecOption(("target", "storage")),
+    "max_failures": SpecOption(("target", "max_failures")),
 }
 
 

@@ -56,6 +56,9 @@ def train(
         bool, typer.Option("--detach", "-d", help="run in the background; watch with `ortlab follow RUN`")
     ] = False,
     cluster: Annotated[str | None, spec_option("cluster")] = None,
+    processes: Annotated[int | None, spec_option("processes")] = None,
+    storage: Annotated[str | None, spec_option("storage")] = None,
+    max_failures: Annotated[int | None, spec_option("max_failures")] = None,
 ) -> None:
     """Train a RunSpec: checks everything first, then trains in the foreground (or detached) and prints eval
     before and after."""

@@ -32,12 +32,17 @@ class Row:
     damaged: str | None = None  # why the run folder cannot be trusted (state "damaged"), else None
 
 
-def where_for(status: dict[str, Any]) -> str:
-    """Where a run runs, from its status: the remote launcher records its cluster there."""
+def where_for(status: dict[str, Any], summary: RunSummary | None = None) -> str:
+    """Where a run runs, from its status (a remote launcher records its cluster there), with its processes and
+    restarts from its stream: "local", "local, 2 processes", "cluster ADDRESS, 2 workers, 1 restart"."""
     launcher = status.get("launcher")
-    if isinstance(launcher, dict) and isinstance(launcher.get("cluster"), str):
-        return f"cluster {launcher['cluster']}"
-    return "local"
+    on_cluster = isinstance(launcher, dict) and isinstance(launcher.get("cluster"), str)
+    where = f"cluster {launcher['cluster']}" if on_cluster else "local"
+    if summary is not None and summary.world_size > 1:
+        where += f", {summary.world_size} {'workers' if on_cluster else 'processes'}"
+    if summary is not None and summary.restarts:
+        where += f", {summary.restarts} restart{'s' if summary.restarts > 1 else ''}"
+    return where
 
 
 def row_for(run: Any, summary: RunSummary | None = None) -> Row:
@@ -57,7 +62,7 @@ def row_for(run: Any, summary: RunSummary | None = None) -> Row:
         summary=summary.throughput(),
         eval=scores if scores is not None else dict(summary.scores),
         auto=summary.auto,
-        where=where_for(status),
+        where=where_for(status, summary),
         damaged=status.get("damaged"),
     )
 
@@ -163,6 +168,7 @@ def render(rows: list[Row], console: Any = None) -> None:
         )
     if _fits(console, table):
         console.print(table)
+        _print_workers(console, rows)
         _print_damaged(console, rows)
         return
     letters = [chr(ord("A") + i) if i < 26 else str(i + 1) for i in range(len(rows))]
@@ -196,7 +202,32 @@ def render(rows: list[Row], console: Any = None) -> None:
     for name, cells in facts.items():
         narrow.add_row(name, *cells)
     console.print(narrow)
+    _print_workers(console, rows)
     _print_damaged(console, rows)
+
+
+def worker_throughput(summary: dict[str, Any]) -> list[float] | None:
+    """Each rank's steady samples/s (its share of a step's samples over its own mean step time), for a run of
+    several processes; None for one process. A straggler is the rank whose number is lowest."""
+    times, rate, step = (summary.get(k) for k in ("worker_step_time_s", "steady_samples_per_s", "steady_step_time_s"))
+    if not isinstance(times, list) or not times or not _number(rate) or not _number(step):
+        return None
+    per_rank = rate * step / len(times)  # samples one rank trains per step
+    return [per_rank / t if _number(t) else 0.0 for t in times]
+
+
+def _print_workers(console: Any, rows: list[Row]) -> None:
+    """Per-worker throughput under the table, one line per run of several processes."""
+    from rich.markup import escape
+
+    for r in rows:
+        each = worker_throughput(r.summary)
+        if each:
+            ranks = ", ".join(f"rank {i} {v:.1f}" for i, v in enumerate(each))
+            spread = min(each) / max(each) if max(each) > 0 else 0.0
+            console.print(
+                f"{escape(r.run_id)}: samples/s per worker: {ranks} (slowest / fastest {spread:.2f})", soft_wrap=True
+            )
 
 
 def _print_damaged(console: Any, rows: list[Row]) -> None:

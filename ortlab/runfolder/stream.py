@@ -44,6 +44,7 @@ CHUNK_BYTES = 8 * 2**20  # what one bounded call reads by default
 PIECE_BYTES = 2**20  # one read(2): the most held at once, besides one line of up to LINE_LIMIT
 MAX_SKIPS_KEPT = 20
 EVAL_KEYS = ("eval_accuracy", "eval_f1", "eval_exact_match", "eval_token_f1", "eval_perplexity", "eval_loss")
+_MAX_WORKERS = 1024  # a step line's `workers` list longer than this is not ortlab's (64 processes at most)
 _MAX_ACCELERATIONS = 64  # names kept from one record (ortlab has a handful): a hostile record cannot grow a row
 _MAX_TEXT = 100
 
@@ -245,6 +246,9 @@ class _Throughput:
     mfu: list[float] = field(default_factory=lambda: [0, 0])  # sum of mfu * time, sum of time
     tflops: list[float] = field(default_factory=lambda: [0, 0])
     gpu_max: dict[str, float] = field(default_factory=dict)
+    # Several processes: each rank's steady step time, summed, and the steps counted (a straggler's is higher).
+    worker_time: list[float] = field(default_factory=list)
+    worker_n: int = 0
 
     def add(self, r: dict[str, Any]) -> None:
         self.seen_step = True
@@ -262,6 +266,7 @@ class _Throughput:
                 if _number(r.get(key)) is not None:
                     sums[0] += r[key] * t
                     sums[1] += t
+            self._add_workers(r.get("workers"))
         self.segment_steps += 1
         self.final_loss = _number(r.get("loss"))
         if _number(r.get("peak_mem_mb")) is not None:
@@ -271,6 +276,17 @@ class _Throughput:
         for key in ("gpu_mem_step_peak_mb", "gpu_mem_reserved_mb"):
             if _number(r.get(key)) is not None:
                 self.gpu_max[key] = max(self.gpu_max.get(key, r[key]), r[key])
+
+    def _add_workers(self, workers: Any) -> None:
+        if not isinstance(workers, list) or not all(isinstance(w, dict) for w in workers):
+            return
+        times = [w.get("step_time_s") for w in workers]
+        if not times or len(times) > _MAX_WORKERS or any(_number(t) is None for t in times):
+            return
+        if len(times) != len(self.worker_time):  # (a resumed run with another world size starts the sums again)
+            self.worker_time, self.worker_n = [0.0] * len(times), 0
+        self.worker_time = [a + b for a, b in zip(self.worker_time, times, strict=True)]
+        self.worker_n += 1
 
     def result(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -293,6 +309,8 @@ class _Throughput:
         for key in ("gpu_mem_step_peak_mb", "gpu_mem_reserved_mb"):
             if key in self.gpu_max:
                 out[f"max_{key}"] = self.gpu_max[key]
+        if self.worker_n:
+            out["worker_step_time_s"] = [t / self.worker_n for t in self.worker_time]
         return out
 
 
@@ -308,6 +326,8 @@ class RunSummary:
       eval_* numbers; `auto`: how the 'auto' accelerations were decided ("measured", "default", or None);
       `steady_samples_per_s`: from the train_end summary.
     - `throughput()`: steady-state throughput over every segment (what `ortlab.runfolder.compare.summarize` returns).
+    - `world_size`: the training processes (train_begin); `restarts`: how often a worker group was restarted after
+      a worker failed (`restart` records, Ray Train runs).
     - `records`, `skipped`, `skips`: records folded, lines passed over (see `MetricsStream`).
     """
 
@@ -325,6 +345,8 @@ class RunSummary:
         self.eval_before: dict[str, float] | None = None
         self.auto: str | None = None
         self.steady_samples_per_s: float | None = None
+        self.world_size = 1
+        self.restarts = 0
         self.ended = False
         self.skipped = 0
         self.skips: list[Skip] = []
@@ -352,6 +374,11 @@ class RunSummary:
             steps = _step_number(r.get("max_steps"))
             if steps is not None and steps > 0:
                 self.max_steps = steps
+            world = _step_number(r.get("world_size"))
+            if world is not None and world > 0:
+                self.world_size = world
+        elif event == "restart":
+            self.restarts += 1
         elif event == "eval":
             self.scores = {k: r[k] for k in EVAL_KEYS if _number(r.get(k)) is not None}
             if self.eval_before is None and r.get("phase") == "before":
@@ -395,6 +422,8 @@ class RunSummary:
                 "scores": dict(self.scores),
                 "auto": self.auto,
                 "steady_samples_per_s": self.steady_samples_per_s,
+                "world_size": self.world_size,
+                "restarts": self.restarts,
                 "ended": self.ended,
                 "skipped": self.skipped,
                 "skips": [s.to_dict() for s in self.skips],

@@ -36,6 +36,7 @@ from ortlab.runfolder.stream import MetricsStream
 from ortlab.runner.launcher import Launcher, RunError
 from ortlab.runner.local import Local
 from ortlab.runner.rayjob import RayJob
+from ortlab.runner.raytrain import RayTrain
 from ortlab.runner.trust import trusted_target
 from ortlab.spec import RunSpec, SpecError
 
@@ -251,8 +252,11 @@ class _Unreadable:
 
 def launcher_for(spec: Any) -> Launcher:
     """The launcher of `spec`'s target (see `ortlab.runner.launcher`): a Ray job for `target.cluster`, else a
-    process on this machine (any interpreter, any number of processes). Written out, not registered: there are two."""
-    return RayJob() if spec.target.cluster else Local()
+    process on this machine (any interpreter, any number of processes), a Ray job for one process on a cluster,
+    Ray Train for several. Written out, not registered: there are three."""
+    if spec.target.cluster:
+        return RayTrain() if spec.target.processes > 1 else RayJob()
+    return Local()
 
 
 def check(spec: Any) -> dict[str, Any] | None:

@@ -87,12 +87,12 @@ def recorded_storage(run: RunDir, spec: Any) -> RunDir:
 # --- the job's side --------------------------------------------------------------------------------------------
 
 
-def _print_tagged(tag: str, data: Any) -> None:
+def print_tagged(tag: str, data: Any) -> None:
     sys.stdout.write(tag + json.dumps(data, default=str) + "\n")
     sys.stdout.flush()
 
 
-class _Streamer(threading.Thread):
+class Streamer(threading.Thread):
     """Prints every record of the remote metrics.jsonl as a tagged line, with its sequence number (its index
     among the file's records), from the first one: a monitor skips what it already has."""
 
@@ -104,27 +104,26 @@ class _Streamer(threading.Thread):
     def flush(self) -> None:
         records, self.offset = read_metrics(self.folder.metrics_path, self.offset)
         for record in records:
-            _print_tagged(METRIC_TAG, {"seq": self.seq, "record": record})
+            print_tagged(METRIC_TAG, {"seq": self.seq, "record": record})
             self.seq += 1
         paused = bool(self.folder.read_status().get("paused"))  # a pause gate is held: the status says so
         if paused != self.paused:
             self.paused = paused
-            _print_tagged(PAUSED_TAG, paused)
+            print_tagged(PAUSED_TAG, paused)
 
     def run(self) -> None:
         while not self.done.wait(0.1):
             self.flush()
 
 
-def worker_main(path: str, resume: bool) -> int:
-    from ortlab.train.run import execute
-
-    run = RunDir(path)
-    streamer = _Streamer(run)
+def streamed(run: RunDir, body: Any) -> int:
+    """Run `body()` (which trains `run`) while its records are printed for the monitor, then the final status.
+    Returns the job's exit code: 1 if `body` raised."""
+    streamer = Streamer(run)
     streamer.start()
     code = 0
     try:
-        execute(run, resume=resume, progress=False)
+        body()
     except BaseException:
         import traceback
 
@@ -134,8 +133,15 @@ def worker_main(path: str, resume: bool) -> int:
         streamer.done.set()
         streamer.join()
         streamer.flush()
-        _print_tagged(FINAL_TAG, run.read_status())
+        print_tagged(FINAL_TAG, run.read_status())
     return code
+
+
+def worker_main(path: str, resume: bool) -> int:
+    from ortlab.train.run import execute
+
+    run = RunDir(path)
+    return streamed(run, lambda: execute(run, resume=resume, progress=False))
 
 
 def doctor_main() -> int:
@@ -147,10 +153,15 @@ def doctor_main() -> int:
 
         ray.init(logging_level="ERROR", log_to_driver=False)
         report["resources"] = {k: float(v) for k, v in ray.cluster_resources().items() if k in ("CPU", "GPU")}
+        report["nodes"] = [
+            {k: float(v) for k, v in node.get("Resources", {}).items() if k in ("CPU", "GPU")}
+            for node in ray.nodes()
+            if node.get("Alive")
+        ]
         ray.shutdown()
     except Exception as e:  # the resources are a check's input: say why they are missing
         report["resources_error"] = f"{type(e).__name__}: {e}"
-    _print_tagged(DOCTOR_TAG, report)
+    print_tagged(DOCTOR_TAG, report)
     return 0
 
 

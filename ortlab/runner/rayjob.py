@@ -27,6 +27,7 @@ from typing import Any
 
 from ortlab import cluster
 from ortlab.envvars import child_env, ortlab_path
+from ortlab.netutil import LOOPBACK_INTERFACE
 from ortlab.runfolder.rundir import RunDir, RunStateError, process_create_time
 from ortlab.runner.launcher import Launcher, RunError, mix_problems
 from ortlab.runner.raychannel import DOCTOR_TAG, Monitor, recorded_storage, storage_for
@@ -53,6 +54,9 @@ def _python_for(spec: Any) -> tuple[str, dict[str, Any]]:
     Elsewhere: `python` on the cluster, which must have ortlab installed (the doctor job checks it)."""
     if spec.target.cluster == "local":
         env = {"PYTHONPATH": ortlab_path(), "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+        # The local head is on loopback only: so are the process groups of its Ray Train workers (gloo would
+        # otherwise bind to the address the host name resolves to).
+        env["GLOO_SOCKET_IFNAME"] = LOOPBACK_INTERFACE
         return shlex.quote(sys.executable), {"env_vars": env}
     return "python", {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}}
 
@@ -63,6 +67,34 @@ def _resources(spec: Any) -> dict[str, Any]:
     if t.gpus_per_process:
         out["entrypoint_num_gpus"] = t.gpus_per_process
     return out
+
+
+def resource_problems(spec: Any, report: dict[str, Any]) -> list[str]:
+    """The target's CPUs and GPUs against the cluster's (its doctor's `resources`: totals, and `nodes`: what each
+    node offers, since a process runs on one node)."""
+    t = spec.target
+    total = report.get("resources") or {}
+    nodes = [n for n in report.get("nodes") or [] if isinstance(n, dict)] or [total]
+    has = f"it has {total.get('CPU', 0):g} CPU(s) and {total.get('GPU', 0):g} GPU(s) on {len(nodes)} node(s)"
+    problems = []
+    gpus, cpus = (t.gpus_per_process or 0) * t.processes, t.cpus_per_process * t.processes
+    if gpus > total.get("GPU", 0):
+        problems.append(
+            f"target: the run asks for {gpus:g} GPU(s) in all, but the cluster at {t.cluster} has "
+            f"{total.get('GPU', 0):g}; {has}"
+        )
+    if cpus > total.get("CPU", 0):
+        problems.append(
+            f"target: the run asks for {cpus:g} CPU(s) in all ({t.processes} process(es) x "
+            f"{t.cpus_per_process:g}), but the cluster at {t.cluster} has {total.get('CPU', 0):g}; {has}"
+        )
+    fits = [n for n in nodes if n.get("CPU", 0) >= t.cpus_per_process and n.get("GPU", 0) >= (t.gpus_per_process or 0)]
+    if not fits and not problems:
+        problems.append(
+            f"target: no node of the cluster at {t.cluster} offers {t.cpus_per_process:g} CPU(s) and "
+            f"{t.gpus_per_process or 0:g} GPU(s) for one process; {has}"
+        )
+    return problems
 
 
 def cluster_doctor(spec: Any) -> dict[str, Any]:
@@ -114,25 +146,30 @@ class RayJob(Launcher):
         and every acceleration asked for available there (the cluster's doctor, not this machine's)."""
         storage_for(spec)
         report = cluster_doctor(spec)
-        resources = report.get("resources") or {}
-        t = spec.target
-        gpus = (t.gpus_per_process or 0) * t.processes
-        if gpus > resources.get("GPU", 0):
-            raise RunError(
-                f"target: the run asks for {gpus:g} GPU(s), but the cluster at {t.cluster} has "
-                f"{resources.get('GPU', 0):g} (CPU: {resources.get('CPU', 0):g}, GPU: {resources.get('GPU', 0):g})"
-            )
-        if t.cpus_per_process > resources.get("CPU", 0):
-            raise RunError(
-                f"target.cpus_per_process: the run asks for {t.cpus_per_process:g} CPUs, but the cluster at "
-                f"{t.cluster} has {resources.get('CPU', 0):g}"
-            )
-        if t.processes > 1:
-            raise RunError("target.processes: a remote run has one process for now; set processes: 1")
-        problems = mix_problems(spec, report["accelerations"], f"the cluster {t.cluster}")
+        problems = resource_problems(spec, report) + self.shape_problems(spec)
+        problems += mix_problems(spec, report["accelerations"], f"the cluster {spec.target.cluster}")
         if problems:
-            raise RunError("this mix cannot run on the cluster:\n" + "\n".join(f"  - {p}" for p in problems))
+            raise RunError("this run cannot start on the cluster:\n" + "\n".join(f"  - {p}" for p in problems))
         return report
+
+    def shape_problems(self, spec: Any) -> list[str]:
+        """What this launcher cannot do with the spec's processes (one job: one process)."""
+        if spec.target.processes > 1:  # (launcher_for gives such a spec to RayTrain: a direct caller's mistake)
+            return ["target.processes: a Ray job trains in one process; several are a Ray Train run (RayTrain)"]
+        if spec.accel.zero_stage:
+            return [
+                "accel.zero_stage: ZeRO shards the optimizer state across the training processes, and this run has "
+                "one, so it would shard nothing; set target.processes to 2 or more, or zero_stage: 0"
+            ]
+        return []
+
+    def entrypoint(self, spec: Any, remote: str) -> str:
+        """The job's command after the interpreter (`remote`: the storage run folder, shell-quoted)."""
+        return f"-m {CHANNEL} worker {remote}"
+
+    def job_resources(self, spec: Any) -> dict[str, Any]:
+        """What the job's entrypoint reserves on the cluster: here, the one training process's CPUs and GPUs."""
+        return _resources(spec)
 
     def start(self, run: RunDir, spec: Any, resume: bool = False, cwd: str | None = None) -> subprocess.Popen:
         """Submit the job of a claimed (`pending`) local run folder and start its monitor."""
@@ -178,19 +215,19 @@ class RayJob(Launcher):
         if pause is not None:  # a gate set before the start holds the remote run from its first step
             remote.request_pause(int(pause) if pause.isdigit() else None)
         python, runtime_env = _python_for(spec)
-        entry = f"{python} -m {CHANNEL} worker {shlex.quote(str(remote.path.resolve()))}"
+        entry = f"{python} {self.entrypoint(spec, shlex.quote(str(remote.path.resolve())))}"
         job_id = f"ortlab-{run.id}-{secrets.token_hex(4)}"
         try:
             client.submit_job(
                 entrypoint=entry + (" --resume" if resume else ""),
                 submission_id=job_id,
                 runtime_env=runtime_env,
-                **_resources(spec),
+                **self.job_resources(spec),
             )
         except Exception as e:
             run.set_status("failed", error=f"the job could not be submitted to {spec.target.cluster}: {e}", step=0)
             raise RunError(f"run {run.id} could not be submitted: {e}") from None
-        launcher = {"kind": "ray-job", "cluster": spec.target.cluster, "job_id": job_id, "storage": str(remote.path)}
+        launcher = {"kind": self.kind, "cluster": spec.target.cluster, "job_id": job_id, "storage": str(remote.path)}
         run.update_status(launcher=launcher, runtime="cluster")
 
         with os.fdopen(run.open_log(), "ab") as log:  # no link followed (see RunDir.open_log)

@@ -159,6 +159,8 @@ class RunIndex:
             "updated": updated,
             "catching_up": not follow.caught_up,  # more of its metrics is still to be read (the next polls read on)
             "skipped_lines": view["skipped"],  # lines of its metrics that could not be read (see MetricsStream)
+            "world_size": view["world_size"],  # training processes (Ray Train workers on a cluster)
+            "restarts": view["restarts"],  # worker groups restarted after a failure
         }
 
     @staticmethod

@@ -120,6 +120,8 @@ class VerifiesAccelerations:
         if share is not None:
             # Measured, not configured: the Adam moments this process holds, against one full copy of them.
             record.details["optimizer_state_share"] = share
+        if world > 1:  # every rank's share, measured on that rank (every rank verifies, so every rank gathers)
+            record.details["optimizer_state_share_by_rank"] = _gathered(share, self.args.device)
         if world == 1:
             record.details["note"] = "one process shards nothing: ZeRO saves memory only across several processes"
         if not record.applied:
@@ -229,6 +231,19 @@ class VerifiesAccelerations:
         Path(output_dir).mkdir(parents=True, exist_ok=True)
         data = {"feature": self.feature, "accelerations": {k: v.to_dict() for k, v in self.accelerations.items()}}
         write_json(Path(output_dir) / ACCELERATIONS_FILE, data)
+
+
+def _gathered(value: float | None, device: Any) -> list[float | None]:
+    """`value` from every rank of the process group, by rank (None where a rank had none)."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return [value]
+    mine = torch.tensor([-1.0 if value is None else value], dtype=torch.float64, device=device)
+    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    return [None if t.item() < 0 else t.item() for t in every]
 
 
 def _optimizer_state_share(optimizer: Any, model: Any) -> float | None:

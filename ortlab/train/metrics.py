@@ -143,11 +143,26 @@ def peak_memory_mb(device_type: str) -> tuple[float, str]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "cpu_peak_rss"
 
 
+def _per_worker(device: Any, step_time_s: float, peak_mem_mb: float) -> list[dict[str, float]]:
+    """Every rank's step time and peak memory, by rank (one small all-gather per step; every rank calls it)."""
+    import torch
+    import torch.distributed as dist
+
+    mine = torch.tensor([step_time_s, peak_mem_mb], dtype=torch.float64, device=device)
+    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    return [{"step_time_s": float(t[0]), "peak_mem_mb": float(t[1])} for t in every]
+
+
 class StepMetricsCallback(TrainerCallback):
     """Times each optimizer step and writes one `step` line per step (rank 0 only).
 
     The trainer counts samples, tokens and the loss of the micro-batches in `training_step`; the time runs from
     `on_step_begin` to `on_step_end` (forward, backward, optimizer), so batch fetching and evaluation are out.
+
+    With several processes, every rank's step time and peak memory are gathered into the step line (`workers`, by
+    rank), so a straggler shows. `recorded_through`: steps up to this one are already in the stream (a worker group
+    restarted from an earlier checkpoint trains them again): they are not written twice.
     """
 
     def __init__(self, trainer: Any, sink: Callable[[dict], None]):
@@ -160,6 +175,7 @@ class StepMetricsCallback(TrainerCallback):
         self.device: dict[str, Any] = {}
         self._peak_flops: float | None = None
         self._nvml: _Nvml | None = None
+        self.recorded_through = 0
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._train_start = time.perf_counter()
@@ -226,8 +242,10 @@ class StepMetricsCallback(TrainerCallback):
             "mem_kind": mem_kind,
         }
         record.update(self._device_numbers(args, counters["flops"] * world, dt))
+        if args.world_size > 1:
+            record["workers"] = _per_worker(args.device, dt, mem)
         self.steps.append(record)
-        if state.is_world_process_zero:
+        if state.is_world_process_zero and state.global_step > self.recorded_through:
             self.sink(record)
 
     def _device_numbers(self, args: Any, flops: float, dt: float) -> dict[str, Any]:

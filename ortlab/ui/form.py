@@ -111,6 +111,21 @@ class SpecForm:
             placeholder="local or http://HOST:8265",
             tooltip=self.fields.tip("target.cluster"),
         )
+        # A cluster run's storage (default: the local head's folder) and how often Ray Train may restart its workers.
+        self.storage = widgets.Text(
+            value=start.target.storage or "",
+            description="storage",
+            placeholder="the head's own folder",
+            tooltip=self.fields.tip("target.storage"),
+        )
+        self.max_failures = widgets.BoundedIntText(
+            value=start.target.max_failures,
+            min=0,
+            max=100,
+            description="max failures",
+            tooltip=self.fields.tip("target.max_failures"),
+            style=LABEL,
+        )
         self.name = self._field(widgets.Text, "name", description="run name", placeholder="automatic")
 
     def _field(self, cls: type, path: str, **kw: Any) -> Any:
@@ -134,7 +149,10 @@ class SpecForm:
     def _show_target(self) -> None:
         """Only the field of the chosen target is shown (the interpreter, or the cluster's address)."""
         self.python.layout.display = None if self.where.value == "other Python" else "none"
-        self.cluster.layout.display = None if self.where.value == "cluster" else "none"
+        on_cluster = self.where.value == "cluster"
+        self.cluster.layout.display = None if on_cluster else "none"
+        self.storage.layout.display = self.max_failures.layout.display = None if on_cluster else "none"
+        self.processes.description = "workers" if on_cluster else "processes"
         here = "check again" if self.probed else "check this machine"
         self.check_button.description = "check the cluster" if self.where.value == "cluster" else here
 
@@ -187,6 +205,8 @@ class SpecForm:
             spec["target"]["python"] = self.python.value.strip() or None
         elif self.where.value == "cluster":
             spec["target"]["cluster"] = self.cluster.value.strip() or "local"
+            spec["target"]["storage"] = self.storage.value.strip() or None
+            spec["target"]["max_failures"] = self.max_failures.value
         if self.root:
             spec["output_dir"] = self.root
         return spec

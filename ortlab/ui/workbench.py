@@ -50,6 +50,7 @@ class Workbench(SpecForm, MixPanel, RunsPanel, widgets.VBox):
                 widgets.HBox([self.batch_size, self.max_length, self.max_train_samples]),
                 widgets.HBox([self.lora, self.adapter_rank, self.report_to]),
                 widgets.HBox([self.processes, self.where, self.python, self.cluster, self.name]),
+                widgets.HBox([self.storage, self.max_failures]),
                 widgets.HBox([self.launch_button, self.stop_button]),
                 self.problems,
             ]
@@ -64,6 +65,8 @@ class Workbench(SpecForm, MixPanel, RunsPanel, widgets.VBox):
             self.python,
             self.where,
             self.cluster,
+            self.storage,
+            self.max_failures,
             self.lora,
             *self.toggles.values(),
         ):

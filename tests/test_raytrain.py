@@ -1,0 +1,115 @@
+"""Ray Train runs on the session's real Ray head: two workers training one run with ZeRO-1 over gloo, a killed
+worker survived (Ray Train restarts the group, ortlab resumes it from the run's checkpoint), failures that run out,
+and the checks that refuse a run the cluster cannot hold before anything is created.
+
+Every run is a real tiny-BERT training job: two Ray Train worker processes on the head's 2 CPUs, watched through
+the local run folder as a notebook would.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from gates import launch_gated, wait_paused
+
+import ortlab
+from ortlab.runfolder.compare import row_for, worker_throughput
+from ortlab.runfolder.rundir import RunDir
+from ortlab.runfolder.stream import records
+from ortlab.runner import RunError
+from ortlab.runner.raytrainjob import FAILURES_FILE, WORKERS_FILE
+
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+
+
+def steps_of(run) -> list[int]:
+    return [r["step"] for r in run.metrics() if r["event"] == "step"]
+
+
+def workers_of(storage: RunDir, attempt: int) -> dict[int, dict]:
+    return {w["rank"]: w for w in records(storage.path, name=WORKERS_FILE) if w["attempt"] == attempt}
+
+
+def wait_for(what, timeout: float, run) -> None:
+    deadline = time.monotonic() + timeout
+    while not what():
+        assert run.state in ("pending", "running"), (run.status(), run.dir.log_path.read_text()[-4000:])
+        assert time.monotonic() < deadline, (run.status(), run.dir.log_path.read_text()[-4000:])
+        time.sleep(0.3)
+
+
+def zero_spec(remote_spec, name: str, max_steps: int, max_failures: int) -> dict:
+    spec = remote_spec(name, max_steps=max_steps, processes=2, max_failures=max_failures)
+    spec["accel"]["zero_stage"] = 1
+    spec["hyper"]["save_steps"] = 4
+    return spec
+
+
+def test_two_workers_with_zero1_survive_a_killed_worker(ray_head, remote_spec):
+    run = launch_gated(zero_spec(remote_spec, "two-workers", max_steps=10, max_failures=1), at_step=6)
+    wait_paused(run, timeout=300)
+    status = run.status()
+    assert status["launcher"]["kind"] == "ray-train", status
+    storage = RunDir(status["launcher"]["storage"])
+    first = workers_of(storage, attempt=0)
+    assert sorted(first) == [0, 1], first
+    assert first[0]["pid"] != first[1]["pid"]
+
+    os.kill(first[1]["pid"], signal.SIGKILL)
+    # Ray Train starts a new group by itself; it resumes from checkpoint-4 and holds at the same gate (the pause
+    # request is the run's, not the group's).
+    wait_for(lambda: any(r["event"] == "restart" for r in run.metrics()), timeout=240, run=run)
+    wait_for(lambda: workers_of(storage, attempt=1).keys() == {0, 1}, timeout=120, run=run)
+    run.unpause()
+    final = run.wait(timeout=300)
+    assert final["state"] == "completed", (final, run.dir.log_path.read_text()[-4000:])
+
+    restart = next(r for r in run.metrics() if r["event"] == "restart")
+    assert restart["attempt"] == 1 and restart["resumes_from_step"] == 4, restart
+    assert 1 in restart["failed_workers"] and "rank 1: " in restart["reason"], restart
+    assert steps_of(run) == list(range(1, 11)), "steps 5 and 6 trained twice are recorded once"
+    step = next(r for r in run.metrics() if r["event"] == "step")
+    assert [set(w) for w in step["workers"]] == [{"step_time_s", "peak_mem_mb"}] * 2, "each rank's time and memory"
+    begin = next(r for r in run.metrics() if r["event"] == "train_begin")
+    assert begin["world_size"] == 2
+    zero = run.result()["accelerations"]["zero1"]
+    assert zero["requested"] and zero["applied"], zero
+    shares = zero["details"]["optimizer_state_share_by_rank"]
+    assert len(shares) == 2 and all(0.45 < x < 0.55 for x in shares), f"each worker holds half: {shares}"
+    assert (run.path / "model" / "config.json").is_file(), "the model comes home"
+    assert list(records(storage.path, name=FAILURES_FILE)), "Ray Train's controller recorded the failure"
+    row = row_for(run.dir)
+    assert row.where == "cluster local, 2 workers, 1 restart", "what `ortlab runs` shows"
+    each = worker_throughput(row.summary)
+    assert each is not None and len(each) == 2 and min(each) > 0, row.summary
+
+
+def test_a_killed_worker_with_no_failures_left_ends_the_run_failed(ray_head, remote_spec):
+    run = launch_gated(zero_spec(remote_spec, "no-failures-left", max_steps=20, max_failures=0), at_step=2)
+    wait_paused(run, timeout=300)
+    storage = RunDir(run.status()["launcher"]["storage"])
+    os.kill(workers_of(storage, attempt=0)[1]["pid"], signal.SIGKILL)
+    final = run.wait(timeout=240)
+    assert final["state"] == "failed", final
+    assert "target.max_failures (0)" in final["error"] and "rank 1" in final["error"], final["error"]
+    assert steps_of(run) == [1, 2], "every metric received is kept"
+    assert not any(r["event"] == "restart" for r in run.metrics())
+
+
+def test_a_run_the_cluster_cannot_hold_is_refused_before_anything_is_created(ray_head, remote_spec, tmp_path):
+    def refused(match: str, accel: dict | None = None, **target) -> None:
+        spec = remote_spec("refused", **target)
+        spec["accel"].update(accel or {})
+        spec["output_dir"] = str(tmp_path / "runs")
+        with pytest.raises(RunError, match=match):
+            ortlab.launch(spec)
+        assert not (tmp_path / "runs").exists()
+
+    refused(
+        r"asks for 3 CPU\(s\) in all \(3 process\(es\) x 1\).*it has 2 CPU\(s\) and 0 GPU\(s\) on 1 node", processes=3
+    )
+    refused(r"asks for 2 GPU\(s\) in all, but the cluster at local has 0", processes=2, gpus_per_process=1)
+    refused(r"this run has one, so it would shard nothing", accel={"zero_stage": 1}, processes=1)
