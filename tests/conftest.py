@@ -61,14 +61,15 @@ def tiny_chat_llama(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def ray_head(tmp_path_factory):
-    """One local Ray head for the session (2 CPUs), started through `ortlab.cluster.start` on loopback with token
-    auth in its own folder, stopped by its PID at the end. Every cluster test shares it: a head costs ~15 s."""
+    """One local Ray cluster for the session: a head and one worker node on this machine, 1 CPU each (so a
+    two-worker Ray Train run spans both nodes), started through `ortlab.cluster.start` on loopback with token auth
+    in its own folder, stopped by its PIDs at the end. Every cluster test shares it: a start costs ~20 s."""
     from ortlab import cluster
 
     folder = tmp_path_factory.mktemp("cluster")
     old = os.environ.get("ORTLAB_CLUSTER_DIR")
     os.environ["ORTLAB_CLUSTER_DIR"] = str(folder)  # the monitors started by the tests inherit it
-    record = cluster.start(num_cpus=2)
+    record = cluster.start(num_cpus=1, nodes=2)
     yield record
     cluster.stop()
     if old is None:

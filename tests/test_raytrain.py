@@ -109,7 +109,9 @@ def test_a_run_the_cluster_cannot_hold_is_refused_before_anything_is_created(ray
         assert not (tmp_path / "runs").exists()
 
     refused(
-        r"asks for 3 CPU\(s\) in all \(3 process\(es\) x 1\).*it has 2 CPU\(s\) and 0 GPU\(s\) on 1 node", processes=3
+        r"asks for 3 CPU\(s\) in all \(3 process\(es\) x 1\).*it has 2 CPU\(s\) and 0 GPU\(s\) on 2 node", processes=3
     )
+    # 1.5 CPUs in all fit the cluster's 2, but a process runs on one node, and each node has 1.
+    refused(r"no node of the cluster at local offers 1.5 CPU\(s\) and 0 GPU\(s\)", cpus_per_process=1.5)
     refused(r"asks for 2 GPU\(s\) in all, but the cluster at local has 0", processes=2, gpus_per_process=1)
     refused(r"this run has one, so it would shard nothing", accel={"zero_stage": 1}, processes=1)

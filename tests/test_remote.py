@@ -1,8 +1,9 @@
 """Remote runs on a real Ray head: `ortlab cluster`, launch, live metrics, stop/resume, a killed worker, errors.
 
-One Ray head for the whole module (started through `ortlab.cluster.start` on loopback with token auth, in its
-own folder, stopped by its PID at the end). Every run is a real tiny-BERT training job submitted through Ray's
-Jobs API and watched through its local run folder, exactly as a notebook would.
+The session's local cluster (conftest's `ray_head`: a head and a worker node, started through
+`ortlab.cluster.start` on loopback with token auth, in its own folder, stopped by its PIDs at the end). Every run is
+a real tiny-BERT training job submitted through Ray's Jobs API and watched through its local run folder, exactly as
+a notebook would.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from gates import launch_gated, wait_paused
 
 import ortlab
 from ortlab import cluster
+from ortlab.cluster import head as cluster_head
 from ortlab.runfolder.compare import row_for
 from ortlab.runfolder.rundir import RunDir, process_alive
 from ortlab.runner import RunError, raychannel
@@ -32,8 +34,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
 @pytest.fixture
 def head(ray_head):
-    """The session's local Ray head (conftest), running again if a test here stopped it."""
-    return cluster.start(num_cpus=2)
+    """The session's local Ray cluster (conftest), running again if a test here stopped it."""
+    return cluster.start(num_cpus=1, nodes=2)
 
 
 @pytest.fixture(scope="module")
@@ -64,9 +66,12 @@ def head_listeners(pid: int) -> list[tuple[str, str, int]]:
 
 
 def assert_loopback_only(head) -> list[tuple[str, str, int]]:
+    """Every listener of the head's and of each worker node's process tree is on loopback; returns the head's."""
     found = head_listeners(head["pid"])
-    exposed = [f for f in found if f[1] not in ("127.0.0.1", "::1", "::ffff:127.0.0.1")]
-    assert not exposed, f"the head listens beyond loopback: {exposed}"
+    for root in [head["pid"], *(node["pid"] for node in head.get("nodes") or [])]:
+        listening = head_listeners(root)
+        exposed = [f for f in listening if f[1] not in ("127.0.0.1", "::1", "::ffff:127.0.0.1")]
+        assert not exposed, f"the cluster (pid {root}) listens beyond loopback: {exposed}"
     return found
 
 
@@ -104,6 +109,9 @@ def test_every_listener_of_the_head_is_on_loopback(head):
     names = {name for name, _, _ in found}
     assert {"gcs_server", "raylet", "ray::DashboardAgent", "ray::RuntimeEnvAgent"} <= names, names
     assert int(head["address"].rsplit(":", 1)[1]) in {port for _, _, port in found}
+    (node,) = head["nodes"]  # the worker node: a raylet and its agents of its own, on loopback too
+    assert {"raylet", "ray::DashboardAgent"} <= {name for name, _, _ in head_listeners(node["pid"])}
+    assert cluster_head.alive_nodes(head, cluster.cluster_dir()) == 2, "the head counts both nodes alive"
 
 
 def test_a_squatter_on_the_heads_ports_never_receives_the_token(tmp_path, monkeypatch):
@@ -136,10 +144,10 @@ def test_a_squatter_on_the_heads_ports_never_receives_the_token(tmp_path, monkey
                     with contextlib.suppress(OSError):
                         received.extend(s.recv(65536))
 
-    monkeypatch.setattr(cluster, "_free_ports", taken_ports)
+    monkeypatch.setattr(cluster_head, "_free_ports", taken_ports)
     made: list[Path] = []
-    real_temp = cluster._private_temp
-    monkeypatch.setattr(cluster, "_private_temp", lambda: made.append(real_temp()) or made[-1])
+    real_temp = cluster_head._private_temp
+    monkeypatch.setattr(cluster_head, "_private_temp", lambda: made.append(real_temp()) or made[-1])
     folder = tmp_path / "squatted"
     listener = threading.Thread(target=listen, daemon=True)
     listener.start()
@@ -200,8 +208,8 @@ def assert_no_token(*folders: Path) -> None:
 
 
 def test_stop_resume_and_a_killed_worker(head, make_spec):
-    """Two runs at once (the head offers 2 CPUs, each job asks for 1): one is stopped and resumed, the other's
-    worker is killed."""
+    """Two runs at once (the cluster offers a CPU on each of its nodes, each job asks for 1): one is stopped and
+    resumed, the other's worker is killed."""
     run = launch_gated(make_spec("stop-resume", max_steps=8), at_step=3)
     doomed = launch_gated(make_spec("killed", max_steps=50), at_step=2)
     wait_paused(run, timeout=150)
@@ -250,7 +258,7 @@ def test_clear_errors_before_anything_is_created(head, make_spec, tmp_path, monk
             ortlab.launch(spec)
         assert not (tmp_path / "runs").exists()
 
-    free = cluster._free_ports(1)[0]
+    free = cluster_head._free_ports(1)[0]
     # Fails fast: the plain request answers "unreachable" before Ray's own client (which retries for minutes) is built.
     import ray.job_submission
 
@@ -293,8 +301,11 @@ def test_ray_not_installed_names_the_extra(monkeypatch):
 
 
 def test_cluster_stop_ends_only_its_own_head(head):
+    with pytest.raises(cluster.ClusterError, match=r"with 2 node\(s\) is running .* then start one with 3"):
+        cluster.start(nodes=3)
     assert cluster.stop()
     assert not process_alive(head["pid"], head["create_time"])
+    assert not any(process_alive(n["pid"], n["create_time"]) for n in head["nodes"]), "its worker nodes end too"
     assert cluster.status()["running"] is False
     assert not cluster.stop(), "a second stop finds nothing to stop"
     assert json.loads(json.dumps(cluster.status()))["running"] is False
@@ -308,9 +319,9 @@ def test_a_linked_token_file_is_refused_and_a_new_token_replaces_the_link(tmp_pa
     os.chmod(other, 0o644)
     (tmp_path / "auth_token").symlink_to(other)
     with pytest.raises(cluster.ClusterError, match=r"is a link or not a regular file.*--new-token"):
-        cluster._ensure_token(tmp_path)
+        cluster_head._ensure_token(tmp_path)
     assert stat.S_IMODE(other.stat().st_mode) == 0o644
-    path = cluster._ensure_token(tmp_path, new=True)
+    path = cluster_head._ensure_token(tmp_path, new=True)
     assert not path.is_symlink() and stat.S_IMODE(path.stat().st_mode) == 0o600
     assert other.read_text() == "not a token" and len(path.read_text()) == 64
 
@@ -319,9 +330,9 @@ def test_a_head_that_listens_beyond_loopback_is_refused(monkeypatch, tmp_path):
     """Should a Ray version bind anything to the network again, the start fails and names it (the real head's
     listeners are checked in test_every_listener_of_the_head_is_on_loopback)."""
     found = [(11, "raylet", "127.0.0.1", 40001), (12, "gcs_server", "::", 6379), (13, "agent", "192.0.2.2", 52365)]
-    monkeypatch.setattr(cluster, "listeners", lambda pid: found)
+    monkeypatch.setattr(cluster_head, "listeners", lambda pid: found)
     with pytest.raises(cluster.ClusterError, match=r"gcs_server \(pid 12\) on :::6379; agent \(pid 13\) on 192"):
-        cluster._refuse_exposed({"pid": 10}, tmp_path)
+        cluster_head._refuse_exposed({"pid": 10}, tmp_path)
 
 
 def _monitor(tmp_path: Path):
@@ -465,7 +476,7 @@ def test_new_token_replaces_the_token_and_the_old_one_is_refused(tmp_path, monke
 
     monkeypatch.setenv("ORTLAB_CLUSTER_DIR", str(tmp_path / "cluster"))
     (tmp_path / "cluster").mkdir()
-    old = cluster._ensure_token(tmp_path / "cluster").read_text().strip()  # what the previous head used
+    old = cluster_head._ensure_token(tmp_path / "cluster").read_text().strip()  # what the previous head used
     runner = CliRunner()
     try:
         out = runner.invoke(app, ["cluster", "start", "--new-token", "--num-cpus", "1"])

@@ -172,8 +172,12 @@ cluster_app = typer.Typer(
 
 @cluster_app.command("start")
 def cluster_start(
-    num_cpus: Annotated[int | None, typer.Option(help="CPUs the head offers to jobs (default: all)")] = None,
-    num_gpus: Annotated[int | None, typer.Option(help="GPUs the head offers to jobs (default: all)")] = None,
+    num_cpus: Annotated[int | None, typer.Option(help="CPUs each node offers to jobs (default: all)")] = None,
+    num_gpus: Annotated[int | None, typer.Option(help="GPUs each node offers to jobs (default: all)")] = None,
+    nodes: Annotated[
+        int | None,
+        typer.Option(help="nodes on this machine, the head included: try multi-node runs (Ray Train workers)"),
+    ] = None,
     new_token: Annotated[
         bool,
         typer.Option(
@@ -186,8 +190,13 @@ def cluster_start(
     from ortlab import cluster
 
     with reported():
-        record = cluster.start(num_cpus=num_cpus, num_gpus=num_gpus, new_token=new_token)
-    typer.echo(f"local Ray head running (pid {record['pid']}) at {record['address']}; train on it with --cluster local")
+        record = cluster.start(num_cpus=num_cpus, num_gpus=num_gpus, new_token=new_token, nodes=nodes)
+    workers = len(record.get("nodes") or [])
+    typer.echo(
+        f"local Ray head running (pid {record['pid']}) at {record['address']}"
+        + (f" with {workers} worker node(s)" if workers else "")
+        + "; train on it with --cluster local"
+    )
     typer.echo(f"its token is in {cluster.token_path()} (owner-only); runs' files go to {record['storage']}")
 
 
@@ -195,12 +204,19 @@ def cluster_start(
 def cluster_status() -> None:
     """Is the local Ray head running (its recorded process, checked by PID and create time)?"""
     from ortlab import cluster
+    from ortlab.runfolder.rundir import process_alive
 
     record = cluster.status()
     if not record["running"]:
         typer.echo("no local Ray head is running (start one with `ortlab cluster start`)")
         raise typer.Exit(1)
-    typer.echo(f"local Ray head running (pid {record['pid']}) at {record['address']}; storage {record['storage']}")
+    nodes = [n for n in record.get("nodes") or [] if isinstance(n, dict)]
+    alive = sum(process_alive(n.get("pid"), n.get("create_time")) for n in nodes if isinstance(n.get("pid"), int))
+    typer.echo(
+        f"local Ray head running (pid {record['pid']}) at {record['address']}"
+        + (f", {alive} of {len(nodes)} worker node(s) running" if nodes else "")
+        + f"; storage {record['storage']}"
+    )
 
 
 @cluster_app.command("stop")

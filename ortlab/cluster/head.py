@@ -24,8 +24,10 @@ The head runs in its own process group; its PID, create time and address are rec
 `status` checks that recorded process (never a process found by name) and `stop` ends only that group:
 `ray stop` would end every Ray process on the machine, other people's included.
 
-Connecting to any Ray cluster (this one or `ray start`, KubeRay, Anyscale) goes through `connect`, which turns
-the usual failures into errors that say what to do: unreachable address, missing or wrong token, Ray not installed.
+Several nodes on this one machine (`nodes=K`, what Ray's own tests do to try multi-node behaviour): after the head,
+K-1 worker nodes join it (`ray start --address=GCS --block`, the GCS address from the head's session folder), each
+with its own CPUs and GPUs, the same token, loopback only, each in its own process group with its PID recorded in
+`head.json` beside the head's; `stop` ends them first.
 """
 
 from __future__ import annotations
@@ -49,34 +51,12 @@ from pathlib import Path
 from typing import Any
 
 from ortlab import safeio
-from ortlab.addresses import credentials_problem, is_loopback, origin
-from ortlab.envvars import cache_dir, child_env
-from ortlab.errors import OrtlabError
+from ortlab.cluster.connect import connect
+from ortlab.cluster.record import INSTALL_HINT, ClusterError, cluster_dir, record_path, status, token_path
+from ortlab.envvars import child_env
 
-LOCAL = "local"
-# How long a cluster address may take to answer before it is called unreachable.
-CONNECT_TIMEOUT_S = 5.0
-INSTALL_HINT = "install Ray with ortlab's extra: pip install 'ortlab[remote]'"
-
-
-class ClusterError(OrtlabError, RuntimeError):
-    """A cluster that cannot be used as asked (the message says why and what to do)."""
-
-
-def cluster_dir() -> Path:
-    """Where the local head keeps its token, its record and its storage: $ORTLAB_CLUSTER_DIR, else
-    ortlab's cache folder / cluster."""
-    if os.environ.get("ORTLAB_CLUSTER_DIR"):
-        return Path(os.environ["ORTLAB_CLUSTER_DIR"])
-    return cache_dir() / "cluster"
-
-
-def _record_path(folder: Path) -> Path:
-    return folder / "head.json"
-
-
-def token_path(folder: Path | None = None) -> Path:
-    return (folder or cluster_dir()) / "auth_token"
+# Nodes on this one machine: each is a raylet and its agents (~300 MiB); more than a few only share the same CPUs.
+MAX_NODES = 8
 
 
 def _ensure_token(folder: Path, new: bool = False) -> Path:
@@ -170,42 +150,37 @@ def _ray_program() -> str:
     return found
 
 
-def status(folder: Path | None = None) -> dict[str, Any]:
-    """The local head's record, with `running` true only while the recorded process (same PID and create time)
-    is alive."""
-    from ortlab.runfolder.rundir import process_alive
-
-    folder = folder or cluster_dir()
-    try:
-        record = json.loads(_record_path(folder).read_text())
-    except (FileNotFoundError, ValueError):
-        return {"running": False, "folder": str(folder)}
-    if not isinstance(record, dict) or not isinstance(record.get("pid"), int):
-        return {"running": False, "folder": str(folder)}
-    record["running"] = process_alive(record["pid"], record.get("create_time"))
-    return record
-
-
 def start(
     folder: Path | None = None,
     num_cpus: int | None = None,
     num_gpus: int | None = None,
     timeout: float = 180.0,
     new_token: bool = False,
+    nodes: int | None = None,
 ) -> dict[str, Any]:
     """Start the local head (or return the running one's record); returns once it can run jobs.
 
+    `num_cpus`, `num_gpus`: what each node offers (default: Ray's count of this machine's). `nodes`: how many
+    nodes in all, the head included (default 1; for a running head, None accepts whatever it has).
     `new_token` replaces the token first (a leaked one stops working on the new head); it is refused while a
     head runs, since that head keeps the token it started with."""
     from ortlab.runfolder.rundir import process_create_time, write_json
 
     folder = folder or cluster_dir()
+    if nodes is not None and not 1 <= nodes <= MAX_NODES:
+        raise ClusterError(f"nodes: give 1 to {MAX_NODES} nodes (the head and its worker nodes), not {nodes}")
     current = status(folder)
     if current["running"]:
         if new_token:
             raise ClusterError(
                 f"a local Ray head is running (pid {current['pid']}) and keeps the token it started with: stop it "
                 "first (`ortlab cluster stop`), then `ortlab cluster start --new-token`"
+            )
+        has = 1 + len(current.get("nodes") or [])
+        if nodes is not None and nodes != has:
+            raise ClusterError(
+                f"a local Ray head with {has} node(s) is running (pid {current['pid']}): stop it first (`ortlab "
+                f"cluster stop`), then start one with {nodes}"
             )
         return current
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -264,9 +239,17 @@ def start(
         "log": str(log),
         "started": time.time(),
     }
-    write_json(_record_path(folder), record)
+    write_json(record_path(folder), record)
     try:
         _wait_ready(record, folder, proc, timeout)
+        if (nodes or 1) > 1:
+            gcs = safeio.read_bytes(private / "ray", "ray_current_cluster", limit=256).decode().strip()
+            each = {"num_cpus": num_cpus, "num_gpus": num_gpus}
+            record["nodes"] = []
+            for index in range(1, nodes or 1):  # recorded one by one: a failed start still stops the started ones
+                record["nodes"].append(_start_node(gcs, private, env, folder / f"node-{index}.log", each))
+                write_json(record_path(folder), record)
+            _wait_nodes(record, folder, nodes or 1, timeout)
         _refuse_exposed(record, folder)
     except BaseException:
         stop(folder)
@@ -274,11 +257,58 @@ def start(
     return {**record, "running": True}
 
 
+def _start_node(gcs: str, private: Path, env: dict[str, str], log: Path, each: dict[str, int | None]) -> dict:
+    """One worker node joining the head at `gcs` (Ray's GCS address, from the head's session folder), through
+    `ortlab.cluster.node`: loopback only, the head's token and session folder, its own process group. Returns its
+    record (pid, create time, log)."""
+    from ortlab.runfolder.rundir import process_create_time
+
+    cmd = [sys.executable, "-m", "ortlab.cluster.node", gcs, f"--temp-dir={private / 'ray'}"]
+    cmd += [f"--{k.replace('_', '-')}={v}" for k, v in each.items() if v is not None]
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+        )
+    return {"pid": proc.pid, "create_time": process_create_time(proc.pid), "log": str(log)}
+
+
+def alive_nodes(record: dict[str, Any], folder: Path) -> int | None:
+    """How many nodes the head's dashboard counts alive (its state API), or None when it does not answer."""
+    request = urllib.request.Request(
+        record["address"] + "/api/v0/nodes?limit=1000",
+        headers={"Authorization": f"Bearer {token_path(folder).read_text().strip()}"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:  # (our own head's loopback dashboard)
+            data = json.loads(response.read(4 * 1024 * 1024))
+        rows = data["data"]["result"]["result"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return sum(1 for row in rows if isinstance(row, dict) and row.get("state") == "ALIVE")
+
+
+def _wait_nodes(record: dict[str, Any], folder: Path, nodes: int, timeout: float) -> None:
+    from ortlab.runfolder.rundir import process_alive
+
+    deadline = time.monotonic() + timeout
+    while (alive_nodes(record, folder) or 0) < nodes:
+        for node in record["nodes"]:
+            if not process_alive(node["pid"], node["create_time"]):
+                raise ClusterError(f"a worker node of the local head ended at start; see {node['log']}")
+        if time.monotonic() > deadline:
+            raise ClusterError(f"the local head's {nodes - 1} worker node(s) did not join within {timeout:.0f} s")
+        time.sleep(0.5)
+
+
 def _refuse_exposed(record: dict[str, Any], folder: Path) -> None:
     """Every listener of the started head is on loopback, or the head is refused (a Ray that changed how it binds
     must not silently open ports to the network)."""
+    pids = [record["pid"], *(node["pid"] for node in record.get("nodes") or [])]
     exposed = [
-        f"{name} (pid {pid}) on {ip}:{port}" for pid, name, ip, port in listeners(record["pid"]) if not _loopback(ip)
+        f"{name} (pid {pid}) on {ip}:{port}"
+        for root in pids
+        for pid, name, ip, port in listeners(root)
+        if not _loopback(ip)
     ]
     if exposed:
         raise ClusterError(
@@ -332,26 +362,41 @@ def _wait_ready(record: dict[str, Any], folder: Path, proc: subprocess.Popen, ti
 def stop(folder: Path | None = None, timeout: float = 5.0) -> bool:
     """Stop the local head this folder recorded: its process group and its descendants (Ray's workers start
     their own sessions), nothing else. True if one was running."""
-    import psutil
 
     from ortlab.runfolder.rundir import process_alive
 
     folder = folder or cluster_dir()
     record = status(folder)
+    # The worker nodes first (each checked to be the recorded process, by pid and create time), then the head.
+    for node in record.get("nodes") or []:
+        ours = isinstance(node, dict) and isinstance(node.get("pid"), int)
+        if ours and process_alive(node["pid"], node.get("create_time")):
+            _end_group(node["pid"], node.get("create_time"), timeout)
     if not record["running"]:  # ended by itself (a failed start): its session folder is left to remove
-        _record_path(folder).unlink(missing_ok=True)
+        record_path(folder).unlink(missing_ok=True)
         _remove_private_temp(record.get("temp_dir"))
         return False
-    pid = record["pid"]
+    _end_group(record["pid"], record.get("create_time"), timeout)
+    record_path(folder).unlink(missing_ok=True)
+    _remove_private_temp(record.get("temp_dir"))
+    return True
+
+
+def _end_group(pid: int, create_time: Any, timeout: float) -> None:
+    """End a `ray start --block` process that ortlab started in its own process group, and its descendants (Ray's
+    workers start their own sessions): SIGTERM, then after `timeout` SIGKILL for what is left."""
+    import psutil
+
+    from ortlab.runfolder.rundir import process_alive
+
     try:
         family = psutil.Process(pid).children(recursive=True)
     except psutil.Error:
         family = []
-    # `ray start --block` ends the head's processes when it is signalled; what is left after `timeout` is killed.
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while process_alive(pid, record.get("create_time")) and time.monotonic() < deadline:
+    while process_alive(pid, create_time) and time.monotonic() < deadline:
         time.sleep(0.2)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
@@ -359,9 +404,6 @@ def stop(folder: Path | None = None, timeout: float = 5.0) -> bool:
         with contextlib.suppress(psutil.Error):
             child.kill()
     psutil.wait_procs(family, timeout=5)
-    _record_path(folder).unlink(missing_ok=True)
-    _remove_private_temp(record.get("temp_dir"))
-    return True
 
 
 def _remove_private_temp(path: Any) -> None:
@@ -375,139 +417,3 @@ def _remove_private_temp(path: Any) -> None:
         return
     if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid():
         shutil.rmtree(path, ignore_errors=True)
-
-
-# --- connecting to a cluster -----------------------------------------------------------------------------------
-
-# Addresses (comma- or space-separated) of the Ray clusters this machine's user trusts with their Ray token.
-ADDRESSES_ENV = "ORTLAB_RAY_ADDRESSES"
-# Set to 1 to send the token over plain http to an address that is not this machine (it then travels in clear).
-ALLOW_HTTP_ENV = "ORTLAB_RAY_ALLOW_HTTP"
-
-
-def configured_addresses() -> list[str]:
-    """The cluster addresses the user named in $ORTLAB_RAY_ADDRESSES: the ones a token may go to unasked."""
-    return [a for a in os.environ.get(ADDRESSES_ENV, "").replace(",", " ").split() if a]
-
-
-def is_configured(cluster: str) -> bool:
-    """May the user's Ray token go to `cluster` without the user naming it for this very call?
-
-    'local' (the head `ortlab cluster start` started, from its record on this machine) and the addresses in
-    $ORTLAB_RAY_ADDRESSES. Not an address read from a run folder: a planted spec.yaml could name any server, and
-    the token would be sent there as `Authorization: Bearer`.
-    """
-    if cluster == LOCAL:
-        return True
-    wanted = origin(cluster)
-    return wanted is not None and any(origin(a) == wanted for a in configured_addresses())
-
-
-def resolve_address(cluster: str) -> str:
-    """The Jobs API address of `cluster` ('local' = the head `ortlab cluster start` started)."""
-    if cluster == LOCAL:
-        record = status()
-        if not record["running"]:
-            raise ClusterError(
-                "target.cluster is 'local' but no local Ray head is running: start one with `ortlab cluster start`"
-            )
-        return record["address"]
-    return cluster
-
-
-def token_for(cluster: str, trusted: bool = False) -> tuple[str | None, str]:
-    """(token, where it came from) for `cluster`: the local head's token file; else Ray's own sources in Ray's
-    order: $RAY_AUTH_TOKEN, the file $RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token.
-
-    The user's own token is given only for an address the user named: `trusted` (the caller has it from the user,
-    e.g. the spec passed to `launch`) or one in $ORTLAB_RAY_ADDRESSES; for any other, (None, why not).
-    """
-    if cluster == LOCAL:
-        path = token_path()
-        return (path.read_text().strip() if path.is_file() else None), f"the local head's token file {path}"
-    if not (trusted or is_configured(cluster)):
-        return None, (
-            f"withheld: {cluster} is not an address you named (ortlab sends your Ray token only to 'local', the "
-            f"addresses in ${ADDRESSES_ENV}, or an address you pass to launch or resume yourself)"
-        )
-    if os.environ.get("RAY_AUTH_TOKEN"):
-        return os.environ["RAY_AUTH_TOKEN"].strip(), "$RAY_AUTH_TOKEN"
-    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
-    if path.is_file():
-        return path.read_text().strip(), f"the token file {path}"
-    return None, "none found ($RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)"
-
-
-def check_transport(address: str) -> None:
-    """Refuse to send a token over plain http to another machine unless the user opted in ($ORTLAB_RAY_ALLOW_HTTP=1).
-
-    Over http the `Authorization` header travels in clear: anyone on the path can read the token and then run any
-    code on the cluster. Loopback (the local head, an SSH tunnel's end) never leaves this machine.
-    """
-    where = origin(address)
-    if where is None or where[0] != "http" or is_loopback(where[1]):
-        return
-    if os.environ.get(ALLOW_HTTP_ENV, "").strip().lower() in ("1", "true", "yes"):
-        return
-    raise ClusterError(
-        f"the Ray cluster at {address} is reached over plain http, so your Ray token would travel in clear to "
-        f"{where[1]} (anyone on the network path could read it and run code on the cluster). Use an https address, "
-        f"or an SSH tunnel to 127.0.0.1; to send it in clear anyway, set {ALLOW_HTTP_ENV}=1"
-    )
-
-
-def connect(cluster: str, token: str | None = None, trusted: bool = False) -> Any:
-    """A `ray.job_submission.JobSubmissionClient` for `cluster`, checked to answer and to accept our token.
-
-    Fails fast (CONNECT_TIMEOUT_S) with what to do: Ray missing, address unreachable, authentication refused.
-    `trusted`: the user named this address for this call (see `token_for`); a token passed in is always sent.
-    """
-    problem = credentials_problem(cluster)
-    if problem:
-        raise ClusterError(f"target.cluster: {problem}")
-    address = resolve_address(cluster)
-    if not address.startswith(("http://", "https://")):
-        raise ClusterError(
-            f"target.cluster {cluster!r} is not a Ray Jobs address: give the dashboard's http://HOST:PORT "
-            "(default port 8265), or 'local'"
-        )
-    where = "given"
-    if token is None:
-        token, where = token_for(cluster, trusted=trusted)
-    if token:
-        check_transport(address)
-    try:
-        from ray.job_submission import JobSubmissionClient
-    except ImportError:
-        raise ClusterError(f"remote runs need Ray, which is not installed: {INSTALL_HINT}") from None
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    # A plain request first: it fails in seconds where Ray's client would retry, and it shows the HTTP status.
-    request = urllib.request.Request(address.rstrip("/") + "/api/jobs/", headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=CONNECT_TIMEOUT_S):
-            pass
-    except urllib.error.HTTPError as e:
-        if e.code in (401, 403):
-            problem = "no token was sent" if not token else "the token was refused"
-            raise ClusterError(
-                f"the Ray cluster at {address} refused the request: an authentication problem ({problem}; token "
-                f"source: {where}). Put the cluster's token in $RAY_AUTH_TOKEN or the file $RAY_AUTH_TOKEN_PATH "
-                "(for 'local': `ortlab cluster start` makes it)"
-            ) from None
-        raise ClusterError(f"the Ray cluster at {address} answered HTTP {e.code}: is it a Ray dashboard?") from None
-    except (urllib.error.URLError, OSError) as e:
-        reason = getattr(e, "reason", e)
-        raise ClusterError(
-            f"the Ray cluster at {address} is unreachable ({reason}); check the address (the dashboard's port, "
-            "default 8265) and that the cluster is up"
-        ) from None
-    import logging
-
-    logging.getLogger("ray").setLevel(logging.ERROR)  # Ray's own warnings go to the run's log, not the screen
-    try:
-        return JobSubmissionClient(address, headers=headers)
-    except Exception as e:  # (Ray's client reads the server's version first: a KeyError from another server)
-        raise ClusterError(
-            f"the server at {address} answered, but not as a Ray dashboard ({type(e).__name__}: {e}); check the "
-            "address (the dashboard's port, default 8265)"
-        ) from None
