@@ -19,7 +19,10 @@ from ortlab.notebooks import NotebookFailed, parameter_names, run_notebook
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 # The notebooks that show their runs' curves (a RunMonitor): their saved output must hold the finished runs.
-CHARTED = {"01-quickstart", "02-acceleration-tour", "04-bring-your-own-data"}
+CHARTED = {"01-quickstart", "02-acceleration-tour", "04-bring-your-own-data", "06-train-on-a-cluster"}
+# The notebooks that train on the local Ray cluster: they get the session's (conftest `ray_head`), as a user's
+# notebook finds one already running.
+ON_CLUSTER = {"06-train-on-a-cluster"}
 ARTIFACTS = ROOT / "test-artifacts" / "notebooks"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
@@ -72,6 +75,7 @@ def test_there_are_tutorials():
         "03-export-and-push.ipynb",
         "04-bring-your-own-data.ipynb",
         "05-small-llm-lora.ipynb",
+        "06-train-on-a-cluster.ipynb",
     ]
 
 
@@ -87,8 +91,10 @@ def test_notebook_is_clean_and_parameterized(path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs_in_smoke_mode(path, tmp_path, monkeypatch):
+def test_notebook_runs_in_smoke_mode(path, tmp_path, monkeypatch, request):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    if path.stem in ON_CLUSTER:
+        request.getfixturevalue("ray_head")  # (its folder is in the environment the notebook's kernel inherits)
     out = run_notebook(
         path, ARTIFACTS / path.name, {"smoke": True, "runs_folder": str(tmp_path / "runs")}, cwd=tmp_path
     )

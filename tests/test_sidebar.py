@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
+from fake_runs import append, make_fake_run
 from lab_server import start_lab
 from test_browser import CHROMIUM, _wait_for
 
@@ -124,6 +125,17 @@ def test_sidebar_launches_watches_and_stops_a_run(lab_with_ortlab, tiny_bert):
     url, folder = lab_with_ortlab
     run_dir = folder / "runs" / RUN
     ARTIFACTS.mkdir(exist_ok=True)
+    # A finished two-worker cluster run that was restarted once (its stream as a Ray Train run writes it): its card
+    # says so.
+    two = make_fake_run(folder / "runs", "two-workers", state="completed", steps=3, max_steps=3)
+    restart = {
+        "event": "restart",
+        "attempt": 1,
+        "failed_workers": [1],
+        "reason": "rank 1: died",
+        "resumes_from_step": 2,
+    }
+    append(two / "metrics.jsonl", {"event": "train_begin", "max_steps": 3, "world_size": 2}, restart)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
         page = browser.new_page(viewport={"width": 1280, "height": 900})
@@ -140,6 +152,10 @@ def test_sidebar_launches_watches_and_stops_a_run(lab_with_ortlab, tiny_bert):
             panel.wait_for(state="visible", timeout=30_000)
             page.wait_for_selector("#ortlab-runs .ortlab-Doctor-line", timeout=60_000)
             assert panel.locator(".ortlab-Error").count() == 0, panel.locator(".ortlab-Error").all_inner_texts()
+            card = panel.locator('.ortlab-Run[data-run-id="two-workers"]')
+            card.locator(".ortlab-Run-restarts").wait_for(timeout=60_000)
+            assert card.locator(".ortlab-Run-workers").inner_text() == "2 workers"
+            assert card.locator(".ortlab-Run-restarts").inner_text() == "1 restart"
 
             # A bad spec: the server's field-by-field problems show inline, and no run folder is made.
             page.locator("#ortlab-runs .ortlab-NewRunButton").click()
@@ -173,6 +189,7 @@ def test_sidebar_launches_watches_and_stops_a_run(lab_with_ortlab, tiny_bert):
             page.locator("form.ortlab-NewRun button.jp-mod-reject").click()  # close the form
             _run_card(page).wait_for(timeout=60_000)
             _wait_for(lambda: _state_shown(page) == "running", 300, "the sidebar to show the run running")
+            assert _run_card(page).locator(".ortlab-Run-workers").count() == 0, "one process: no workers count"
             # Record when each step is drawn (page clock, epoch seconds) to compare with the metrics' times.
             page.evaluate(
                 """(run) => {

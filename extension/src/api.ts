@@ -18,6 +18,10 @@ export interface IRunRow {
   applied: string[];
   not_applied: string[];
   updated: number | string | null;
+  /** Training processes (Ray Train workers on a cluster); 1 for most runs. */
+  world_size?: number;
+  /** Worker groups restarted after a worker failed (Ray Train runs). */
+  restarts?: number;
 }
 
 export interface IRunsList {

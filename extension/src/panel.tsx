@@ -180,6 +180,14 @@ function RunItem(props: IViewProps & { run: IRunRow }): JSX.Element {
         {run.loss !== null ? (
           <span className="ortlab-Run-loss">{trans.__('loss %1', formatNumber(run.loss, 3))}</span>
         ) : null}
+        {(run.world_size ?? 1) > 1 ? (
+          <span className="ortlab-Run-workers">{trans.__('%1 workers', run.world_size ?? 1)}</span>
+        ) : null}
+        {(run.restarts ?? 0) > 0 ? (
+          <span className="ortlab-Run-restarts">
+            {trans._n('%1 restart', '%1 restarts', run.restarts ?? 0)}
+          </span>
+        ) : null}
       </div>
       <div className="ortlab-Run-mix">
         {run.applied.length === 0 && run.requested.length === 0 && run.not_applied.length === 0 ? (

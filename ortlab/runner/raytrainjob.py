@@ -178,7 +178,7 @@ def drive(run: RunDir, resume: bool) -> None:
         )
         if state == "failed":  # rank 0 said why its own process ended; the group's reason says more
             run.update_status(error=message, step=run.last_step())
-        elif state != "completed":
+        elif state not in TERMINAL:  # (a completed or stopped run keeps its end)
             run.set_status("failed", error=message, step=run.last_step())
     if run.read_status().get("state") == "failed":
         raise RuntimeError(run.read_status().get("error", "the run failed"))

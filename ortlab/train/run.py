@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -213,10 +213,8 @@ def execute(
     on_metrics: Callable[[dict], None] | None = None,
     log: Callable[[str], None] = print,
     terminal: Terminal | None = None,
-    callbacks: Sequence[Any] = (),
 ) -> dict[str, Any]:
-    """Train the run in `run` (resuming from its last checkpoint if asked); keep its status true throughout.
-    `callbacks`: more `TrainerCallback`s for the trainer (a launcher's own, e.g. Ray Train's progress report)."""
+    """Train the run in `run` (resuming from its last checkpoint if asked); keep its status true throughout."""
     # The run's log stays open while this process runs it, until its final status is written: how readers tell
     # this process (a notebook kernel too) from one that a forged status.json names (`rundir.run_process`).
     try:
@@ -224,13 +222,13 @@ def execute(
     except OSError:
         held = None  # a planted link at logs/run.log: readers will call this run damaged, which it is
     try:
-        return _execute(run, resume, checked, progress, on_metrics, log, terminal, callbacks)
+        return _execute(run, resume, checked, progress, on_metrics, log, terminal)
     finally:
         if held is not None:
             os.close(held)
 
 
-def _execute(run, resume, checked, progress, on_metrics, log, terminal, callbacks) -> dict[str, Any]:
+def _execute(run, resume, checked, progress, on_metrics, log, terminal) -> dict[str, Any]:
     started = time.monotonic()
     stop = _StopRequested(run)
     previous = signal.getsignal(signal.SIGTERM)
@@ -252,9 +250,7 @@ def _execute(run, resume, checked, progress, on_metrics, log, terminal, callback
         from ortlab.trackers import offline
 
         with offline(spec.report_to, run.path):
-            result = _train(
-                spec, run, model_path, prepared, resume, stop, progress, on_metrics, log, terminal, callbacks
-            )
+            result = _train(spec, run, model_path, prepared, resume, stop, progress, on_metrics, log, terminal)
     except BaseException as e:
         if rank == 0:
             run.set_status(
@@ -280,9 +276,7 @@ def _is_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def _train(
-    spec, run, model_path, prepared, resume, stop, progress, on_metrics, log, terminal=None, callbacks=()
-) -> dict[str, Any]:
+def _train(spec, run, model_path, prepared, resume, stop, progress, on_metrics, log, terminal=None) -> dict[str, Any]:
     log("loading the model (importing torch and transformers first takes a moment) ...")
     loading = time.monotonic()
     from transformers import set_seed
@@ -351,7 +345,6 @@ def _train(
             _stop_callback(stop),
             *([terminal.callback()] if terminal is not None else []),
             *([generations] if generations is not None else []),
-            *callbacks,
         ],
     )
     # Steps already in the stream (a killed run, or a restarted worker group, trains again from an earlier

@@ -1,0 +1,191 @@
+"""Ray Train on the local two-node cluster against the same data-parallel spec run locally (torchrun).
+
+    python benchmarks/bench_raytrain.py [--steps 60] [--rounds 1] [--gpus-per-worker 0]
+
+Measured, each against a baseline in the same run:
+- steady samples/s of two Ray Train workers (one per node) over two local torchrun processes, same spec, same
+  threads per process (Ray gives a 1-CPU worker OMP_NUM_THREADS=1, torchrun gives its ranks 1), in ABBA order
+  (local, cluster, cluster, local; `--rounds` repeats), the median of the paired ratios. Goal >= 0.95.
+- the optimizer state each rank holds with ZeRO-1 over two workers, measured on every rank (goal <= 1/2 + 5 %).
+- from a killed worker (SIGKILL of rank 1 once a checkpoint exists) to the `restart` record and to the next step
+  the new group writes (goal <= 60 s to that step; the new group re-imports torch and transformers first).
+- the metrics' delay from the workers' stamp to the local run folder (the monitor's poll of the job's log), p95
+  (goal <= 2 s). The local runs' delay is what the file watcher alone costs.
+
+The cluster (a head and a worker node, `--cpus-per-node` each) is started here and stopped by its PIDs at the
+end. `--gpus-per-worker` gives each worker GPUs (a GPU cluster: start it yourself and pass `--cluster ADDRESS`).
+Results go to benchmarks/results/raytrain-<date>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tests" / "helpers"))
+
+from bench_remote import follow_delays, percentile  # noqa: E402
+
+
+def run_once(ortlab, spec: dict, name: str, target: dict) -> dict:
+    t0 = time.monotonic()
+    run = ortlab.launch({**spec, "name": name, "target": target})
+    delays = follow_delays(run)
+    status = run.wait(timeout=120)
+    if status["state"] != "completed":
+        raise SystemExit(f"{name} ended {status['state']}: {status.get('error')}")
+    from ortlab.runfolder.compare import summarize
+
+    summary = summarize(run.metrics())
+    out = {"steady_samples_per_s": summary.get("steady_samples_per_s"), "wall_s": round(time.monotonic() - t0, 1)}
+    zero = (run.result() or {}).get("accelerations", {}).get("zero1", {})
+    if zero.get("applied"):
+        out["optimizer_state_share_by_rank"] = zero["details"].get("optimizer_state_share_by_rank")
+    print(name, out, flush=True)
+    return {**out, "delays": delays}
+
+
+def killed_worker(ortlab, spec: dict, target: dict, save_steps: int) -> dict:
+    """Kill rank 1 once a checkpoint exists; time the restart record and the next step written after it."""
+    from ortlab.runfolder.rundir import RunDir
+    from ortlab.runfolder.stream import records
+
+    run = ortlab.launch(
+        {**spec, "name": "killed", "hyper": {**spec["hyper"], "save_steps": save_steps}, "target": target}
+    )
+    while run.dir.last_step() <= save_steps + 1:
+        if run.state not in ("pending", "running"):
+            raise SystemExit(f"the run to kill ended {run.state}: {run.status().get('error')}")
+        time.sleep(0.2)
+    storage = RunDir(run.status()["launcher"]["storage"])
+    rank1 = next(w for w in records(storage.path, name="ray-workers.jsonl") if w["rank"] == 1)
+    last = run.dir.last_step()
+    killed_at = time.time()
+    os.kill(rank1["pid"], signal.SIGKILL)
+    status = run.wait(timeout=600)
+    metrics = run.metrics()
+    restart = next((r for r in metrics if r["event"] == "restart"), None)
+    after = next((r for r in metrics if r["event"] == "step" and r["step"] > last and r["time"] > killed_at), None)
+    return {
+        "state": status["state"],
+        "killed_after_step": last,
+        "resumed_from_step": restart and restart["resumes_from_step"],
+        "to_restart_record_s": restart and round(restart["time"] - killed_at, 1),
+        "to_next_step_s": after and round(after["time"] - killed_at, 1),
+        "steps_recorded_once": [r["step"] for r in metrics if r["event"] == "step"]
+        == list(range(1, spec["hyper"]["max_steps"] + 1)),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--rounds", type=int, default=1, help="ABBA rounds (each: 2 local and 2 cluster runs)")
+    parser.add_argument("--cpus-per-node", type=int, default=1)
+    parser.add_argument("--gpus-per-worker", type=float, default=0)
+    parser.add_argument("--cluster", default=None, help="an existing cluster's address (default: start one here)")
+    parser.add_argument("--model", type=Path, default=None, help="model folder (default: a tiny BERT built here)")
+    parser.add_argument("--out", type=Path, default=HERE / "results" / f"raytrain-{date.today().isoformat()}.json")
+    opts = parser.parse_args()
+
+    import ortlab
+    from ortlab import cluster
+
+    work = Path(tempfile.mkdtemp(prefix="bench-raytrain-"))
+    if opts.cluster is None:
+        os.environ["ORTLAB_CLUSTER_DIR"] = str(work / "cluster")
+    model = opts.model
+    if model is None:
+        from tiny_models import build_tiny_bert
+
+        model = build_tiny_bert(work / "tiny-bert")
+    spec = {
+        "output_dir": str(work / "runs"),
+        "model": {"name": str(model)},
+        "data": {"source": "embedded:rotten-tomatoes", "max_train_samples": 4000, "max_eval_samples": 32},
+        "hyper": {"learning_rate": 1e-3, "batch_size": 16, "max_length": 64, "max_steps": opts.steps},
+        "accel": {"ort": False, "fused_adam": False, "precision": "fp32", "zero_stage": 1},
+    }
+    on_cluster = {
+        "cluster": opts.cluster or "local",
+        "processes": 2,
+        "cpus_per_process": opts.cpus_per_node,
+        "gpus_per_process": opts.gpus_per_worker,
+    }
+    started = time.monotonic()
+    if opts.cluster is None:
+        cluster.start(num_cpus=opts.cpus_per_node, nodes=2)
+    start_s = time.monotonic() - started
+    runs: dict[str, list[dict]] = {"local": [], "cluster": []}
+    try:
+        for i in range(opts.rounds):
+            for name in ("local", "cluster", "cluster", "local"):
+                target = on_cluster if name == "cluster" else {"processes": 2}
+                runs[name].append(run_once(ortlab, spec, f"{name}-{i}-{len(runs[name])}", target))
+        kill = killed_worker(ortlab, spec, {**on_cluster, "max_failures": 1}, save_steps=max(4, opts.steps // 6))
+    finally:
+        if opts.cluster is None:
+            cluster.stop()
+    results = {}
+    for name, done in runs.items():
+        delays = [d for r in done for d in r["delays"]]
+        results[name] = {
+            "steady_samples_per_s": [round(r["steady_samples_per_s"], 2) for r in done],
+            "wall_s": [r["wall_s"] for r in done],
+            "optimizer_state_share_by_rank": [r.get("optimizer_state_share_by_rank") for r in done],
+            "delay_p50_s": round(percentile(delays, 50), 3),
+            "delay_p95_s": round(percentile(delays, 95), 3),
+            "records": len(delays),
+        }
+    pairs = [
+        c["steady_samples_per_s"] / loc["steady_samples_per_s"]
+        for loc, c in zip(runs["local"], runs["cluster"], strict=True)
+    ]
+    ratio = statistics.median(pairs)
+    shares = [s for r in runs["cluster"] for s in (r.get("optimizer_state_share_by_rank") or [])]
+    worst_share = max(shares) if shares else None
+    report = {
+        "benchmark": "raytrain",
+        "date": date.today().isoformat(),
+        "cpu_count": os.cpu_count(),
+        "steps": opts.steps,
+        "cluster": opts.cluster or "local: a head and one worker node on this machine",
+        "cpus_per_node": opts.cpus_per_node,
+        "gpus_per_worker": opts.gpus_per_worker,
+        "model": "tiny-bert (tests/helpers)" if opts.model is None else str(opts.model),
+        "cluster_start_s": round(start_s, 1),
+        **results,
+        "samples_per_s_ratio_pairs": [round(p, 3) for p in pairs],
+        "samples_per_s_ratio": round(ratio, 3),
+        "optimizer_state_share_max": worst_share,
+        "killed_worker": kill,
+        "goals": {
+            "samples_per_s_ratio": ">= 0.95",
+            "optimizer_state_share_max": "<= 0.55",
+            "killed_worker.to_next_step_s": "<= 60",
+            "cluster.delay_p95_s": "<= 2.0",
+        },
+        "meets_goals": {
+            "samples_per_s_ratio": ratio >= 0.95,
+            "optimizer_state_share_max": worst_share is not None and worst_share <= 0.55,
+            "killed_worker.to_next_step_s": kill["to_next_step_s"] is not None and kill["to_next_step_s"] <= 60,
+            "cluster.delay_p95_s": results["cluster"]["delay_p95_s"] <= 2.0,
+        },
+    }
+    opts.out.parent.mkdir(parents=True, exist_ok=True)
+    opts.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
