@@ -470,8 +470,15 @@ def test_the_target_picker_offers_local_other_python_and_a_cluster(workbench):
     assert workbench.launch_button.disabled is True and "target.cluster" in workbench.problems.value
     workbench.cluster.value = "http://10.0.0.5:8265"
     assert workbench.spec().target.cluster == "http://10.0.0.5:8265" and workbench.launch_button.disabled is False
+    # A cluster run's workers, storage and restarts (Ray Train), shown only for a cluster.
+    assert workbench.processes.description == "workers" and workbench.storage.layout.display is None
+    workbench.processes.value, workbench.max_failures.value, workbench.storage.value = 2, 1, " /shared/runs "
+    target = workbench.spec().target
+    assert (target.processes, target.max_failures, target.storage) == (2, 1, "/shared/runs")
     workbench.where.value = "local"
     assert workbench.spec().target.cluster is None
+    assert workbench.spec().target.max_failures == 0 and workbench.spec().target.storage is None
+    assert workbench.processes.description == "processes" and workbench.max_failures.layout.display == "none"
 
 
 @pytest.fixture
