@@ -34,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests" / "helpers"))
 
-from bench_remote import follow_delays, percentile  # noqa: E402
+from bench_remote import cluster_spec, follow_delays, percentile  # noqa: E402
 
 
 def run_once(ortlab, spec: dict, name: str, target: dict) -> dict:
@@ -104,18 +104,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-raytrain-"))
     if opts.cluster is None:
         os.environ["ORTLAB_CLUSTER_DIR"] = str(work / "cluster")
-    model = opts.model
-    if model is None:
-        from tiny_models import build_tiny_bert
-
-        model = build_tiny_bert(work / "tiny-bert")
-    spec = {
-        "output_dir": str(work / "runs"),
-        "model": {"name": str(model)},
-        "data": {"source": "embedded:rotten-tomatoes", "max_train_samples": 4000, "max_eval_samples": 32},
-        "hyper": {"learning_rate": 1e-3, "batch_size": 16, "max_length": 64, "max_steps": opts.steps},
-        "accel": {"ort": False, "fused_adam": False, "precision": "fp32", "zero_stage": 1},
-    }
+    spec = cluster_spec(work, opts.model, opts.steps, zero_stage=1)
     on_cluster = {
         "cluster": opts.cluster or "local",
         "processes": 2,

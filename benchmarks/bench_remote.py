@@ -51,6 +51,22 @@ def follow_delays(run, poll_s: float = 0.02) -> list[float]:
         time.sleep(poll_s)
 
 
+def cluster_spec(work: Path, model: Path | None, steps: int, **accel) -> dict:
+    """The spec both cluster benchmarks train (a tiny BERT built in `work` unless `model` is given), without its
+    target: runs go to `work`/runs."""
+    if model is None:
+        from tiny_models import build_tiny_bert
+
+        model = build_tiny_bert(work / "tiny-bert")
+    return {
+        "output_dir": str(work / "runs"),
+        "model": {"name": str(model)},
+        "data": {"source": "embedded:rotten-tomatoes", "max_train_samples": 4000, "max_eval_samples": 32},
+        "hyper": {"learning_rate": 1e-3, "batch_size": 16, "max_length": 64, "max_steps": steps},
+        "accel": {"ort": False, "fused_adam": False, "precision": "fp32", **accel},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=150)
@@ -66,18 +82,7 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="bench-remote-"))
     os.environ["ORTLAB_CLUSTER_DIR"] = str(work / "cluster")
-    model = opts.model
-    if model is None:
-        from tiny_models import build_tiny_bert
-
-        model = build_tiny_bert(work / "tiny-bert")
-    spec = {
-        "output_dir": str(work / "runs"),
-        "model": {"name": str(model)},
-        "data": {"source": "embedded:rotten-tomatoes", "max_train_samples": 4000, "max_eval_samples": 32},
-        "hyper": {"learning_rate": 1e-3, "batch_size": 16, "max_length": 64, "max_steps": opts.steps},
-        "accel": {"ort": False, "fused_adam": False, "precision": "fp32"},
-    }
+    spec = cluster_spec(work, opts.model, opts.steps)
     started = time.monotonic()
     cluster.start(num_cpus=opts.cpus)
     os.environ["OMP_NUM_THREADS"] = str(opts.cpus)  # the local runs inherit it; the remote job gets it from Ray
