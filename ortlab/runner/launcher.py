@@ -6,6 +6,7 @@
       ... in another Python (target.python)  Local (its interpreter)
       ... several processes (torchrun)       Local (torchrun's command)
     a Ray cluster (target.cluster)           RayJob                      ortlab/runner/rayjob.py
+      ... several processes                  RayTrain (Ray Train workers) ortlab/runner/raytrain.py
 
 Every launcher does the same five things, and `ortlab.runner` calls nothing else:
 
@@ -39,7 +40,7 @@ class RunError(OrtlabError, RuntimeError):
 class Launcher:
     """One kind of target. Subclasses implement the four operations; see the module docstring."""
 
-    #: a word for where runs go ("local", "ray-job"): what `ortlab runs` and the sidebar show
+    #: a word for where runs go ("local", "ray-job", "ray-train"): recorded in the run's status
     kind = "launcher"
 
     def doctor(self, spec: Any) -> dict[str, Any]:
