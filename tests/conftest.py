@@ -60,22 +60,30 @@ def tiny_chat_llama(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def ray_head(tmp_path_factory):
-    """One local Ray cluster for the session: a head and one worker node on this machine, 1 CPU each (so a
-    two-worker Ray Train run spans both nodes), started through `ortlab.cluster.start` on loopback with token auth
-    in its own folder, stopped by its PIDs at the end. Every cluster test shares it: a start costs ~20 s."""
+def ray_session(tmp_path_factory):
+    """The session's local Ray cluster folder: one cluster for the session (a head and one worker node on this
+    machine, 1 CPU each, so a two-worker Ray Train run spans both nodes), started through `ortlab.cluster.start` on
+    loopback with token auth, stopped by its PIDs at the end. Use `ray_head`, which (re)starts it."""
     from ortlab import cluster
 
     folder = tmp_path_factory.mktemp("cluster")
     old = os.environ.get("ORTLAB_CLUSTER_DIR")
-    os.environ["ORTLAB_CLUSTER_DIR"] = str(folder)  # the monitors started by the tests inherit it
-    record = cluster.start(num_cpus=1, nodes=2)
-    yield record
+    os.environ["ORTLAB_CLUSTER_DIR"] = str(folder)  # the monitors and notebooks started by the tests inherit it
+    yield folder
     cluster.stop()
     if old is None:
         os.environ.pop("ORTLAB_CLUSTER_DIR", None)
     else:
         os.environ["ORTLAB_CLUSTER_DIR"] = old
+
+
+@pytest.fixture
+def ray_head(ray_session):
+    """The session's cluster, running: started on first use (~20 s), the running one's record after that (a test
+    that stops it, such as `ortlab cluster stop`'s, costs the next one a start, not a failure)."""
+    from ortlab import cluster
+
+    return cluster.start(num_cpus=1, nodes=2)
 
 
 @pytest.fixture(scope="session")

@@ -34,8 +34,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
 @pytest.fixture
 def head(ray_head):
-    """The session's local Ray cluster (conftest), running again if a test here stopped it."""
-    return cluster.start(num_cpus=1, nodes=2)
+    """The session's local Ray cluster (conftest), running."""
+    return ray_head
 
 
 @pytest.fixture(scope="module")
@@ -195,6 +195,7 @@ def test_a_remote_run_streams_live_completes_and_comes_home(head, make_spec, cap
     out = capfd.readouterr()
     assert cluster.token_path().read_text().strip() not in out.out + out.err
     assert_no_token(run.path, storage.path)
+    assert "found in sys.modules" not in run.dir.log_path.read_text(), "runpy's warning about the -m entry"
 
 
 def assert_no_token(*folders: Path) -> None:

@@ -7,10 +7,10 @@
       model/, result.json, checkpoints/  <- copied home when the job ends
       control/stop, control/pause  -> forwarded to the storage folder
 
-The job's entrypoint on the cluster (`python -m ortlab.runner.raychannel worker STORAGE_RUN`) trains exactly as a
+The job's entrypoint on the cluster (`python -m ortlab.runner.rayentry worker STORAGE_RUN`) trains exactly as a
 local worker does (`ortlab.train.run.execute`) and, beside it, prints every record its metrics.jsonl receives as
 one tagged line with its sequence number, and at the end the final status. The local *monitor* (`python -m
-ortlab.runner.raychannel monitor RUN --cluster ADDRESS`, detached, its PID recorded in status.json like a local
+ortlab.runner.rayentry monitor RUN --cluster ADDRESS`, detached, its PID recorded in status.json like a local
 worker's) tails the job's log stream, appends the records it has not got yet, mirrors the job's state, forwards
 stop and pause, and brings the results home. The job's log stream is the one channel every Ray cluster offers the
 client (Ray Jobs has no file download), so metrics arrive live even where the storage is slow to sync. The
@@ -479,7 +479,7 @@ def monitor_main(path: str, cluster: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m ortlab.runner.raychannel")
+    p = argparse.ArgumentParser(prog="python -m ortlab.runner.rayentry")
     sub = p.add_subparsers(dest="command", required=True)
     w = sub.add_parser("worker")
     w.add_argument("run_dir")
@@ -494,7 +494,3 @@ def main(argv: list[str] | None = None) -> int:
     if a.command == "monitor":
         return monitor_main(a.run_dir, a.cluster)
     return doctor_main()
-
-
-if __name__ == "__main__":
-    sys.exit(main())

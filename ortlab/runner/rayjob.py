@@ -37,7 +37,7 @@ DOCTOR_TIMEOUT_S = 180.0
 # launches several runs in a row asks the same cluster the same question).
 DOCTOR_TTL_S = 300.0
 _doctors: dict[tuple[str, str], tuple[float, dict[str, Any]]] = {}
-CHANNEL = "ortlab.runner.raychannel"
+CHANNEL = "ortlab.runner.rayentry"  # both ends of the channel (`ortlab.runner.raychannel`) start from here
 
 
 def _client(spec: Any) -> Any:
