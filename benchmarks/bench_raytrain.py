@@ -34,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests" / "helpers"))
 
-from bench_remote import cluster_spec, follow_delays, percentile  # noqa: E402
+from bench_remote import cluster_spec, follow_delays, sides  # noqa: E402
 
 
 def run_once(ortlab, spec: dict, name: str, target: dict) -> dict:
@@ -125,21 +125,9 @@ def main() -> None:
     finally:
         if opts.cluster is None:
             cluster.stop()
-    results = {}
+    results, pairs = sides(runs, "local", "cluster")
     for name, done in runs.items():
-        delays = [d for r in done for d in r["delays"]]
-        results[name] = {
-            "steady_samples_per_s": [round(r["steady_samples_per_s"], 2) for r in done],
-            "wall_s": [r["wall_s"] for r in done],
-            "optimizer_state_share_by_rank": [r.get("optimizer_state_share_by_rank") for r in done],
-            "delay_p50_s": round(percentile(delays, 50), 3),
-            "delay_p95_s": round(percentile(delays, 95), 3),
-            "records": len(delays),
-        }
-    pairs = [
-        c["steady_samples_per_s"] / loc["steady_samples_per_s"]
-        for loc, c in zip(runs["local"], runs["cluster"], strict=True)
-    ]
+        results[name]["optimizer_state_share_by_rank"] = [r.get("optimizer_state_share_by_rank") for r in done]
     ratio = statistics.median(pairs)
     shares = [s for r in runs["cluster"] for s in (r.get("optimizer_state_share_by_rank") or [])]
     worst_share = max(shares) if shares else None

@@ -51,6 +51,26 @@ def follow_delays(run, poll_s: float = 0.02) -> list[float]:
         time.sleep(poll_s)
 
 
+def sides(runs: dict[str, list[dict]], base: str, other: str) -> tuple[dict[str, dict], list[float]]:
+    """Each side's throughput, wall times and metric delays (`runs[name]`: the runs' dicts with `delays`), and the
+    paired samples/s ratios other / base in ABBA order: (base 1st, other 1st), (base 2nd, other 2nd) of each round."""
+    results = {}
+    for name, done in runs.items():
+        delays = [d for r in done for d in r["delays"]]
+        results[name] = {
+            "steady_samples_per_s": [round(r["steady_samples_per_s"], 2) for r in done],
+            "wall_s": [r["wall_s"] for r in done],
+            "delay_p50_s": round(percentile(delays, 50), 3),
+            "delay_p95_s": round(percentile(delays, 95), 3),
+            "delay_max_s": round(max(delays), 3),
+            "records": len(delays),
+        }
+    pairs = [
+        b["steady_samples_per_s"] / a["steady_samples_per_s"] for a, b in zip(runs[base], runs[other], strict=True)
+    ]
+    return results, pairs
+
+
 def cluster_spec(work: Path, model: Path | None, steps: int, **accel) -> dict:
     """The spec both cluster benchmarks train (a tiny BERT built in `work` unless `model` is given), without its
     target: runs go to `work`/runs."""
@@ -109,22 +129,7 @@ def main() -> None:
                 print(name, runs[name][-1]["steady_samples_per_s"], runs[name][-1]["wall_s"], flush=True)
     finally:
         cluster.stop()
-    results = {}
-    for name, done in runs.items():
-        delays = [d for r in done for d in r["delays"]]
-        results[name] = {
-            "steady_samples_per_s": [round(r["steady_samples_per_s"], 2) for r in done],
-            "wall_s": [r["wall_s"] for r in done],
-            "delay_p50_s": round(percentile(delays, 50), 3),
-            "delay_p95_s": round(percentile(delays, 95), 3),
-            "delay_max_s": round(max(delays), 3),
-            "records": len(delays),
-        }
-    # Pairs in ABBA order: (local 1st, remote 1st), (local 2nd, remote 2nd) of each round.
-    pairs = [
-        r["steady_samples_per_s"] / loc["steady_samples_per_s"]
-        for loc, r in zip(runs["local"], runs["remote"], strict=True)
-    ]
+    results, pairs = sides(runs, "local", "remote")
     ratio = statistics.median(pairs)
     report = {
         "benchmark": "remote",

@@ -7,11 +7,15 @@ the cost of one all-gather per step; with one process it changes nothing but the
 
 DeepSpeed picks its communication backend from its accelerator: NCCL on CUDA, gloo on CPU (this is how ortlab
 tests ZeRO-1 with two processes on a CPU machine).
+
+`gather_floats` is how the trainer reads a number from every rank of the group (each rank's step time, and the
+optimizer-state share ZeRO leaves it).
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any
 
 from ortlab.accel import NOT_PROBED, Availability, package_version
 from ortlab.netutil import LOOPBACK, LOOPBACK_INTERFACE, free_port
@@ -119,3 +123,17 @@ def ensure_process_group_env() -> bool:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     return True
+
+
+def gather_floats(values: list[float], device: Any) -> list[list[float]]:
+    """`values` from every rank of the process group, by rank: one all-gather of a small float64 tensor (every rank
+    must call it, with as many values). Without a process group, this process's own."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return [list(values)]
+    mine = torch.tensor(values, dtype=torch.float64, device=device)
+    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    return [t.tolist() for t in every]

@@ -204,14 +204,13 @@ def cluster_start(
 def cluster_status() -> None:
     """Is the local Ray head running (its recorded process, checked by PID and create time)?"""
     from ortlab import cluster
-    from ortlab.runfolder.rundir import process_alive
 
     record = cluster.status()
     if not record["running"]:
         typer.echo("no local Ray head is running (start one with `ortlab cluster start`)")
         raise typer.Exit(1)
-    nodes = [n for n in record.get("nodes") or [] if isinstance(n, dict)]
-    alive = sum(process_alive(n.get("pid"), n.get("create_time")) for n in nodes if isinstance(n.get("pid"), int))
+    nodes = record["nodes"]
+    alive = sum(node["running"] for node in nodes)
     typer.echo(
         f"local Ray head running (pid {record['pid']}) at {record['address']}"
         + (f", {alive} of {len(nodes)} worker node(s) running" if nodes else "")

@@ -25,9 +25,9 @@ The head runs in its own process group; its PID, create time and address are rec
 `ray stop` would end every Ray process on the machine, other people's included.
 
 Several nodes on this one machine (`nodes=K`, what Ray's own tests do to try multi-node behaviour): after the head,
-K-1 worker nodes join it (`ray start --address=GCS --block`, the GCS address from the head's session folder), each
-with its own CPUs and GPUs, the same token, loopback only, each in its own process group with its PID recorded in
-`head.json` beside the head's; `stop` ends them first.
+K-1 worker nodes join it (`python -m ortlab.cluster.node GCS`, the GCS address from the head's session folder; why
+not `ray start --address`: see that module), each with its own CPUs and GPUs, the same token, loopback only, each
+in its own process group with its PID recorded in `head.json` beside the head's; `stop` ends them first.
 """
 
 from __future__ import annotations
@@ -362,15 +362,11 @@ def _wait_ready(record: dict[str, Any], folder: Path, proc: subprocess.Popen, ti
 def stop(folder: Path | None = None, timeout: float = 5.0) -> bool:
     """Stop the local head this folder recorded: its process group and its descendants (Ray's workers start
     their own sessions), nothing else. True if one was running."""
-
-    from ortlab.runfolder.rundir import process_alive
-
     folder = folder or cluster_dir()
     record = status(folder)
-    # The worker nodes first (each checked to be the recorded process, by pid and create time), then the head.
-    for node in record.get("nodes") or []:
-        ours = isinstance(node, dict) and isinstance(node.get("pid"), int)
-        if ours and process_alive(node["pid"], node.get("create_time")):
+    # The worker nodes first (each checked by `status` to be the recorded process, by pid and create time).
+    for node in record["nodes"]:
+        if node["running"]:
             _end_group(node["pid"], node.get("create_time"), timeout)
     if not record["running"]:  # ended by itself (a failed start): its session folder is left to remove
         record_path(folder).unlink(missing_ok=True)

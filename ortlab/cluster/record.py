@@ -39,15 +39,21 @@ def token_path(folder: Path | None = None) -> Path:
 
 def status(folder: Path | None = None) -> dict[str, Any]:
     """The local head's record, with `running` true only while the recorded process (same PID and create time)
-    is alive."""
+    is alive; the same for each of its worker nodes (`nodes`: only well-formed entries are kept)."""
     from ortlab.runfolder.rundir import process_alive
 
     folder = folder or cluster_dir()
     try:
         record = json.loads(record_path(folder).read_text())
     except (FileNotFoundError, ValueError):
-        return {"running": False, "folder": str(folder)}
+        return {"running": False, "folder": str(folder), "nodes": []}
     if not isinstance(record, dict) or not isinstance(record.get("pid"), int):
-        return {"running": False, "folder": str(folder)}
+        return {"running": False, "folder": str(folder), "nodes": []}
     record["running"] = process_alive(record["pid"], record.get("create_time"))
+    nodes = record.get("nodes") if isinstance(record.get("nodes"), list) else []
+    record["nodes"] = [
+        {**node, "running": process_alive(node["pid"], node.get("create_time"))}
+        for node in nodes
+        if isinstance(node, dict) and isinstance(node.get("pid"), int) and not isinstance(node["pid"], bool)
+    ]
     return record

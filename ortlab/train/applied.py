@@ -19,7 +19,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from ortlab.accel import Applied, ort
+from ortlab.accel import Applied, ort, zero
 from ortlab.runfolder.rundir import write_json
 
 logger = logging.getLogger("ortlab")
@@ -121,7 +121,8 @@ class VerifiesAccelerations:
             # Measured, not configured: the Adam moments this process holds, against one full copy of them.
             record.details["optimizer_state_share"] = share
         if world > 1:  # every rank's share, measured on that rank (every rank verifies, so every rank gathers)
-            record.details["optimizer_state_share_by_rank"] = _gathered(share, self.args.device)
+            gathered = zero.gather_floats([-1.0 if share is None else share], self.args.device)
+            record.details["optimizer_state_share_by_rank"] = [None if v < 0 else v for (v,) in gathered]
         if world == 1:
             record.details["note"] = "one process shards nothing: ZeRO saves memory only across several processes"
         if not record.applied:
@@ -231,19 +232,6 @@ class VerifiesAccelerations:
         Path(output_dir).mkdir(parents=True, exist_ok=True)
         data = {"feature": self.feature, "accelerations": {k: v.to_dict() for k, v in self.accelerations.items()}}
         write_json(Path(output_dir) / ACCELERATIONS_FILE, data)
-
-
-def _gathered(value: float | None, device: Any) -> list[float | None]:
-    """`value` from every rank of the process group, by rank (None where a rank had none)."""
-    import torch
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        return [value]
-    mine = torch.tensor([-1.0 if value is None else value], dtype=torch.float64, device=device)
-    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(every, mine)
-    return [None if t.item() < 0 else t.item() for t in every]
 
 
 def _optimizer_state_share(optimizer: Any, model: Any) -> float | None:

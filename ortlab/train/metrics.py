@@ -27,6 +27,7 @@ from typing import IO, Any
 from transformers import TrainerCallback
 
 from ortlab import safeio
+from ortlab.accel.zero import gather_floats
 from ortlab.flops import METHOD as FLOPS_METHOD
 
 
@@ -143,17 +144,6 @@ def peak_memory_mb(device_type: str) -> tuple[float, str]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "cpu_peak_rss"
 
 
-def _per_worker(device: Any, step_time_s: float, peak_mem_mb: float) -> list[dict[str, float]]:
-    """Every rank's step time and peak memory, by rank (one small all-gather per step; every rank calls it)."""
-    import torch
-    import torch.distributed as dist
-
-    mine = torch.tensor([step_time_s, peak_mem_mb], dtype=torch.float64, device=device)
-    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(every, mine)
-    return [{"step_time_s": float(t[0]), "peak_mem_mb": float(t[1])} for t in every]
-
-
 class StepMetricsCallback(TrainerCallback):
     """Times each optimizer step and writes one `step` line per step (rank 0 only).
 
@@ -243,7 +233,8 @@ class StepMetricsCallback(TrainerCallback):
         }
         record.update(self._device_numbers(args, counters["flops"] * world, dt))
         if args.world_size > 1:
-            record["workers"] = _per_worker(args.device, dt, mem)
+            every = gather_floats([dt, mem], args.device)  # (measured before the gather: it does not count)
+            record["workers"] = [{"step_time_s": t, "peak_mem_mb": m} for t, m in every]
         self.steps.append(record)
         if state.is_world_process_zero and state.global_step > self.recorded_through:
             self.sink(record)
