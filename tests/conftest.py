@@ -20,11 +20,36 @@ if "ORTLAB_RUNTIMES_DIR" not in os.environ:
     from ortlab.runtimes import runtimes_dir
 
     os.environ["ORTLAB_RUNTIMES_DIR"] = str(runtimes_dir())
-os.environ.setdefault("ORTLAB_CACHE_DIR", str(ROOT / "test-artifacts" / "ortlab-cache"))
+# Under pytest-xdist (`scripts/dev test` runs two workers) each worker has a cache of its own, and its torch one
+# core's worth of threads: two workers' OpenMP pools spinning on the same two cores slow both down.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+os.environ.setdefault("ORTLAB_CACHE_DIR", str(ROOT / "test-artifacts" / "ortlab-cache" / (WORKER or "main")))
+if WORKER:
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
 
 sys.path.insert(0, str(ROOT / "tests" / "helpers"))
 
 import pytest  # noqa: E402
+
+# --- how the suite is split between xdist workers ------------------------------------------------------------------
+# `--dist loadgroup` keeps an `xdist_group` on one worker. Every module is its own group (module fixtures, such as a
+# run trained once for a module's tests, are built once, and a module's report file is written by one worker), and
+# every test on the session's Ray cluster shares the group RAY_GROUP, so that one worker starts one cluster. That
+# group is the longest, so it is handed out first (longest first keeps the other worker from idling at the end).
+RAY_GROUP = "ray-cluster"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        groups = [m.args[0] if m.args else m.kwargs.get("name") for m in item.iter_markers("xdist_group")]
+        if "ray_head" in getattr(item, "fixturenames", ()) and RAY_GROUP not in groups:
+            raise pytest.UsageError(f"{item.nodeid} uses the session's Ray cluster: mark it xdist_group({RAY_GROUP!r})")
+        if not groups:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    if WORKER:
+        items.sort(key=lambda item: RAY_GROUP not in [m.args[0] for m in item.iter_markers("xdist_group") if m.args])
 
 
 @pytest.fixture(scope="session")

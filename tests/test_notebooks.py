@@ -90,7 +90,13 @@ def test_notebook_is_clean_and_parameterized(path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param(p, id=p.stem, marks=[pytest.mark.xdist_group("ray-cluster")] if p.stem in ON_CLUSTER else [])
+        for p in NOTEBOOKS
+    ],
+)
 def test_notebook_runs_in_smoke_mode(path, tmp_path, monkeypatch, request):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     if path.stem in ON_CLUSTER:

@@ -22,7 +22,7 @@ from ortlab.runfolder.stream import records
 from ortlab.runner import RunError
 from ortlab.runner.raytrainjob import FAILURES_FILE, WORKERS_FILE
 
-pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.xdist_group("ray-cluster")]
 
 
 def steps_of(run) -> list[int]:

@@ -557,11 +557,15 @@ def test_four_runs_with_watchers_and_writers_on_one_folder(spec_for, tmp_path):
     specs = [spec_for(f"c{i}", root=root, max_steps=12, save_steps=None) for i in range(4)]
     gated = launch_gated(specs[0], at_step=4)  # c0 is stopped at a known step, then resumed by 3 processes at once
     others = [ortlab.launch(s.model_dump(mode="json")) for s in specs[1:]]
-    seen: dict[str, list[str]] = {}
     bad: list[str] = []
     done = threading.Event()
+    watched: list[dict[str, list[str]]] = []  # one history per watcher thread
 
     def watch() -> None:
+        # Each watcher checks the states it saw itself, in the order it read them: a history shared by the three
+        # threads took one thread's older read ("running") after another's newer one ("completed") for a step back.
+        seen: dict[str, list[str]] = {}
+        watched.append(seen)
         while not done.is_set():
             for run in ortlab.runs(root):
                 state = run.status()["state"]  # a liveness check: a writer too
@@ -622,12 +626,14 @@ def test_four_runs_with_watchers_and_writers_on_one_folder(spec_for, tmp_path):
             p.kill()
             p.wait()
     assert not bad, bad
-    assert all(history[-1] == "completed" for history in seen.values()), seen
+    histories = [history for seen in watched for history in seen.values()]
+    assert len(watched) == 3 and len(histories) == 3 * 4, watched
+    assert all(history[-1] == "completed" for history in histories), watched
     REPORT["concurrency"].append(
         {
             "case": "4 runs at once; 3 watcher threads and 2 watcher processes reading every status (each read is "
             "a liveness check that may write); one run stopped at a gate and resumed by 3 processes at once",
-            "outcome": f"every status seen legal ({sum(len(h) for h in seen.values())} state changes observed); "
+            "outcome": f"every status seen legal ({sum(map(len, histories))} state changes seen by 3 threads); "
             f"exactly 1 of 3 resumes started; all 4 runs completed with each of their 12 steps once",
         }
     )

@@ -29,7 +29,7 @@ from ortlab.runfolder.rundir import RunDir, process_alive
 from ortlab.runner import RunError, raychannel
 from ortlab.spec import RunSpec
 
-pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.xdist_group("ray-cluster")]
 
 
 @pytest.fixture
