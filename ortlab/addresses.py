@@ -67,3 +67,40 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+# Object stores a cluster run's storage may be (`target.storage`), through pyarrow's file systems. A plain path (or
+# file://) is a folder both sides mount; any other scheme is refused by name rather than guessed at.
+STORAGE_SCHEMES = ("s3", "gs", "gcs", "abfs", "abfss", "hdfs")
+
+
+def storage_scheme(storage: str) -> str | None:
+    """The object-store scheme of `storage` (`s3`, `gs`, ...), or None for a folder (a path, or file://)."""
+    scheme = urlsplit(storage).scheme.lower() if "://" in storage else ""
+    return None if scheme in ("", "file") else scheme
+
+
+def storage_problem(storage: str) -> str | None:
+    """Why `storage` cannot be a run's storage (an unknown scheme, a credential in it), or None. Never quotes the
+    credential: object-store credentials come from the environment of each side (AWS_ACCESS_KEY_ID, a GCP service
+    account, ...), because the URI is written to spec.yaml, status.json, the job's command line and the logs."""
+    scheme = storage_scheme(storage)
+    if scheme is None:
+        return None
+    if scheme not in STORAGE_SCHEMES:
+        return (
+            f"{scheme}:// is not a storage ortlab knows: give a folder both sides mount, or a URI with one of "
+            + ", ".join(f"{s}://" for s in STORAGE_SCHEMES)
+        )
+    parts = urlsplit(storage)
+    fix = "each side takes its credentials from its own environment (e.g. AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)"
+    if "@" in parts.netloc:
+        return f"the storage URI carries credentials (a user:password@ part), which would be written down; {fix}"
+    if not parts.netloc:
+        return f"the storage URI names no bucket: give {scheme}://BUCKET/PREFIX"
+    for key, _ in parse_qsl(parts.query, keep_blank_values=True):
+        if _SECRET_KEY.search(key):
+            return f"the storage URI carries a credential in its query ({key}=...), which would be written down; {fix}"
+    if parts.fragment:
+        return "the storage URI has a #fragment, which no object store reads: leave it out"
+    return None

@@ -30,7 +30,7 @@ import os
 import shutil
 import stat
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -185,13 +185,22 @@ def write_bytes(
     `durable` fsyncs the file and its folder, so a power cut leaves the old or the new content, never half.
     `mode` is the new file's from its creation (0o600 for a secret: never readable by others, even for an instant).
     """
+    write_pieces(folder, rel, [data], durable=durable, mode=mode)
+
+
+def write_pieces(
+    folder: str | os.PathLike, rel: str | os.PathLike, pieces: Iterable[bytes], durable: bool = False, mode: int = 0o644
+) -> None:
+    """`write_bytes` for a file that comes in pieces (a model downloaded from an object store): memory for one
+    piece, not for the file."""
     parts = _parts(rel)
     with _parent_fd(folder, parts, create=True) as dfd:
         tmp = f".{parts[-1]}.{os.getpid()}.{threading.get_ident()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd)
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(data)
+                for piece in pieces:
+                    f.write(piece)
                 if durable:
                     f.flush()
                     os.fsync(f.fileno())

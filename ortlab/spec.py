@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ortlab import safeio
-from ortlab.addresses import credentials_problem
+from ortlab.addresses import credentials_problem, storage_problem, storage_scheme
 from ortlab.assets import EMBEDDED_MODEL_ID
 from ortlab.errors import OrtlabError
 from ortlab.mixrules import Mix, MixError, rule_problems
@@ -252,8 +252,9 @@ class TargetSpec(_Strict):
     cpus_per_process: float = Field(1, gt=0, le=1024, description="Cluster runs: CPUs each training process asks for.")
     storage: str | None = Field(
         None,
-        description="Cluster runs: a folder this machine and the cluster's workers both read and write (a shared "
-        "file system), where the remote run folder lives (default for 'local': the head's own folder).",
+        description="Cluster runs: where the remote run folder lives: a folder this machine and the cluster both "
+        "mount, or an object store URI (s3://BUCKET/PREFIX, gs://...; credentials from each side's environment). "
+        "Default for 'local': the head's own folder.",
     )
     max_failures: int = Field(
         0,
@@ -282,6 +283,16 @@ class TargetSpec(_Strict):
                 "that `ortlab cluster start` starts"
             )
         return cluster.rstrip("/")
+
+    @field_validator("storage")
+    @classmethod
+    def _storage(cls, storage: str | None) -> str | None:
+        if storage is None:
+            return None
+        problem = storage_problem(storage)
+        if problem:
+            raise ValueError(problem)
+        return storage.rstrip("/") if storage_scheme(storage) else storage
 
     @model_validator(mode="after")
     def _python_or_cluster(self) -> TargetSpec:

@@ -20,6 +20,12 @@ if "ORTLAB_RUNTIMES_DIR" not in os.environ:
     from ortlab.runtimes import runtimes_dir
 
     os.environ["ORTLAB_RUNTIMES_DIR"] = str(runtimes_dir())
+# Object storage: the tests' S3 server (moto, `s3_store`) accepts any credentials, and pyarrow's client wants some.
+# Set before anything starts, so the session's Ray cluster (whose jobs read the store) has the same environment; a
+# real AWS credential in the environment never signs a test's request.
+os.environ.update(AWS_ACCESS_KEY_ID="ortlab-test", AWS_SECRET_ACCESS_KEY="ortlab-test", AWS_DEFAULT_REGION="us-east-1")
+os.environ.update(AWS_EC2_METADATA_DISABLED="true")
+
 # Under pytest-xdist (`scripts/dev test` runs two workers) each worker has a cache of its own, and its torch one
 # core's worth of threads: two workers' OpenMP pools spinning on the same two cores slow both down.
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
@@ -109,6 +115,51 @@ def ray_head(ray_session):
     from ortlab import cluster
 
     return cluster.start(num_cpus=1, nodes=2)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """An S3-protocol server on loopback for the session (moto's server mode, in its own process): the real
+    protocol to pyarrow's real S3 client, as MinIO or AWS would answer. Yields its endpoint URL."""
+    import subprocess
+    import time
+    import urllib.request
+
+    from ortlab.netutil import free_port
+
+    port = free_port()
+    log = tmp_path_factory.mktemp("s3") / "moto.log"
+    with log.open("wb") as out:
+        server = subprocess.Popen(
+            [PYTHON, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], stdout=out, stderr=subprocess.STDOUT
+        )
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(endpoint, timeout=2).close()
+            break
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the S3 test server did not start: {log.read_text()[-2000:]}") from None
+            time.sleep(0.2)
+    yield endpoint
+    server.terminate()
+    server.wait(timeout=30)
+
+
+@pytest.fixture
+def s3_store(s3_server, request):
+    """A fresh bucket on the session's S3 server; returns the storage URI (s3://BUCKET/runs?endpoint_override=...)."""
+    import re
+    import secrets
+
+    from pyarrow import fs as pafs
+
+    bucket = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-") + "-" + secrets.token_hex(3)
+    options = f"endpoint_override={s3_server}&scheme=http"
+    pafs.FileSystem.from_uri(f"s3://{bucket}?{options}&allow_bucket_creation=true")[0].create_dir(bucket)
+    return f"s3://{bucket}/runs?{options}"
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,8 @@ ortlab.runner.rayentry monitor RUN --cluster ADDRESS`, detached, its PID recorde
 worker's) tails the job's log stream, appends the records it has not got yet, mirrors the job's state, forwards
 stop and pause, and brings the results home. The job's log stream is the one channel every Ray cluster offers the
 client (Ray Jobs has no file download), so metrics arrive live even where the storage is slow to sync. The
-launcher that submits the job and starts the monitor is `ortlab.runner.rayjob`.
+launcher that submits the job and starts the monitor is `ortlab.runner.rayjob`. Where the storage is an object
+store, the job trains in a node-local copy and the monitor reads the store through its client (`objstore`).
 """
 
 from __future__ import annotations
@@ -29,10 +30,12 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from ortlab import cluster, safeio
 from ortlab.runfolder.rundir import TERMINAL, RunDir, RunStateError, read_metrics
 from ortlab.runner.launcher import RunError
+from ortlab.runner.objstore import Mirror, Store, StoredRun, is_uri, node_folder
 from ortlab.safeio import dumps
 from ortlab.spec import RunSpec
 
@@ -51,8 +54,10 @@ LOST_GRACE_S = 20.0
 # --- where a job's run folder is -------------------------------------------------------------------------------
 
 
-def storage_for(spec: Any) -> Path:
-    """The folder on the cluster's shared storage that holds this spec's remote run folders."""
+def storage_for(spec: Any) -> Path | Store:
+    """Where this spec's remote run folders live: a folder both sides mount, or an object store (`objstore`)."""
+    if spec.target.storage and is_uri(spec.target.storage):
+        return Store(spec.target.storage)
     if spec.target.storage:
         return Path(spec.target.storage)
     if spec.target.cluster == "local":
@@ -63,7 +68,7 @@ def storage_for(spec: Any) -> Path:
     )
 
 
-def recorded_storage(run: RunDir, spec: Any) -> RunDir:
+def recorded_storage(run: RunDir, spec: Any) -> RunDir | StoredRun:
     """The remote run folder that `run`'s status records, if it is one this spec's launch could have made.
 
     status.json is a file of the run folder, and a folder may come from anyone: a planted `launcher.storage` naming
@@ -74,6 +79,14 @@ def recorded_storage(run: RunDir, spec: Any) -> RunDir:
     launcher = run.read_status().get("launcher")
     recorded = launcher.get("storage") if isinstance(launcher, dict) else None
     storage = storage_for(spec)
+    if isinstance(storage, Store):  # the same rule, on the URI: <storage URI>/<run id>[-<6 hex>], as `start` made it
+        name = urlsplit(recorded).path.rsplit("/", 1)[-1] if isinstance(recorded, str) else ""
+        if re.fullmatch(re.escape(run.id) + r"(-[0-9a-f]{6})?", name) and storage.child(name).uri == recorded:
+            return StoredRun(storage.child(name))
+        raise RunError(
+            f"run {run.id}: its status names the remote folder {recorded!r}, which is not {storage.child(run.id)} "
+            "(where its launch puts it); the run folder was edited or damaged, so ortlab will not use that folder"
+        )
     name_ok = isinstance(recorded, str) and re.fullmatch(re.escape(run.id) + r"(-[0-9a-f]{6})?", Path(recorded).name)
     path = Path(recorded) if name_ok else None
     if path is None or path.is_symlink() or path.parent.resolve() != storage.resolve():
@@ -140,14 +153,37 @@ def streamed(run: RunDir, body: Any) -> int:
 def worker_main(path: str, resume: bool) -> int:
     from ortlab.train.run import execute
 
-    run = RunDir(path)
-    return streamed(run, lambda: execute(run, resume=resume, progress=False))
+    if not is_uri(path):  # a folder both sides mount: train in it
+        run = RunDir(path)
+        return streamed(run, lambda: execute(run, resume=resume, progress=False))
+    # An object store: train in a node-local copy, kept in step with the store (objstore.Mirror). The results are
+    # pushed before the final status is printed, so a monitor that sees the end finds them in the store.
+    stored = StoredRun(Store(path))
+    mirror = Mirror(stored, node_folder(stored))
+    mirror.pull(resume)
+
+    def body() -> None:
+        with mirror.syncing():
+            execute(mirror.local, resume=resume, progress=False)
+
+    code = streamed(mirror.local, body)
+    if code == 0:  # everything is in the store; a node's disk is not a place to keep checkpoints of past jobs
+        shutil.rmtree(mirror.local.path.parent, ignore_errors=True)
+    else:
+        print(f"[ortlab storage] the job's copy of the run is kept on this node: {mirror.local.path}", flush=True)
+    return code
 
 
-def doctor_main() -> int:
+def doctor_main(storage: str | None = None) -> int:
     from ortlab.probe import doctor
 
     report = doctor().to_dict()
+    if storage:  # the cluster's side of the storage check: can a job here write and read it?
+        try:
+            Store(storage).probe()
+            report["storage"] = "ok"
+        except RunError as e:
+            report["storage"] = str(e)
     try:
         import ray
 
@@ -196,6 +232,7 @@ class Monitor:
         # most one read counted is the log's number, however often it was read.
         self.skipped, self.skipped_most, self.skipped_recorded = 0, 0, 0
         self.problems: list[str] = []  # what went wrong in `finish`'s steps (each isolated, see `_step`)
+        self.forwarded: tuple[bool, str | None] | None = None  # the stop/pause requests last passed on
         self.log = os.fdopen(self.run.open_log(), "a", encoding="utf-8")
 
     def begin_read(self) -> None:
@@ -262,16 +299,20 @@ class Monitor:
         }
 
     def forward_controls(self) -> None:
-        """The local stop/pause requests (what Run.stop and Run.pause write) go to the storage folder."""
+        """The local stop/pause requests (what Run.stop and Run.pause write) go to the storage folder, when they
+        change (an object store is not asked twice a second what it already holds)."""
+        wanted = (self.run.stop_requested(), self.run.read_pause())
+        if wanted == self.forwarded:
+            return
         with contextlib.suppress(OSError):
-            if self.run.stop_requested() and not self.remote.stop_requested():
+            stop, pause = wanted
+            if stop:
                 self.remote.request_stop()
-            text = self.run.read_pause()
-            if text is not None:
-                if self.remote.read_pause() != text:
-                    self.remote.request_pause(int(text) if text.isdigit() else None)
+            if pause is not None:
+                self.remote.request_pause(int(pause) if pause.isdigit() else None)
             else:
                 self.remote.clear_pause()
+            self.forwarded = wanted
 
     async def _tail(self, client: Any) -> None:
         self.begin_read()
@@ -356,7 +397,10 @@ class Monitor:
             self.feed("\n".join(ln for ln in tagged if ln.startswith((METRIC_TAG, FINAL_TAG))) + "\n")
         # Last resort, the source of truth: records the log lost for good are in the storage's metrics.jsonl.
         with contextlib.suppress(OSError):
-            missing = self.remote.metrics()[self.have :]
+            if isinstance(self.remote, StoredRun):
+                missing = _records(self.remote.metrics_bytes())[self.have :]
+            else:
+                missing = self.remote.metrics()[self.have :]
             if missing:
                 with self.run.metrics_path.open("a", encoding="utf-8") as f:
                     f.write("".join(dumps(r) + "\n" for r in missing))
@@ -421,6 +465,9 @@ class Monitor:
 
     def bring_home(self) -> None:
         """model/, result.json, tune.json and the last checkpoint: export, push and resume read them here."""
+        if isinstance(self.remote, StoredRun):  # the object store's client, into safeio writes (see objstore)
+            self.remote.bring_home(self.run)
+            return
         # The storage is a folder others can write: only its regular files come home, never what a link in it
         # points to (safeio.copy_files); what was left behind is said in the run's log.
         src, skipped = self.remote, []
@@ -438,6 +485,18 @@ class Monitor:
         for item in skipped:
             self.log.write(f"not brought home from the storage: {item}\n")
         self.log.flush()
+
+
+def _records(data: bytes) -> list[dict[str, Any]]:
+    """The records of a stored metrics.jsonl (a line that is not a JSON object is passed over, as the local
+    reader does; a last line without its newline was cut and is not counted)."""
+    found = []
+    for line in data.split(b"\n")[:-1]:
+        with contextlib.suppress(ValueError):
+            record = json.loads(line)
+            if isinstance(record, dict):
+                found.append(record)
+    return found
 
 
 def _is_int(value: Any) -> bool:
@@ -487,10 +546,11 @@ def main(argv: list[str] | None = None) -> int:
     m = sub.add_parser("monitor")
     m.add_argument("run_dir")
     m.add_argument("--cluster", required=True, help="the address the launcher was given (not the folder's)")
-    sub.add_parser("doctor")
+    d = sub.add_parser("doctor")
+    d.add_argument("--storage", help="an object store URI to write and read a probe object in")
     a = p.parse_args(argv)
     if a.command == "worker":
         return worker_main(a.run_dir, a.resume)
     if a.command == "monitor":
         return monitor_main(a.run_dir, a.cluster)
-    return doctor_main()
+    return doctor_main(a.storage)

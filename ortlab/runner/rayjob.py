@@ -1,9 +1,11 @@
 """The Ray Jobs launcher: a run as a Ray job on a cluster (`target.cluster`), mirrored into its local run folder.
 
     check      the cluster's own doctor, run there as a short job (reachable, token accepted, ortlab installed,
-               enough CPUs and GPUs, every acceleration asked for available there): not this machine's
-    start      a copy of the run folder in the storage (`<storage>/<run id>`), a job whose entrypoint trains
-               there, and a local monitor that brings the job's stream and results home (`ortlab.runner.raychannel`)
+               enough CPUs and GPUs, every acceleration asked for available there): not this machine's; an
+               object store is probed from both sides (an object written, read back, removed)
+    start      a copy of the run folder in the storage (`<storage>/<run id>`: a shared folder, or an object store,
+               see `objstore`), a job whose entrypoint trains there, and a local monitor that brings the job's
+               stream and results home (`ortlab.runner.raychannel`)
     terminate  not done from here: it names `ray job stop`, which ends the job on the cluster
     bring_home model/, result.json, tune.json and the last checkpoint, copied from the storage (the monitor does
                this when the job ends; calling it again copies what is there now)
@@ -25,11 +27,12 @@ import sys
 import time
 from typing import Any
 
-from ortlab import cluster
+from ortlab import cluster, safeio
 from ortlab.envvars import child_env, ortlab_path
 from ortlab.netutil import LOOPBACK_INTERFACE
 from ortlab.runfolder.rundir import RunDir, RunStateError, process_create_time
 from ortlab.runner.launcher import Launcher, RunError, mix_problems
+from ortlab.runner.objstore import Store, StoredRun, is_uri
 from ortlab.runner.raychannel import DOCTOR_TAG, Monitor, recorded_storage, storage_for
 
 DOCTOR_TIMEOUT_S = 180.0
@@ -99,15 +102,17 @@ def resource_problems(spec: Any, report: dict[str, Any]) -> list[str]:
 
 def cluster_doctor(spec: Any) -> dict[str, Any]:
     """Run ortlab's doctor on the cluster (a short job with no special resources) and return its report, with the
-    cluster's total resources under `resources`."""
+    cluster's total resources under `resources`, and for an object store `storage`: "ok", or why a job there
+    cannot write and read it."""
     client = _client(spec)  # (also when the answer is cached: the cluster must answer, and accept the token)
     python, runtime_env = _python_for(spec)
-    key = (client.get_address(), python)
+    probe = spec.target.storage if is_uri(spec.target.storage) else None
+    key = (client.get_address(), python, probe)
     cached = _doctors.get(key)
     if cached is not None and time.monotonic() - cached[0] < DOCTOR_TTL_S:
         return cached[1]
     job = client.submit_job(
-        entrypoint=f"{python} -m {CHANNEL} doctor",
+        entrypoint=f"{python} -m {CHANNEL} doctor" + (f" --storage {shlex.quote(probe)}" if probe else ""),
         submission_id=f"ortlab-doctor-{secrets.token_hex(4)}",
         runtime_env=runtime_env,
         entrypoint_num_cpus=0,
@@ -144,9 +149,22 @@ class RayJob(Launcher):
     def check(self, spec: Any) -> dict[str, Any]:
         """Check the spec against the cluster, before anything is created: reachable, authenticated, enough GPUs,
         and every acceleration asked for available there (the cluster's doctor, not this machine's)."""
-        storage_for(spec)
+        storage = storage_for(spec)
+        if isinstance(storage, Store):  # this machine's side of the storage (the doctor job checks the cluster's)
+            try:
+                storage.probe()
+            except RunError as e:
+                raise RunError(
+                    f"target.storage: this machine {e} (the monitor brings the results home through it; check "
+                    "this machine's credentials for the store, e.g. AWS_ACCESS_KEY_ID, and the bucket)"
+                ) from None
         report = cluster_doctor(spec)
         problems = resource_problems(spec, report) + self.shape_problems(spec)
+        if isinstance(storage, Store) and report.get("storage") != "ok":
+            problems.append(
+                f"target.storage: a job on the cluster {report.get('storage') or 'could not check the storage'} "
+                "(the workers write checkpoints and the model there; check the cluster's credentials for the store)"
+            )
         problems += mix_problems(spec, report["accelerations"], f"the cluster {spec.target.cluster}")
         if problems:
             raise RunError("this run cannot start on the cluster:\n" + "\n".join(f"  - {p}" for p in problems))
@@ -197,6 +215,11 @@ class RayJob(Launcher):
             except (RunStateError, OSError) as e:
                 run.set_status("failed", error=f"the remote run folder cannot resume: {e}")
                 raise RunError(f"run {run.id} could not resume on the cluster: {e}") from None
+        elif isinstance(storage, Store):
+            remote = StoredRun(storage.child(run.id))
+            while remote.store.exists("spec.yaml"):  # (unique as below, by a suffix)
+                remote = StoredRun(storage.child(f"{run.id}-{secrets.token_hex(3)}"))
+            remote.create(safeio.read_bytes(run.path, "spec.yaml"))
         else:
             # Run ids are unique in their runs folder, not in a storage that runs from several folders share.
             storage.mkdir(parents=True, exist_ok=True)
@@ -215,7 +238,8 @@ class RayJob(Launcher):
         if pause is not None:  # a gate set before the start holds the remote run from its first step
             remote.request_pause(int(pause) if pause.isdigit() else None)
         python, runtime_env = _python_for(spec)
-        entry = f"{python} {self.entrypoint(spec, shlex.quote(str(remote.path.resolve())))}"
+        where = remote.path if isinstance(remote, StoredRun) else remote.path.resolve()
+        entry = f"{python} {self.entrypoint(spec, shlex.quote(str(where)))}"
         job_id = f"ortlab-{run.id}-{secrets.token_hex(4)}"
         try:
             client.submit_job(

@@ -5,7 +5,8 @@ a run folder may come from anyone (copied, cloned, unpacked, planted in the serv
 would otherwise start the program it names and send the user's Ray token to the address it names. So a resumed
 run starts only an interpreter the user vouches for on this machine (this one, one of ortlab's runtimes, or one
 in $ORTLAB_TRUSTED_PYTHONS) and talks only to an address the user named ('local', or one in
-$ORTLAB_RAY_ADDRESSES), or to the interpreter / address named for that resume.
+$ORTLAB_RAY_ADDRESSES), or to the interpreter / address named for that resume; and its results come home only
+from an object store the user listed in $ORTLAB_STORAGE_URIS (this machine's credentials sign those requests).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import sys
 from typing import Any
 
+from ortlab.addresses import storage_scheme
 from ortlab.cluster import ADDRESSES_ENV, is_configured
 from ortlab.runner.launcher import RunError
 from ortlab.runtimes import RUNTIMES, python_for
@@ -21,6 +23,22 @@ from ortlab.spec import RunSpec, SpecError
 
 # Interpreters (absolute paths separated by os.pathsep) a run folder's target.python may name on resume.
 TRUSTED_PYTHONS_ENV = "ORTLAB_TRUSTED_PYTHONS"
+# Object-store URIs (separated by spaces) a run folder's target.storage may name on resume.
+STORAGES_ENV = "ORTLAB_STORAGE_URIS"
+
+
+def storage_trusted(storage: str) -> bool:
+    """Is the object store `storage` one the user listed in $ORTLAB_STORAGE_URIS (the same URI, or a folder inside
+    a listed one with the same options)? A stored run's monitor signs its requests with this machine's credentials
+    for the store, and the endpoint is part of the URI: a folder naming `?endpoint_override=` some server would
+    get requests signed with them sent there."""
+    base, _, options = storage.partition("?")  # the options (an endpoint) must be the listed ones, exactly
+    for listed in os.environ.get(STORAGES_ENV, "").split():
+        listed_base, _, listed_options = listed.partition("?")
+        listed_base = listed_base.rstrip("/")
+        if options == listed_options and (base == listed_base or base.startswith(listed_base + "/")):
+            return True
+    return False
 
 
 def python_trusted(python: str) -> bool:
@@ -76,5 +94,12 @@ def trusted_target(run_id: str, spec: Any, python: str | None = None, cluster: s
             f"${ADDRESSES_ENV}). If you trust it, name it yourself: `ortlab resume {run_id} --cluster ADDRESS` or "
             f"`Run.resume(cluster=ADDRESS)`, or list it in ${ADDRESSES_ENV} (for the Jupyter server, set it before "
             "starting the server)"
+        )
+    if target.cluster and target.storage and storage_scheme(target.storage) and not storage_trusted(target.storage):
+        raise RunError(
+            f"run {run_id}: its spec.yaml names the object store {target.storage!r} (target.storage), and ortlab "
+            "uses your credentials for a store only where you named it (a folder may come from anyone). If you "
+            f"trust it, list it in ${STORAGES_ENV} (URIs separated by spaces; for the Jupyter server, set it "
+            "before starting the server)"
         )
     return spec
