@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 from gates import launch_gated, wait_paused
@@ -20,6 +22,7 @@ from ortlab.runfolder.compare import row_for, worker_throughput
 from ortlab.runfolder.rundir import RunDir
 from ortlab.runfolder.stream import records
 from ortlab.runner import RunError
+from ortlab.runner.objstore import UPLOADED, Store
 from ortlab.runner.raytrainjob import FAILURES_FILE, WORKERS_FILE
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.xdist_group("ray-cluster")]
@@ -29,8 +32,9 @@ def steps_of(run) -> list[int]:
     return [r["step"] for r in run.metrics() if r["event"] == "step"]
 
 
-def workers_of(storage: RunDir, attempt: int) -> dict[int, dict]:
-    return {w["rank"]: w for w in records(storage.path, name=WORKERS_FILE) if w["attempt"] == attempt}
+def workers_of(storage: RunDir | Store, attempt: int) -> dict[int, dict]:
+    found = storage.records(WORKERS_FILE) if isinstance(storage, Store) else records(storage.path, name=WORKERS_FILE)
+    return {w["rank"]: w for w in found if w["attempt"] == attempt}
 
 
 def wait_for(what, timeout: float, run) -> None:
@@ -48,12 +52,17 @@ def zero_spec(remote_spec, name: str, max_steps: int, max_failures: int) -> dict
     return spec
 
 
-def test_two_workers_with_zero1_survive_a_killed_worker(ray_head, remote_spec):
-    run = launch_gated(zero_spec(remote_spec, "two-workers", max_steps=10, max_failures=1), at_step=6)
+def test_two_workers_with_zero1_survive_a_killed_worker(ray_head, remote_spec, s3_store):
+    """Through an object store: each node trains in its own copy of the run (no disk shared), every node uploads
+    its ZeRO shards of each checkpoint, and the new group resumes from the stored one. (Tutorial 06 runs the same
+    story on the cluster's shared storage folder.)"""
+    spec = zero_spec(remote_spec, "two-workers", max_steps=10, max_failures=1)
+    spec["target"]["storage"] = s3_store
+    run = launch_gated(spec, at_step=6)
     wait_paused(run, timeout=300)
     status = run.status()
     assert status["launcher"]["kind"] == "ray-train", status
-    storage = RunDir(status["launcher"]["storage"])
+    storage = Store(status["launcher"]["storage"])
     first = workers_of(storage, attempt=0)
     assert sorted(first) == [0, 1], first
     assert first[0]["pid"] != first[1]["pid"]
@@ -80,7 +89,21 @@ def test_two_workers_with_zero1_survive_a_killed_worker(ray_head, remote_spec):
     shares = zero["details"]["optimizer_state_share_by_rank"]
     assert len(shares) == 2 and all(0.45 < x < 0.55 for x in shares), f"each worker holds half: {shares}"
     assert (run.path / "model" / "config.json").is_file(), "the model comes home"
-    assert list(records(storage.path, name=FAILURES_FILE)), "Ray Train's controller recorded the failure"
+    assert storage.records(FAILURES_FILE), "Ray Train's controller recorded the failure (in the store)"
+    # Each stored checkpoint holds both ranks' ZeRO shards, though each node wrote only its own rank's.
+    stored = storage.files("checkpoints")
+    assert {n.split("/")[0] for n in stored if n.endswith(UPLOADED)} == {
+        "checkpoint-4",
+        "checkpoint-8",
+        "checkpoint-10",
+    }
+    assert {n.rsplit("/", 1)[-1] for n in stored if n.startswith("checkpoint-10/") and "optim_states" in n} == {
+        "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "zero_pp_rank_1_mp_rank_00_optim_states.pt",
+    }, stored
+    assert run.dir.last_checkpoint().name == "checkpoint-10", "the last checkpoint came home through the store"
+    job = first[0]["job"]  # (each node's copy is named after the driver's job mark and the node)
+    assert not list(Path(tempfile.gettempdir(), "ortlab-jobs").glob(f"{job}-*")), "the nodes' copies were removed"
     row = row_for(run.dir)
     assert row.where == "cluster local, 2 workers, 1 restart", "what `ortlab runs` shows"
     each = worker_throughput(row.summary)

@@ -164,6 +164,22 @@ class Store:
             copied += size
         return copied
 
+    def records(self, rel: str) -> list[dict[str, Any]]:
+        """The records of a small JSON-lines object (none when it is absent)."""
+        try:
+            return jsonl_records(self.read_bytes(rel))
+        except FileNotFoundError:
+            return []
+
+    def append_records(self, rel: str, records: list[dict[str, Any]]) -> None:
+        """Records appended to a small JSON-lines object (read, extended, written: objects cannot be appended to,
+        so only one writer may do this at a time; ortlab's callers are each the one writer of their file)."""
+        try:
+            data = self.read_bytes(rel)
+        except FileNotFoundError:
+            data = b""
+        self.write_bytes(rel, data + "".join(safeio.dumps(r) + "\n" for r in records).encode())
+
     def probe(self) -> None:
         """Write, read back and remove a small object: RunError with the reason when any of it fails."""
         rel = f".ortlab-probe-{secrets.token_hex(6)}"
@@ -178,6 +194,20 @@ class Store:
             raise RunError(f"cannot write and read {self.uri}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
         if back != data:
             raise RunError(f"{self.uri}: an object written there read back different")
+
+
+def jsonl_records(data: bytes) -> list[dict[str, Any]]:
+    """The records of JSON-lines bytes: a line that is not a JSON object is passed over (as the local reader
+    does), and a last line without its newline was cut and is not counted."""
+    import json
+
+    found = []
+    for line in data.split(b"\n")[:-1]:
+        with contextlib.suppress(ValueError):
+            record = json.loads(line)
+            if isinstance(record, dict):
+                found.append(record)
+    return found
 
 
 def _key_parts(rel: str) -> tuple[str, ...]:
@@ -286,16 +316,24 @@ class Mirror:
     thread (stop and pause in, status and metrics out, each checkpoint once it is whole), and pushed whole at the
     end (the results, the last checkpoint)."""
 
-    def __init__(self, stored: StoredRun, local: RunDir):
+    def __init__(
+        self, stored: StoredRun, local: RunDir, checkpoints: bool = True, metrics_every: float = METRICS_SYNC_S
+    ):
+        """`checkpoints`: push each whole checkpoint from here (a Ray Train run uploads them from every node
+        instead, see `raytrainjob`); `metrics_every`: seconds between pushes of metrics.jsonl (a Ray Train
+        driver reads it from the store, so its rank 0 pushes it every SYNC_S)."""
         self.stored, self.local = stored, local
+        self.checkpoints, self.metrics_every = checkpoints, metrics_every
         self.pushed_checkpoints: set[str] = set()
         self.sent: dict[str, bytes] = {}
         self.metrics_at = 0.0
         self.done = threading.Event()
         self.problems: list[str] = []
 
-    def pull(self, resume: bool) -> None:
-        """The spec and status, and for a resume the history and the last finished checkpoint."""
+    def pull(self, resume: bool, controls: bool = True) -> None:
+        """The spec and status, and for a resume the history and the last finished checkpoint. `controls`: the
+        stop and pause requests too (in a Ray Train run only rank 0's node takes them: the ranks agree on rank
+        0's view, and a pause copied to another node at its start would never be lifted there)."""
         self.local.path.mkdir(parents=True, exist_ok=True)
         for rel in ("logs", "control"):
             (self.local.path / rel).mkdir(exist_ok=True)
@@ -304,11 +342,20 @@ class Mirror:
             with contextlib.suppress(FileNotFoundError):
                 limit = 1 << 30 if name == "metrics.jsonl" else safeio.MAX_JSON_BYTES
                 safeio.write_bytes(self.local.path, name, store.read_bytes(name, limit=limit))
-        self.pull_controls()
-        last = self.stored.last_checkpoint() if resume else None
-        if last is not None:
-            store.download(f"checkpoints/{last}", self.local.path)
-            self.pushed_checkpoints.add(last)
+        if controls:
+            self.pull_controls()
+        else:  # (this node's folder may have been rank 0's in the group before: its requests are stale here)
+            self.local.clear_stop()
+            self.local.clear_pause()
+        if resume:
+            # Only the stored checkpoint is whole on every node: one this node wrote after it (its upload cut by
+            # a failure) would have a resume start from a step the other nodes never saved.
+            shutil.rmtree(self.local.checkpoints, ignore_errors=True)
+            last = self.stored.last_checkpoint()
+            if last is not None:
+                store.download(f"checkpoints/{last}", self.local.path)
+                safeio.remove(self.local.path, f"checkpoints/{last}/{UPLOADED}")
+                self.pushed_checkpoints.add(last)
 
     def pull_controls(self) -> None:
         store = self.stored.store
@@ -336,6 +383,8 @@ class Mirror:
 
     def push_checkpoints(self) -> None:
         """Every whole local checkpoint not stored yet: its files, then the marker that says it is whole."""
+        if not self.checkpoints:
+            return
         last = self.local.last_checkpoint()
         if last is None or last.name in self.pushed_checkpoints:
             return
@@ -347,7 +396,7 @@ class Mirror:
     def sync(self, final: bool = False) -> None:
         self.pull_controls()
         self.push_checkpoints()
-        if final or time.monotonic() - self.metrics_at > METRICS_SYNC_S:
+        if final or time.monotonic() - self.metrics_at >= self.metrics_every:
             self.push_small(("metrics.jsonl",))
             self.metrics_at = time.monotonic()
         self.push_small(("status.json", "tune.json"))
@@ -379,3 +428,49 @@ class Mirror:
             self.done.set()
             thread.join()
             self.push_end()
+
+
+class Follower:
+    """A Ray Train driver's node-local copy of the run, following the store: rank 0 (wherever Ray placed it)
+    pushes its stream and status there, and the driver prints them for the monitor from this copy. The stream
+    is only ever extended (a new rank 0 starts from the stored one), so what is new is read from where the local
+    copy ends."""
+
+    def __init__(self, stored: StoredRun, local: RunDir):
+        self.stored, self.local = stored, local
+        self.done = threading.Event()
+
+    def pull(self) -> None:
+        from pyarrow import fs as pafs
+
+        store = self.stored.store
+        with contextlib.suppress(FileNotFoundError):
+            safeio.write_bytes(self.local.path, "status.json", store.read_bytes("status.json"))
+        info = store.fs.get_file_info(store.key("metrics.jsonl"))
+        have = self.local.metrics_path.stat().st_size if self.local.metrics_path.is_file() else 0
+        if info.type != pafs.FileType.File or info.size <= have:
+            return
+        with store.fs.open_input_file(store.key("metrics.jsonl")) as src:
+            src.seek(have)
+            data = src.read(info.size - have)
+        fd = safeio.open_in(self.local.path, "metrics.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        with os.fdopen(fd, "ab") as out:
+            out.write(data)
+
+    def _loop(self) -> None:
+        while not self.done.wait(SYNC_S):
+            try:
+                self.pull()
+            except Exception as e:
+                print(f"[ortlab storage] reading {self.stored.path} failed: {e}", flush=True)
+
+    @contextlib.contextmanager
+    def following(self):
+        thread = threading.Thread(target=self._loop, daemon=True, name="ortlab-storage-follow")
+        thread.start()
+        try:
+            yield self
+        finally:
+            self.done.set()
+            thread.join()
+            self.pull()

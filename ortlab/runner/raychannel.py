@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 from ortlab import cluster, safeio
 from ortlab.runfolder.rundir import TERMINAL, RunDir, RunStateError, read_metrics
 from ortlab.runner.launcher import RunError
-from ortlab.runner.objstore import Mirror, Store, StoredRun, is_uri, node_folder
+from ortlab.runner.objstore import Mirror, Store, StoredRun, is_uri, jsonl_records, node_folder
 from ortlab.safeio import dumps
 from ortlab.spec import RunSpec
 
@@ -398,7 +398,7 @@ class Monitor:
         # Last resort, the source of truth: records the log lost for good are in the storage's metrics.jsonl.
         with contextlib.suppress(OSError):
             if isinstance(self.remote, StoredRun):
-                missing = _records(self.remote.metrics_bytes())[self.have :]
+                missing = jsonl_records(self.remote.metrics_bytes())[self.have :]
             else:
                 missing = self.remote.metrics()[self.have :]
             if missing:
@@ -485,18 +485,6 @@ class Monitor:
         for item in skipped:
             self.log.write(f"not brought home from the storage: {item}\n")
         self.log.flush()
-
-
-def _records(data: bytes) -> list[dict[str, Any]]:
-    """The records of a stored metrics.jsonl (a line that is not a JSON object is passed over, as the local
-    reader does; a last line without its newline was cut and is not counted)."""
-    found = []
-    for line in data.split(b"\n")[:-1]:
-        with contextlib.suppress(ValueError):
-            record = json.loads(line)
-            if isinstance(record, dict):
-                found.append(record)
-    return found
 
 
 def _is_int(value: Any) -> bool:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ortlab.runner.objstore import is_uri
 from ortlab.runner.rayjob import RayJob
 
 JOB = "ortlab.runner.raytrainjob"
@@ -29,14 +28,7 @@ class RayTrain(RayJob):
     kind = "ray-train"
 
     def shape_problems(self, spec: Any) -> list[str]:
-        # Several processes by construction (launcher_for): ZeRO has ranks to shard across.
-        if is_uri(spec.target.storage):
-            return [
-                "target.storage: several Ray Train workers share their run folder (rank 0's records, every rank's "
-                "ZeRO shards in each checkpoint), so they need a folder every node mounts (NFS); an object store "
-                "holds one-process cluster runs in this version. Give a shared folder, or target.processes: 1"
-            ]
-        return []
+        return []  # several processes by construction (launcher_for): ZeRO has ranks to shard across
 
     def entrypoint(self, spec: Any, remote: str) -> str:
         # The driver reads the workers, their resources and max_failures from the storage folder's spec.yaml.

@@ -19,10 +19,14 @@ This module imports Ray at the top: only the job (and the workers, which unpickl
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import secrets
+import shutil
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from ray.train import FailureConfig, RunConfig, ScalingConfig
@@ -32,6 +36,7 @@ from ray.train.v2.api.callback import UserCallback
 from ortlab import safeio
 from ortlab.runfolder.rundir import TERMINAL, RunDir, RunStateError
 from ortlab.runfolder.stream import records
+from ortlab.runner.objstore import SYNC_S, UPLOADED, Follower, Mirror, Store, StoredRun, is_uri, node_folder
 from ortlab.runner.raychannel import streamed
 from ortlab.spec import RunSpec
 
@@ -40,36 +45,46 @@ FAILURES_FILE = "ray-failures.jsonl"  # one line per failure Ray Train saw: {tim
 MAX_REASON_CHARS = 500
 
 
-def _append(run: RunDir, name: str, record: dict[str, Any]) -> None:
-    """One JSON line appended to a file of the run folder (opened without following a link)."""
-    fd = safeio.open_in(run.path, name, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+def _append(where: RunDir | Store, name: str, lines: list[dict[str, Any]]) -> None:
+    """JSON lines appended to a file of the run folder (opened without following a link), or of the stored run."""
+    if isinstance(where, Store):
+        where.append_records(name, lines)
+        return
+    fd = safeio.open_in(where.path, name, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
-        os.write(fd, (safeio.dumps(record) + "\n").encode())
+        os.write(fd, "".join(safeio.dumps(line) + "\n" for line in lines).encode())
     finally:
         os.close(fd)
 
 
-def _last(run: RunDir, name: str) -> dict[str, Any] | None:
-    """The file's last record (read in bounded pieces; a bad line is passed over), or None."""
-    last = None
-    for record in records(run.path, name=name):
-        last = record
-    return last
+def _all(where: RunDir | Store, name: str) -> list[dict[str, Any]]:
+    """The file's records (read in bounded pieces; a bad line is passed over)."""
+    return where.records(name) if isinstance(where, Store) else list(records(where.path, name=name))
+
+
+def _last(where: RunDir | Store, name: str) -> dict[str, Any] | None:
+    found = _all(where, name)
+    return found[-1] if found else None
 
 
 class Failures(UserCallback):
     """Ray Train's controller calls this when workers fail: which ranks, and why, go to the run folder, where the
     next group's rank 0 reads them into its `restart` record."""
 
-    def __init__(self, run_path: str):
-        self.run_path = run_path
+    def __init__(self, where: str):
+        self.where = where  # the run folder's path, or the stored run's URI
 
     def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
         why = {
             str(rank): f"{type(e).__name__}: {e}".splitlines()[0][:MAX_REASON_CHARS]
             for rank, e in sorted(worker_exceptions.items())
         }
-        _append(RunDir(self.run_path), FAILURES_FILE, {"time": time.time(), "workers": why})
+        _append(_place(self.where), FAILURES_FILE, [{"time": time.time(), "workers": why}])
+
+
+def _place(where: str) -> RunDir | Store:
+    """Where the Ray Train records of a run are kept: its run folder, or its stored run in an object store."""
+    return Store(where) if is_uri(where) else RunDir(where)
 
 
 def _agree(resume: bool, attempt: int) -> tuple[bool, int]:
@@ -85,30 +100,81 @@ def _agree(resume: bool, attempt: int) -> tuple[bool, int]:
 
 def train_loop(config: dict[str, Any]) -> None:
     """What each Ray Train worker runs (a fresh group after every failure): decide resume-or-start on rank 0,
-    agree, train."""
+    agree, train.
+
+    With a shared storage folder every rank trains in it. With an object store each node has its own copy (its
+    local rank 0 pulls it from the store; see `objstore.Mirror`), rank 0 keeps the store in step with its stream
+    and status, and every node uploads its part of each checkpoint (`UploadCheckpoints`)."""
     import ray.train
+    import torch.distributed as dist
 
     from ortlab.train.run import execute
 
-    run = RunDir(config["run"])
     context = ray.train.get_context()
-    rank = context.get_world_rank()
+    rank, node = context.get_world_rank(), ray.get_runtime_context().get_node_id()
+    # Each node's first rank fetches and uploads that node's copy. Found by node ID: Ray Train's local rank groups
+    # workers by IP address, and several nodes on one machine share one.
+    nodes: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(nodes, node)
+    leader = nodes.index(node) == rank
+    place = _place(config["run"])
     resume, attempt = bool(config["resume"]), 0
     if rank == 0:
-        previous = _last(run, WORKERS_FILE)
+        previous = _last(place, WORKERS_FILE)
         attempt = int(previous["attempt"]) + 1 if previous and config["job"] == previous.get("job") else 0
-        if attempt:
-            resume = _record_restart(run, attempt)
     resume, attempt = _agree(resume, attempt)
-    _append(
-        run,
-        WORKERS_FILE,
-        {"job": config["job"], "attempt": attempt, "rank": rank, "pid": os.getpid(), "node": context.get_node_rank()},
-    )
-    execute(run, resume=resume, progress=False)
+    stored = StoredRun(place) if isinstance(place, Store) else None
+    if stored is not None:
+        run = RunDir(Path(tempfile.gettempdir()) / "ortlab-jobs" / f"{config['job']}-{node[:12]}" / stored.id)
+        mirror = Mirror(stored, run, checkpoints=False, metrics_every=SYNC_S)
+        if leader:
+            mirror.pull(resume or attempt > 0, controls=rank == 0)
+        dist.barrier()
+    else:
+        run = place
+    if rank == 0 and attempt:
+        resume = _record_restart(run, place, attempt)
+    resume, attempt = _agree(resume, attempt)
+    who = {"job": config["job"], "attempt": attempt, "rank": rank, "pid": os.getpid(), "node": context.get_node_rank()}
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, who)
+    if rank == 0:  # one writer (an object cannot be appended to by several)
+        _append(place, WORKERS_FILE, everyone)
+    if stored is None:
+        execute(run, resume=resume, progress=False)
+        return
+    upload = _upload_checkpoints(stored, run, rank, leader)
+    if rank == 0:
+        with mirror.syncing():
+            execute(run, resume=resume, progress=False, callbacks=[upload])
+    else:
+        execute(run, resume=resume, progress=False, callbacks=[upload])
+    dist.barrier()
+    if leader:  # everything is in the store
+        shutil.rmtree(run.path.parent, ignore_errors=True)
 
 
-def _record_restart(run: RunDir, attempt: int) -> bool:
+def _upload_checkpoints(stored: StoredRun, run: RunDir, rank: int, leader: bool) -> Any:
+    """A TrainerCallback for object storage: once every rank has written its part of a checkpoint (ZeRO shards
+    are per rank, and each node has only its own ranks' files), each node uploads what it holds, and rank 0 then
+    marks the stored checkpoint whole."""
+    import torch.distributed as dist
+    from transformers import TrainerCallback
+
+    class UploadCheckpoints(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            rel = f"checkpoints/checkpoint-{state.global_step}"
+            dist.barrier()
+            if leader and (run.path / rel).is_dir():
+                stored.store.upload(run.path, rel)
+            dist.barrier()
+            if rank == 0:
+                stored.store.write_bytes(f"{rel}/{UPLOADED}", b"")
+
+    return UploadCheckpoints()
+
+
+def _record_restart(run: RunDir, place: RunDir | Store, attempt: int) -> bool:
     """Rank 0 of a restarted group: put the run back to running, write the `restart` record, and say whether there
     is a checkpoint to resume from (none: the group starts over, and steps already recorded are not written again)."""
     from ortlab.train.metrics import JsonLinesSink
@@ -119,7 +185,7 @@ def _record_restart(run: RunDir, attempt: int) -> bool:
             run.set_status("pending")
     except RunStateError:
         pass
-    failure = _last(run, FAILURES_FILE) or {}
+    failure = _last(place, FAILURES_FILE) or {}
     workers = failure.get("workers") if isinstance(failure.get("workers"), dict) else {}
     step = int(with_checkpoint.name.split("-")[-1]) if with_checkpoint else 0
     sink = JsonLinesSink(run.metrics_path)
@@ -137,37 +203,44 @@ def _record_restart(run: RunDir, attempt: int) -> bool:
     return with_checkpoint is not None
 
 
-def drive(run: RunDir, resume: bool) -> None:
-    """Train `run` on `target.processes` Ray Train workers; end its status `failed` if they could not finish."""
+def drive(run: RunDir, resume: bool, stored: StoredRun | None = None) -> None:
+    """Train `run` on `target.processes` Ray Train workers; end its status `failed` if they could not finish.
+
+    `stored`: the run's stored copy when the storage is an object store; `run` is then this node's copy, which
+    follows the store while the workers train (`objstore.Follower`), and the end this driver decides is pushed
+    back to the store."""
     import ray
 
     spec = RunSpec.from_run(run)
     t = spec.target
+    place = stored.store if stored is not None else run
+    where = stored.path if stored is not None else str(run.path)
     ray.init(logging_level="ERROR")
     per_worker = {"CPU": t.cpus_per_process, **({"GPU": t.gpus_per_process} if t.gpus_per_process else {})}
     trainer = TorchTrainer(
         train_loop,
         # `job`: this driver's own mark, so attempts are counted per job (a resumed run's new job starts at 0).
-        train_loop_config={"run": str(run.path), "resume": resume, "job": secrets.token_hex(6)},
+        train_loop_config={"run": where, "resume": resume, "job": secrets.token_hex(6)},
         scaling_config=ScalingConfig(
             num_workers=t.processes, use_gpu=bool(t.gpus_per_process), resources_per_worker=per_worker
         ),
         torch_config=TorchConfig(backend="nccl" if t.gpus_per_process else "gloo"),
         run_config=RunConfig(
             name="ray-train",
-            storage_path=str(run.path / "ray"),
+            storage_path=str(run.path / "ray"),  # (Ray Train's own records: ortlab reports no checkpoints to it)
             failure_config=FailureConfig(max_failures=t.max_failures),
-            callbacks=[Failures(str(run.path))],
+            callbacks=[Failures(where)],
         ),
     )
     error = None
-    try:
-        trainer.fit()
-    except Exception as e:  # Ray Train gave up: the failures ran out, or the group could not start
-        error = f"{type(e).__name__}: {e}".strip().splitlines()[0][:MAX_REASON_CHARS]
+    with Follower(stored, run).following() if stored is not None else contextlib.nullcontext():
+        try:
+            trainer.fit()
+        except Exception as e:  # Ray Train gave up: the failures ran out, or the group could not start
+            error = f"{type(e).__name__}: {e}".strip().splitlines()[0][:MAX_REASON_CHARS]
     state = run.read_status().get("state")
     if error or state not in TERMINAL:
-        failures = list(records(run.path, name=FAILURES_FILE))
+        failures = _all(place, FAILURES_FILE)
         last = failures[-1].get("workers") if failures and isinstance(failures[-1].get("workers"), dict) else {}
         why = "; ".join(f"rank {rank}: {reason}" for rank, reason in last.items()) or error or "no final status"
         message = (
@@ -180,17 +253,27 @@ def drive(run: RunDir, resume: bool) -> None:
             run.update_status(error=message, step=run.last_step())
         elif state not in TERMINAL:  # (a completed or stopped run keeps its end)
             run.set_status("failed", error=message, step=run.last_step())
+        if stored is not None:
+            stored.write_status(run.read_status())
     if run.read_status().get("state") == "failed":
         raise RuntimeError(run.read_status().get("error", "the run failed"))
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog=f"python -m {__name__}")
-    p.add_argument("run_dir")
+    p.add_argument("run_dir", help="the storage run folder: a shared folder's path, or an object store URI")
     p.add_argument("--resume", action="store_true")
     a = p.parse_args(argv)
-    run = RunDir(a.run_dir)
-    return streamed(run, lambda: drive(run, a.resume))
+    if not is_uri(a.run_dir):
+        run = RunDir(a.run_dir)
+        return streamed(run, lambda: drive(run, a.resume))
+    stored = StoredRun(Store(a.run_dir))
+    run = node_folder(stored)
+    Mirror(stored, run).pull(resume=False)  # the spec and status: the workers pull what they train from
+    code = streamed(run, lambda: drive(run, a.resume, stored))
+    if code == 0:
+        shutil.rmtree(run.path.parent, ignore_errors=True)
+    return code
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -213,8 +213,12 @@ def execute(
     on_metrics: Callable[[dict], None] | None = None,
     log: Callable[[str], None] = print,
     terminal: Terminal | None = None,
+    callbacks: Sequence[Any] = (),
 ) -> dict[str, Any]:
-    """Train the run in `run` (resuming from its last checkpoint if asked); keep its status true throughout."""
+    """Train the run in `run` (resuming from its last checkpoint if asked); keep its status true throughout.
+
+    `callbacks`: more `TrainerCallback`s, for a launcher that must act at a point of training (a Ray Train worker
+    uploads each checkpoint to an object store once every rank has written its part)."""
     # The run's log stays open while this process runs it, until its final status is written: how readers tell
     # this process (a notebook kernel too) from one that a forged status.json names (`rundir.run_process`).
     try:
@@ -222,13 +226,13 @@ def execute(
     except OSError:
         held = None  # a planted link at logs/run.log: readers will call this run damaged, which it is
     try:
-        return _execute(run, resume, checked, progress, on_metrics, log, terminal)
+        return _execute(run, resume, checked, progress, on_metrics, log, terminal, callbacks)
     finally:
         if held is not None:
             os.close(held)
 
 
-def _execute(run, resume, checked, progress, on_metrics, log, terminal) -> dict[str, Any]:
+def _execute(run, resume, checked, progress, on_metrics, log, terminal, callbacks=()) -> dict[str, Any]:
     started = time.monotonic()
     stop = _StopRequested(run)
     previous = signal.getsignal(signal.SIGTERM)
@@ -250,7 +254,9 @@ def _execute(run, resume, checked, progress, on_metrics, log, terminal) -> dict[
         from ortlab.trackers import offline
 
         with offline(spec.report_to, run.path):
-            result = _train(spec, run, model_path, prepared, resume, stop, progress, on_metrics, log, terminal)
+            result = _train(
+                spec, run, model_path, prepared, resume, stop, progress, on_metrics, log, terminal, callbacks
+            )
     except BaseException as e:
         if rank == 0:
             run.set_status(
@@ -276,7 +282,9 @@ def _is_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def _train(spec, run, model_path, prepared, resume, stop, progress, on_metrics, log, terminal=None) -> dict[str, Any]:
+def _train(
+    spec, run, model_path, prepared, resume, stop, progress, on_metrics, log, terminal=None, callbacks=()
+) -> dict[str, Any]:
     log("loading the model (importing torch and transformers first takes a moment) ...")
     loading = time.monotonic()
     from transformers import set_seed
@@ -345,6 +353,7 @@ def _train(spec, run, model_path, prepared, resume, stop, progress, on_metrics, 
             _stop_callback(stop),
             *([terminal.callback()] if terminal is not None else []),
             *([generations] if generations is not None else []),
+            *callbacks,
         ],
     )
     # Steps already in the stream (a killed run, or a restarted worker group, trains again from an earlier
