@@ -88,6 +88,22 @@ def test_cluster_start_records_the_head_and_keeps_its_token_private(head):
     assert cluster.token_path().read_text() == token, "a running head's token is not replaced under it"
 
 
+def test_a_running_head_whose_worker_node_ended_is_not_handed_out(tmp_path):
+    """A head whose node died would take jobs that wait for ever for the node's CPUs: start says so instead."""
+    import subprocess
+    import sys
+
+    from ortlab.runfolder.rundir import process_create_time
+
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    me = os.getpid()  # a live process stands for the head: nothing is started, nothing signalled
+    record = {"pid": me, "create_time": process_create_time(me), "nodes": [{"pid": ended.pid, "create_time": 1.0}]}
+    (tmp_path / "head.json").write_text(json.dumps(record))
+    with pytest.raises(cluster.ClusterError, match=rf"1 of its 1 worker node\(s\) ended \(pid {ended.pid}\)"):
+        cluster.start(folder=tmp_path)
+
+
 def test_the_heads_session_folder_is_private_and_unpredictable(head):
     """Ray's session folder (sockets, logs, runtime envs) is inside a 0700 folder of ours with a random name: not
     /tmp/ortlab-ray-<uid>-<port>, a name another user could create first, and not Ray's 0777 folder itself."""

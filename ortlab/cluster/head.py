@@ -177,6 +177,12 @@ def start(
                 "first (`ortlab cluster stop`), then `ortlab cluster start --new-token`"
             )
         has = 1 + len(current.get("nodes") or [])
+        ended = [str(n["pid"]) for n in current.get("nodes") or [] if not n["running"]]
+        if ended:  # its runs would wait for the lost nodes' CPUs and GPUs for ever
+            raise ClusterError(
+                f"the local Ray head (pid {current['pid']}) runs, but {len(ended)} of its {has - 1} worker node(s) "
+                f"ended (pid {', '.join(ended)}): stop it (`ortlab cluster stop`) and start it again"
+            )
         if nodes is not None and nodes != has:
             raise ClusterError(
                 f"a local Ray head with {has} node(s) is running (pid {current['pid']}): stop it first (`ortlab "
