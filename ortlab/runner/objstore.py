@@ -23,6 +23,7 @@ with a bound.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import shutil
@@ -42,6 +43,7 @@ UPLOADED = ".ortlab-uploaded"  # written last into a stored checkpoint: the chec
 PIECE = 8 * 1024 * 1024  # bytes per read or write when a file is copied (models are large; memory stays flat)
 SMALL = ("spec.yaml", "status.json", "tune.json", "result.json")
 SYNC_S = 1.0  # how often the job pulls stop/pause and pushes its status
+MAX_STREAM_BYTES = 1 << 30  # a stored metrics.jsonl read whole (a long run's is a few MB)
 METRICS_SYNC_S = 10.0  # ... and its metrics.jsonl (the live records go through the job's log; this is the backup)
 
 
@@ -135,15 +137,13 @@ class Store:
 
     # --- whole folders ---------------------------------------------------------------------------------------
 
-    def upload(self, folder: Path, rel: str, only: set[str] | None = None) -> list[str]:
-        """Copy the regular files below local `folder/rel` to `rel` here (links are not followed: they are
-        returned as skipped). `only`: relative names to copy, when not all."""
+    def upload(self, folder: Path, rel: str) -> list[str]:
+        """Copy the regular files below local `folder/rel` to `rel` here, each opened without following a link;
+        returns what could not be copied, as "path (why)"."""
         skipped = []
         base = folder / rel
         for path in safeio.regular_files(base):
             name = path.relative_to(base).as_posix()
-            if only is not None and name not in only:
-                continue
             try:
                 fd = safeio.open_in(folder, f"{rel}/{name}")
             except OSError as e:
@@ -199,8 +199,6 @@ class Store:
 def jsonl_records(data: bytes) -> list[dict[str, Any]]:
     """The records of JSON-lines bytes: a line that is not a JSON object is passed over (as the local reader
     does), and a last line without its newline was cut and is not counted."""
-    import json
-
     found = []
     for line in data.split(b"\n")[:-1]:
         with contextlib.suppress(ValueError):
@@ -211,7 +209,7 @@ def jsonl_records(data: bytes) -> list[dict[str, Any]]:
 
 
 def _key_parts(rel: str) -> tuple[str, ...]:
-    parts = tuple(p for p in rel.split("/"))
+    parts = tuple(rel.split("/"))
     if not parts or any(p in ("", ".", "..") for p in parts):
         raise safeio.UnsafePath(f"{rel!r} is not a plain relative path inside the storage folder")
     return parts
@@ -235,8 +233,6 @@ class StoredRun:
         self.write_status({"state": "pending", "updated": time.time()})
 
     def read_status(self) -> dict[str, Any]:
-        import json
-
         try:
             status = json.loads(self.store.read_bytes("status.json"))
         except FileNotFoundError:
@@ -276,7 +272,7 @@ class StoredRun:
     def metrics_bytes(self) -> bytes:
         """The stored metrics.jsonl (the job pushes it while it trains and when it ends)."""
         try:
-            return self.store.read_bytes("metrics.jsonl", limit=1 << 30)
+            return self.store.read_bytes("metrics.jsonl", limit=MAX_STREAM_BYTES)
         except FileNotFoundError:
             return b""
 
@@ -328,7 +324,6 @@ class Mirror:
         self.sent: dict[str, bytes] = {}
         self.metrics_at = 0.0
         self.done = threading.Event()
-        self.problems: list[str] = []
 
     def pull(self, resume: bool, controls: bool = True) -> None:
         """The spec and status, and for a resume the history and the last finished checkpoint. `controls`: the
@@ -340,7 +335,7 @@ class Mirror:
         store = self.stored.store
         for name in (*SMALL, "metrics.jsonl") if resume else ("spec.yaml", "status.json"):
             with contextlib.suppress(FileNotFoundError):
-                limit = 1 << 30 if name == "metrics.jsonl" else safeio.MAX_JSON_BYTES
+                limit = MAX_STREAM_BYTES if name == "metrics.jsonl" else safeio.MAX_JSON_BYTES
                 safeio.write_bytes(self.local.path, name, store.read_bytes(name, limit=limit))
         if controls:
             self.pull_controls()
@@ -372,7 +367,7 @@ class Mirror:
     def push_small(self, names: tuple[str, ...]) -> None:
         """Each of `names` that changed since it was last pushed."""
         for name in names:
-            limit = 1 << 30 if name == "metrics.jsonl" else safeio.MAX_JSON_BYTES
+            limit = MAX_STREAM_BYTES if name == "metrics.jsonl" else safeio.MAX_JSON_BYTES
             try:
                 data = safeio.read_bytes(self.local.path, name, limit=limit)
             except FileNotFoundError:
@@ -404,8 +399,8 @@ class Mirror:
     def push_end(self) -> None:
         """Everything a finished (or stopped, or failed) run leaves: the last checkpoint, the results, the model,
         the stream and the final status (last: a status that says `completed` finds the model there)."""
-        self.sync(final=True)
-        self.push_small(("result.json",))
+        self.push_checkpoints()
+        self.push_small(("metrics.jsonl", "tune.json", "result.json"))
         if self.local.model_dir.is_dir():
             self.stored.store.upload(self.local.path, "model")
         self.push_small(("status.json",))
@@ -415,7 +410,6 @@ class Mirror:
             try:
                 self.sync()
             except Exception as e:  # a store hiccup: say so in the job's log, try again next time
-                self.problems.append(f"{type(e).__name__}: {e}")
                 print(f"[ortlab storage] syncing with {self.stored.path} failed: {e}", flush=True)
 
     @contextlib.contextmanager

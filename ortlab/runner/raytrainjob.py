@@ -102,9 +102,9 @@ def train_loop(config: dict[str, Any]) -> None:
     """What each Ray Train worker runs (a fresh group after every failure): decide resume-or-start on rank 0,
     agree, train.
 
-    With a shared storage folder every rank trains in it. With an object store each node has its own copy (its
-    local rank 0 pulls it from the store; see `objstore.Mirror`), rank 0 keeps the store in step with its stream
-    and status, and every node uploads its part of each checkpoint (`UploadCheckpoints`)."""
+    With a shared storage folder every rank trains in it. With an object store each node has its own copy (the
+    node's first rank pulls it from the store; see `objstore.Mirror`), rank 0 keeps the store in step with its
+    stream and status, and every node uploads its part of each checkpoint (`UploadCheckpoints`)."""
     import ray.train
     import torch.distributed as dist
 
