@@ -41,9 +41,12 @@ import pytest  # noqa: E402
 # --- how the suite is split between xdist workers ------------------------------------------------------------------
 # `--dist loadgroup` keeps an `xdist_group` on one worker. Every module is its own group (module fixtures, such as a
 # run trained once for a module's tests, are built once, and a module's report file is written by one worker), and
-# every test on the session's Ray cluster shares the group RAY_GROUP, so that one worker starts one cluster. That
-# group is the longest, so it is handed out first (longest first keeps the other worker from idling at the end).
+# every test on the session's Ray cluster shares the group RAY_GROUP, so that one worker starts one cluster. The
+# longest groups are handed out first, so that no long module starts last while the other worker idles: the
+# cluster's (about 15 minutes), then the modules of several minutes each (from `scripts/dev test`'s --durations;
+# keep the list in step with it).
 RAY_GROUP = "ray-cluster"
+LONGEST_MODULES = ("test_notebooks", "test_reliability", "test_tune", "test_runs", "test_export_publish")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -54,8 +57,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             raise pytest.UsageError(f"{item.nodeid} uses the session's Ray cluster: mark it xdist_group({RAY_GROUP!r})")
         if not groups:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
-    if WORKER:
-        items.sort(key=lambda item: RAY_GROUP not in [m.args[0] for m in item.iter_markers("xdist_group") if m.args])
+    if WORKER:  # longest first (items keep their order within a group)
+        first = [RAY_GROUP, *LONGEST_MODULES]
+        rank = {name: i for i, name in enumerate(first)}
+
+        def order(item: pytest.Item) -> int:
+            name = next(m.args[0] for m in item.iter_markers("xdist_group") if m.args)
+            return rank.get(name.removeprefix("tests."), len(first))
+
+        items.sort(key=order)
+
+
+@pytest.fixture(autouse=True)
+def _no_log_handler_on_a_closed_stream():
+    """A library that creates its logging handler during a test binds it to sys.stderr as it is then: with capfd or
+    capsys, a capture stream that pytest closes after the test. Every later log line of that library, in any later
+    test of the same process, then prints a '--- Logging error --- Traceback' into the output that the CLI tests
+    read (seen once the suite ran on two xdist workers, in another order). After each test, such a handler gets the
+    real stderr back. (A user's process has no capture streams; ortlab's own capture hands handlers back itself.)"""
+    yield
+    import logging
+
+    for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
+        for handler in getattr(logger, "handlers", []):
+            if isinstance(handler, logging.StreamHandler) and getattr(handler.stream, "closed", False):
+                handler.setStream(sys.__stderr__)
 
 
 @pytest.fixture(scope="session")
