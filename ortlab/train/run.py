@@ -22,6 +22,7 @@ from ortlab.accel.mix import mix_of, resolve
 from ortlab.fit import check, fitted
 from ortlab.runfolder.rundir import RunDir, process_create_time, write_json
 from ortlab.spec import RunSpec, SpecError
+from ortlab.train.control import StopRequested, stop_callback
 from ortlab.tune.auto import decide
 
 if TYPE_CHECKING:
@@ -148,63 +149,6 @@ def train_spec(
     return execute(run, checked=checked, progress=progress, on_metrics=on_metrics, log=log, terminal=terminal)
 
 
-class _StopRequested:
-    """Set by SIGTERM or by the run folder's control/stop file; checked after every optimizer step."""
-
-    def __init__(self, run: RunDir):
-        self.run = run
-        self.flag = False
-
-    def __call__(self) -> bool:
-        self.flag = self.flag or self.run.stop_requested()
-        return self.flag
-
-    def paused(self, step: int) -> bool:
-        return self.run.pause_requested(step) and not self()
-
-
-def _stop_callback(stop: _StopRequested):
-    from transformers import TrainerCallback
-
-    class StopOnRequest(TrainerCallback):
-        """A graceful stop: finish the current step, save a checkpoint, leave the training loop."""
-
-        def on_step_begin(self, args, state, control, **kwargs):
-            # A pause (control/pause) holds *between* steps: the last step's record is written, and this callback
-            # runs before the metrics callback starts the next step's clock, so the wait is not counted as work.
-            _, paused = self._agree(args, stop(), stop.paused(state.global_step))
-            if not paused:
-                return
-            if state.is_world_process_zero:
-                stop.run.update_status(paused=True, step=state.global_step)
-            while paused:
-                time.sleep(0.2)
-                _, paused = self._agree(args, stop(), stop.paused(state.global_step))
-            if state.is_world_process_zero:
-                stop.run.update_status(paused=False)
-
-        def on_step_end(self, args, state, control, **kwargs):
-            requested, _ = self._agree(args, stop(), False)
-            if requested:
-                control.should_save = True
-                control.should_training_stop = True
-
-        @staticmethod
-        def _agree(args, requested: bool, paused: bool) -> tuple[bool, bool]:
-            if args.world_size <= 1:
-                return requested, paused
-            # Every rank must leave (or wait) at the same step, or the next collective op hangs: agree on both.
-            import torch
-            import torch.distributed as dist
-
-            flags = torch.tensor([float(requested), float(paused)], device=args.device)
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-            stop.flag = stop.flag or bool(flags[0].item())
-            return bool(flags[0].item()), bool(flags[1].item())
-
-    return StopOnRequest()
-
-
 def execute(
     run: RunDir,
     resume: bool = False,
@@ -234,7 +178,7 @@ def execute(
 
 def _execute(run, resume, checked, progress, on_metrics, log, terminal, callbacks=()) -> dict[str, Any]:
     started = time.monotonic()
-    stop = _StopRequested(run)
+    stop = StopRequested(run)
     previous = signal.getsignal(signal.SIGTERM)
     if _is_main_thread():
         signal.signal(signal.SIGTERM, lambda *_: setattr(stop, "flag", True))
@@ -350,7 +294,7 @@ def _train(
         feature=TASK_FEATURES[spec.task],
         on_metrics=_both(terminal.on_record, on_metrics) if terminal is not None else on_metrics,
         callbacks=[
-            _stop_callback(stop),
+            stop_callback(stop),
             *([terminal.callback()] if terminal is not None else []),
             *([generations] if generations is not None else []),
             *callbacks,
