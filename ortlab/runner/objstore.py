@@ -30,6 +30,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -323,7 +324,6 @@ class Mirror:
         self.pushed_checkpoints: set[str] = set()
         self.sent: dict[str, bytes] = {}
         self.metrics_at = 0.0
-        self.done = threading.Event()
 
     def pull(self, resume: bool, controls: bool = True) -> None:
         """The spec and status, and for a resume the history and the last finished checkpoint. `controls`: the
@@ -405,23 +405,9 @@ class Mirror:
             self.stored.store.upload(self.local.path, "model")
         self.push_small(("status.json",))
 
-    def _loop(self) -> None:
-        while not self.done.wait(SYNC_S):
-            try:
-                self.sync()
-            except Exception as e:  # a store hiccup: say so in the job's log, try again next time
-                print(f"[ortlab storage] syncing with {self.stored.path} failed: {e}", flush=True)
-
-    @contextlib.contextmanager
-    def syncing(self):
-        thread = threading.Thread(target=self._loop, daemon=True, name="ortlab-storage-sync")
-        thread.start()
-        try:
-            yield self
-        finally:
-            self.done.set()
-            thread.join()
-            self.push_end()
+    def syncing(self) -> contextlib.AbstractContextManager[None]:
+        """`sync` every SYNC_S seconds while the block trains, then `push_end`."""
+        return _repeating(self.sync, f"syncing with {self.stored.path}", self.push_end)
 
 
 class Follower:
@@ -432,7 +418,6 @@ class Follower:
 
     def __init__(self, stored: StoredRun, local: RunDir):
         self.stored, self.local = stored, local
-        self.done = threading.Event()
 
     def pull(self) -> None:
         from pyarrow import fs as pafs
@@ -451,20 +436,29 @@ class Follower:
         with os.fdopen(fd, "ab") as out:
             out.write(data)
 
-    def _loop(self) -> None:
-        while not self.done.wait(SYNC_S):
-            try:
-                self.pull()
-            except Exception as e:
-                print(f"[ortlab storage] reading {self.stored.path} failed: {e}", flush=True)
+    def following(self) -> contextlib.AbstractContextManager[None]:
+        """`pull` every SYNC_S seconds while the block runs, and once more after it."""
+        return _repeating(self.pull, f"reading {self.stored.path}", self.pull)
 
-    @contextlib.contextmanager
-    def following(self):
-        thread = threading.Thread(target=self._loop, daemon=True, name="ortlab-storage-follow")
-        thread.start()
-        try:
-            yield self
-        finally:
-            self.done.set()
-            thread.join()
-            self.pull()
+
+@contextlib.contextmanager
+def _repeating(step: Callable[[], None], what: str, last: Callable[[], None]) -> Iterator[None]:
+    """`step()` every SYNC_S seconds in a thread while the block runs, then `last()` once the thread has ended. A
+    failed step (a store hiccup) is said in the job's log and tried again next time."""
+    done = threading.Event()
+
+    def loop() -> None:
+        while not done.wait(SYNC_S):
+            try:
+                step()
+            except Exception as e:
+                print(f"[ortlab storage] {what} failed: {e}", flush=True)
+
+    thread = threading.Thread(target=loop, daemon=True, name="ortlab-storage")
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        last()
