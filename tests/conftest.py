@@ -81,7 +81,8 @@ def _no_log_handler_on_a_closed_stream():
     for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
         for handler in getattr(logger, "handlers", []):
             if isinstance(handler, logging.StreamHandler) and getattr(handler.stream, "closed", False):
-                handler.setStream(sys.__stderr__)
+                with handler.lock:  # (not setStream: it flushes the old stream first, which is closed)
+                    handler.stream = sys.__stderr__
 
 
 @pytest.fixture(scope="session")
