@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
-from pathlib import Path
 
 import pytest
 from gates import launch_gated, wait_paused
 
 from ortlab.runfolder.rundir import RunDir, RunStateError
 from ortlab.runner import RunError
-from ortlab.runner.objstore import UPLOADED, Mirror, Store, StoredRun
+from ortlab.runner.objstore import UPLOADED, Mirror, Store, StoredRun, jobs_dir
 from ortlab.runner.rayjob import RayJob
 from ortlab.runner.raytrain import RayTrain
 from ortlab.runner.trust import STORAGES_ENV
@@ -167,7 +165,7 @@ def test_a_run_on_object_storage_stops_resumes_and_comes_home(ray_head, remote_s
     # No shared disk was used: nothing of this run in the cluster's own storage folder, and the job's node-local
     # copies were removed once everything was in the store.
     assert not list((cluster.cluster_dir() / "storage").glob("s3-run*"))
-    assert not list((Path(tempfile.gettempdir()) / "ortlab-jobs").glob(f"*/{stored.id}"))
+    assert not list(jobs_dir().glob(f"*/{stored.id}"))
     # The store's credentials are the environment's, on each side: never written anywhere.
     secret = os.environ["AWS_SECRET_ACCESS_KEY"].encode()
     assert not any(secret in data for data in objects.values())

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 from gates import launch_gated, wait_paused
@@ -22,7 +20,7 @@ from ortlab.runfolder.compare import row_for, worker_throughput
 from ortlab.runfolder.rundir import RunDir
 from ortlab.runfolder.stream import records
 from ortlab.runner import RunError
-from ortlab.runner.objstore import UPLOADED, Store
+from ortlab.runner.objstore import UPLOADED, Store, jobs_dir
 from ortlab.runner.raytrainjob import FAILURES_FILE, WORKERS_FILE
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.xdist_group("ray-cluster")]
@@ -103,7 +101,7 @@ def test_two_workers_with_zero1_survive_a_killed_worker(ray_head, remote_spec, s
     }, stored
     assert run.dir.last_checkpoint().name == "checkpoint-10", "the last checkpoint came home through the store"
     job = first[0]["job"]  # (each node's copy is named after the driver's job mark and the node)
-    assert not list(Path(tempfile.gettempdir(), "ortlab-jobs").glob(f"{job}-*")), "the nodes' copies were removed"
+    assert not list(jobs_dir().glob(f"{job}-*")), "the nodes' copies were removed"
     row = row_for(run.dir)
     assert row.where == "cluster local, 2 workers, 1 restart", "what `ortlab runs` shows"
     each = worker_throughput(row.summary)

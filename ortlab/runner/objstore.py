@@ -197,6 +197,11 @@ class Store:
             raise RunError(f"{self.uri}: an object written there read back different")
 
 
+def _limit(name: str) -> int:
+    """How much of a run folder's file is read whole: the stream may be long, the JSON documents are small."""
+    return MAX_STREAM_BYTES if name == "metrics.jsonl" else safeio.MAX_JSON_BYTES
+
+
 def jsonl_records(data: bytes) -> list[dict[str, Any]]:
     """The records of JSON-lines bytes: a line that is not a JSON object is passed over (as the local reader
     does), and a last line without its newline was cut and is not counted."""
@@ -252,8 +257,9 @@ class StoredRun:
     def claim(self, **fields: Any) -> None:
         """For a resume: a stopped or failed stored run becomes pending, its stop and pause requests cleared
         first. The job that ran it has ended (the launcher checked), so nothing else writes its status now."""
-        if self.read_status().get("state") not in ("stopped", "failed"):
-            raise RunStateError(f"the stored run {self.store.uri} is {self.read_status().get('state')}")
+        state = self.read_status().get("state")
+        if state not in ("stopped", "failed"):
+            raise RunStateError(f"the stored run {self.store.uri} is {state}")
         self.clear_stop()
         self.clear_pause()
         self.set_status("pending", **fields)
@@ -291,19 +297,30 @@ class StoredRun:
         if self.store.files("model"):
             shutil.rmtree(run.model_dir, ignore_errors=True)
             self.store.download("model", run.path)
+        shutil.rmtree(run.checkpoints, ignore_errors=True)
+        self.fetch_last_checkpoint(run)
+
+    def fetch_last_checkpoint(self, run: RunDir) -> str | None:
+        """The newest whole stored checkpoint, downloaded into `run`'s checkpoints/ (without its marker: locally,
+        trainer_state.json says a checkpoint is whole); its name, or None when there is none."""
         last = self.last_checkpoint()
         if last is not None:
-            shutil.rmtree(run.checkpoints, ignore_errors=True)
             self.store.download(f"checkpoints/{last}", run.path)
             safeio.remove(run.path, f"checkpoints/{last}/{UPLOADED}")
+        return last
 
 
 # --- the job's side: a node-local run folder kept in step with the store ---------------------------------------
 
 
+def jobs_dir() -> Path:
+    """Where jobs keep their node-local copies of runs on a node (each removed when its job ends cleanly)."""
+    return Path(tempfile.gettempdir()) / "ortlab-jobs"
+
+
 def node_folder(stored: StoredRun) -> RunDir:
     """A fresh node-local folder for the job's copy of the run (named after the run, so logs read naturally)."""
-    top = Path(tempfile.gettempdir()) / "ortlab-jobs"
+    top = jobs_dir()
     top.mkdir(parents=True, exist_ok=True)
     return RunDir(Path(tempfile.mkdtemp(prefix=f"{secrets.token_hex(3)}-", dir=top)) / stored.id)
 
@@ -322,7 +339,7 @@ class Mirror:
         self.stored, self.local = stored, local
         self.checkpoints, self.metrics_every = checkpoints, metrics_every
         self.pushed_checkpoints: set[str] = set()
-        self.sent: dict[str, bytes] = {}
+        self.sent: dict[str, tuple[int, int, int]] = {}  # (inode, size, mtime) of each file when last pushed
         self.metrics_at = 0.0
 
     def pull(self, resume: bool, controls: bool = True) -> None:
@@ -335,8 +352,7 @@ class Mirror:
         store = self.stored.store
         for name in (*SMALL, "metrics.jsonl") if resume else ("spec.yaml", "status.json"):
             with contextlib.suppress(FileNotFoundError):
-                limit = MAX_STREAM_BYTES if name == "metrics.jsonl" else safeio.MAX_JSON_BYTES
-                safeio.write_bytes(self.local.path, name, store.read_bytes(name, limit=limit))
+                safeio.write_bytes(self.local.path, name, store.read_bytes(name, limit=_limit(name)))
         if controls:
             self.pull_controls()
         else:  # (this node's folder may have been rank 0's in the group before: its requests are stale here)
@@ -346,10 +362,8 @@ class Mirror:
             # Only the stored checkpoint is whole on every node: one this node wrote after it (its upload cut by
             # a failure) would have a resume start from a step the other nodes never saved.
             shutil.rmtree(self.local.checkpoints, ignore_errors=True)
-            last = self.stored.last_checkpoint()
+            last = self.stored.fetch_last_checkpoint(self.local)
             if last is not None:
-                store.download(f"checkpoints/{last}", self.local.path)
-                safeio.remove(self.local.path, f"checkpoints/{last}/{UPLOADED}")
                 self.pushed_checkpoints.add(last)
 
     def pull_controls(self) -> None:
@@ -365,16 +379,19 @@ class Mirror:
                 self.local.request_pause(int(pause) if pause.isdigit() else None)
 
     def push_small(self, names: tuple[str, ...]) -> None:
-        """Each of `names` that changed since it was last pushed."""
+        """Each of `names` that changed since it was last pushed (by its size and modification time: the stream
+        is not read whole every second to find that nothing was added)."""
         for name in names:
-            limit = MAX_STREAM_BYTES if name == "metrics.jsonl" else safeio.MAX_JSON_BYTES
             try:
-                data = safeio.read_bytes(self.local.path, name, limit=limit)
+                info = os.stat(self.local.path / name, follow_symlinks=False)
+                seen = (info.st_ino, info.st_size, info.st_mtime_ns)
+                if self.sent.get(name) == seen:
+                    continue
+                data = safeio.read_bytes(self.local.path, name, limit=_limit(name))
             except FileNotFoundError:
                 continue
-            if self.sent.get(name) != data:
-                self.stored.store.write_bytes(name, data)
-                self.sent[name] = data
+            self.stored.store.write_bytes(name, data)
+            self.sent[name] = seen
 
     def push_checkpoints(self) -> None:
         """Every whole local checkpoint not stored yet: its files, then the marker that says it is whole."""

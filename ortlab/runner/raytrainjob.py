@@ -24,9 +24,7 @@ import os
 import secrets
 import shutil
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 from ray.train import FailureConfig, RunConfig, ScalingConfig
@@ -36,7 +34,17 @@ from ray.train.v2.api.callback import UserCallback
 from ortlab import safeio
 from ortlab.runfolder.rundir import TERMINAL, RunDir, RunStateError
 from ortlab.runfolder.stream import records
-from ortlab.runner.objstore import SYNC_S, UPLOADED, Follower, Mirror, Store, StoredRun, is_uri, node_folder
+from ortlab.runner.objstore import (
+    SYNC_S,
+    UPLOADED,
+    Follower,
+    Mirror,
+    Store,
+    StoredRun,
+    is_uri,
+    jobs_dir,
+    node_folder,
+)
 from ortlab.runner.raychannel import streamed
 from ortlab.spec import RunSpec
 
@@ -125,7 +133,7 @@ def train_loop(config: dict[str, Any]) -> None:
     resume, attempt = _agree(resume, attempt)
     stored = StoredRun(place) if isinstance(place, Store) else None
     if stored is not None:
-        run = RunDir(Path(tempfile.gettempdir()) / "ortlab-jobs" / f"{config['job']}-{node[:12]}" / stored.id)
+        run = RunDir(jobs_dir() / f"{config['job']}-{node[:12]}" / stored.id)  # (one per node, for every group)
         mirror = Mirror(stored, run, checkpoints=False, metrics_every=SYNC_S)
         if leader:
             mirror.pull(resume or attempt > 0, controls=rank == 0)
