@@ -444,14 +444,15 @@ class Follower:
             safeio.write_bytes(self.local.path, "status.json", store.read_bytes("status.json"))
         info = store.fs.get_file_info(store.key("metrics.jsonl"))
         have = self.local.metrics_path.stat().st_size if self.local.metrics_path.is_file() else 0
-        if info.type != pafs.FileType.File or info.size <= have:
+        end = min(info.size, MAX_STREAM_BYTES)  # (the same bound as every read of a stored stream)
+        if info.type != pafs.FileType.File or end <= have:
             return
-        with store.fs.open_input_file(store.key("metrics.jsonl")) as src:
-            src.seek(have)
-            data = src.read(info.size - have)
         fd = safeio.open_in(self.local.path, "metrics.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-        with os.fdopen(fd, "ab") as out:
-            out.write(data)
+        with store.fs.open_input_file(store.key("metrics.jsonl")) as src, os.fdopen(fd, "ab") as out:
+            src.seek(have)
+            while have < end and (piece := src.read(min(PIECE, end - have))):
+                out.write(piece)
+                have += len(piece)
 
     def following(self) -> contextlib.AbstractContextManager[None]:
         """`pull` every SYNC_S seconds while the block runs, and once more after it."""
