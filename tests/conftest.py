@@ -23,7 +23,9 @@ if "ORTLAB_RUNTIMES_DIR" not in os.environ:
 # Object storage: the tests' S3 server (moto, `s3_store`) accepts any credentials, and pyarrow's client wants some.
 # Set before anything starts, so the session's Ray cluster (whose jobs read the store) has the same environment; a
 # real AWS credential in the environment never signs a test's request.
-os.environ.update(AWS_ACCESS_KEY_ID="ortlab-test", AWS_SECRET_ACCESS_KEY="ortlab-test", AWS_DEFAULT_REGION="us-east-1")
+# The secret differs from the key ID, so that a test can look for the secret itself in what was written.
+os.environ.update(AWS_ACCESS_KEY_ID="ortlab-test", AWS_SECRET_ACCESS_KEY="ortlab-test-secret-7c1e")
+os.environ.update(AWS_DEFAULT_REGION="us-east-1")
 os.environ.update(AWS_EC2_METADATA_DISABLED="true")
 
 # Under pytest-xdist (`scripts/dev test` runs two workers) each worker has a cache of its own, and its torch one
