@@ -255,7 +255,9 @@ def start(
             for index in range(1, nodes or 1):  # recorded one by one: a failed start still stops the started ones
                 record["nodes"].append(_start_node(gcs, private, env, folder / f"node-{index}.log", each))
                 write_json(record_path(folder), record)
-            _wait_nodes(record, folder, nodes or 1, timeout)
+                # One at a time: nodes that start together in one session folder pick the same names for their
+                # sockets and logs (seen: the second raylet's "bind: Address already in use", then a timeout).
+                _wait_nodes(record, folder, index + 1, timeout)
         _refuse_exposed(record, folder)
     except BaseException:
         stop(folder)
