@@ -12,6 +12,11 @@ Measured, each against a baseline in the same run:
 - the metrics' delay from the workers' stamp to the local run folder (the monitor's poll of the job's log), p95
   (goal <= 2 s). The local runs' delay is what the file watcher alone costs.
 
+`--storage s3-local` runs the cluster side through object storage instead of the cluster's shared folder: an
+S3-protocol server (moto, from the dev dependencies) started here on loopback, each node training in its own copy
+(the delay then includes rank 0's push to the store and the driver's pull from it). `--storage URI` uses a store
+of yours, credentials from the environment.
+
 The cluster (a head and a worker node, `--cpus-per-node` each) is started here and stopped by its PIDs at the
 end. `--gpus-per-worker` gives each worker GPUs (a GPU cluster: start it yourself and pass `--cluster ADDRESS`).
 Results go to benchmarks/results/raytrain-<date>.json.
@@ -20,13 +25,16 @@ Results go to benchmarks/results/raytrain-<date>.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from datetime import date
 from pathlib import Path
 
@@ -59,6 +67,8 @@ def killed_worker(ortlab, spec: dict, target: dict, save_steps: int) -> dict:
     """Kill rank 1 once a checkpoint exists; time the restart record and the next step written after it."""
     from ortlab.runfolder.rundir import RunDir
     from ortlab.runfolder.stream import records
+    from ortlab.runner.objstore import Store, is_uri
+    from ortlab.runner.raytrainjob import WORKERS_FILE as WORKERS
 
     run = ortlab.launch(
         {**spec, "name": "killed", "hyper": {**spec["hyper"], "save_steps": save_steps}, "target": target}
@@ -67,8 +77,9 @@ def killed_worker(ortlab, spec: dict, target: dict, save_steps: int) -> dict:
         if run.state not in ("pending", "running"):
             raise SystemExit(f"the run to kill ended {run.state}: {run.status().get('error')}")
         time.sleep(0.2)
-    storage = RunDir(run.status()["launcher"]["storage"])
-    rank1 = next(w for w in records(storage.path, name="ray-workers.jsonl") if w["rank"] == 1)
+    where = run.status()["launcher"]["storage"]
+    workers = Store(where).records(WORKERS) if is_uri(where) else records(RunDir(where).path, name=WORKERS)
+    rank1 = next(w for w in workers if w["rank"] == 1)
     last = run.dir.last_step()
     killed_at = time.time()
     os.kill(rank1["pid"], signal.SIGKILL)
@@ -87,6 +98,37 @@ def killed_worker(ortlab, spec: dict, target: dict, save_steps: int) -> dict:
     }
 
 
+@contextlib.contextmanager
+def local_s3(work: Path) -> Iterator[str]:
+    """An S3-protocol server (moto) on loopback with a fresh bucket and dummy credentials for both sides (the
+    cluster started after this inherits them); yields the storage URI."""
+    from pyarrow import fs as pafs
+
+    from ortlab.netutil import free_port
+
+    os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench-secret", AWS_DEFAULT_REGION="us-east-1")
+    port = free_port()
+    with (work / "moto.log").open("wb") as log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=log
+        )
+    try:
+        options = f"endpoint_override=http://127.0.0.1:{port}&scheme=http"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                pafs.FileSystem.from_uri(f"s3://bench?{options}&allow_bucket_creation=true")[0].create_dir("bench")
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"the S3 server did not start: see {work / 'moto.log'}") from None
+                time.sleep(0.5)
+        yield f"s3://bench/runs?{options}"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60)
@@ -95,8 +137,13 @@ def main() -> None:
     parser.add_argument("--gpus-per-worker", type=float, default=0)
     parser.add_argument("--cluster", default=None, help="an existing cluster's address (default: start one here)")
     parser.add_argument("--model", type=Path, default=None, help="model folder (default: a tiny BERT built here)")
-    parser.add_argument("--out", type=Path, default=HERE / "results" / f"raytrain-{date.today().isoformat()}.json")
+    parser.add_argument(
+        "--storage", default="shared", help="'shared' (the cluster's folder), 's3-local' (moto here) or a store URI"
+    )
+    parser.add_argument("--out", type=Path, default=None, help="JSON file (default: results/raytrain[-s3]-DATE.json)")
     opts = parser.parse_args()
+    kind = "" if opts.storage == "shared" else "-s3" if opts.storage == "s3-local" else "-store"
+    opts.out = opts.out or HERE / "results" / f"raytrain{kind}-{date.today().isoformat()}.json"
 
     import ortlab
     from ortlab import cluster
@@ -111,20 +158,22 @@ def main() -> None:
         "cpus_per_process": opts.cpus_per_node,
         "gpus_per_process": opts.gpus_per_worker,
     }
-    started = time.monotonic()
-    if opts.cluster is None:
-        cluster.start(num_cpus=opts.cpus_per_node, nodes=2)
-    start_s = time.monotonic() - started
     runs: dict[str, list[dict]] = {"local": [], "cluster": []}
-    try:
+    with contextlib.ExitStack() as stack:
+        if opts.storage == "s3-local":
+            on_cluster["storage"] = stack.enter_context(local_s3(work))
+        elif opts.storage != "shared":
+            on_cluster["storage"] = opts.storage
+        started = time.monotonic()
+        if opts.cluster is None:
+            cluster.start(num_cpus=opts.cpus_per_node, nodes=2)
+            stack.callback(cluster.stop)
+        start_s = time.monotonic() - started
         for i in range(opts.rounds):
             for name in ("local", "cluster", "cluster", "local"):
                 target = on_cluster if name == "cluster" else {"processes": 2}
                 runs[name].append(run_once(ortlab, spec, f"{name}-{i}-{len(runs[name])}", target))
         kill = killed_worker(ortlab, spec, {**on_cluster, "max_failures": 1}, save_steps=max(4, opts.steps // 6))
-    finally:
-        if opts.cluster is None:
-            cluster.stop()
     results, pairs = sides(runs, "local", "cluster")
     for name, done in runs.items():
         results[name]["optimizer_state_share_by_rank"] = [r.get("optimizer_state_share_by_rank") for r in done]
@@ -137,6 +186,9 @@ def main() -> None:
         "cpu_count": os.cpu_count(),
         "steps": opts.steps,
         "cluster": opts.cluster or "local: a head and one worker node on this machine",
+        "storage": {"shared": "the cluster's shared folder", "s3-local": "S3 (moto on loopback)"}.get(
+            opts.storage, "a store URI (given)"
+        ),
         "cpus_per_node": opts.cpus_per_node,
         "gpus_per_worker": opts.gpus_per_worker,
         "model": "tiny-bert (tests/helpers)" if opts.model is None else str(opts.model),
