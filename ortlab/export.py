@@ -190,6 +190,11 @@ def _export_onnx(run: Any, samples: int, optimize: bool, quantize: bool, batch_s
     adapter = (run.model_dir / "adapter_config.json").exists()
     if status.get("state") != "completed" or not ((run.model_dir / "config.json").exists() or adapter):
         raise ExportError(f"run {run.id} is {status.get('state')}: only a completed run has a model to export")
+    if foreign := run.model_not_own():
+        raise ExportError(
+            f"run {run.id}: {', '.join(foreign)}. Export loads only the run folder's own regular files (a link "
+            "would have it read, and write into onnx/, any file of this machine): replace each with the file itself"
+        )
     spec = RunSpec.from_run(run)
     result = run.result() or {}
     tokenizer = load_tokenizer(str(run.model_dir))

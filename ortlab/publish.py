@@ -398,9 +398,15 @@ def staged(run: Any, include_checkpoints: bool = False, merged: bool = False):
 
 
 def _merge_into(run: Any, folder: Path) -> None:
+    """The adapter merged into its base, saved into `folder` (ours), with the tokenizer; `run` is a RunDir."""
     from ortlab.adapters import load_merged
     from ortlab.tasks import load_tokenizer
 
+    if foreign := run.model_not_own():  # (a RunDir: see `staged`)
+        raise PublishError(
+            f"run {run.id}: {', '.join(foreign)}. Merging loads only the run folder's own regular files (a link "
+            "would have it read, and publish, any file of this machine): replace each with the file itself"
+        )
     result = run.result() or {}
     model = load_merged(str(run.model_dir), RunSpec.from_run(run).task, result.get("label_names") or [])
     model.save_pretrained(str(folder))

@@ -263,6 +263,38 @@ def regular_files(folder: str | os.PathLike) -> Iterator[Path]:
                 yield path
 
 
+def not_regular(folder: str | os.PathLike, rel: str | os.PathLike) -> list[str]:
+    """What below `folder/rel` is not a regular file or a real folder (links to files or folders, FIFOs, devices,
+    sockets), as "path (why)" relative to `folder`; `rel` itself counts. Empty when `folder/rel` does not exist.
+
+    For a library that will open the folder by path and follow whatever it finds (transformers' `from_pretrained`):
+    check first, refuse what is not the folder's own. A look, not a lock: it answers for a folder that sits still
+    (a planted one), not against someone changing it meanwhile, who could write the files themselves."""
+    top = Path(folder, *_parts(rel))
+    found: list[str] = []
+
+    def why(path: Path) -> str | None:
+        mode = os.lstat(path).st_mode
+        if stat.S_ISLNK(mode):
+            return "a link"
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            return "not a regular file"
+        return None
+
+    try:
+        if (bad := why(top)) is not None:
+            return [f"{PurePosixPath(*_parts(rel))} ({bad})"]
+    except FileNotFoundError:
+        return []
+    for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
+        for name in sorted([*dirnames, *filenames]):
+            path = Path(dirpath, name)
+            if (bad := why(path)) is not None:
+                found.append(f"{path.relative_to(folder).as_posix()} ({bad})")
+        dirnames[:] = sorted(d for d in dirnames if not os.path.islink(os.path.join(dirpath, d)))
+    return found
+
+
 def copy_files(
     folder: str | os.PathLike,
     rel: str | os.PathLike,

@@ -260,6 +260,49 @@ def test_publish_never_copies_what_a_link_points_to(root, tmp_path):
     assert "model/vocab.txt (a link)" in warning and "onnx (a link" in warning
 
 
+@pytest.mark.parametrize("linked", ["file", "folder"])
+def test_export_and_a_merged_publish_refuse_a_model_folder_with_links(root, tmp_path, linked):
+    """Both load model/ by path (transformers follows links) and write what they loaded: a `vocab.txt` linked to a
+    key would become the exported or published tokenizer's vocabulary. Refused, naming the link, before loading."""
+    from ortlab.export import ExportError, export_onnx
+    from ortlab.publish import PublishError, push_to_folder
+
+    key = tmp_path / "id_rsa"
+    key.write_text(SECRET)
+    run = RunDir(make_fake_run(root, "done", "completed", steps=2))
+    run.model_dir.mkdir()
+    (run.model_dir / "config.json").write_text('{"model_type": "bert"}')
+    (run.model_dir / "adapter_config.json").write_text('{"peft_type": "LORA"}')
+    if linked == "file":
+        os.symlink(key, run.model_dir / "vocab.txt")
+        named = "model/vocab.txt (a link)"
+    else:
+        os.symlink(tmp_path, run.model_dir / "merged")
+        named = "model/merged (a link)"
+    with pytest.raises(ExportError, match=r"replace each with the file itself") as refused:
+        export_onnx(run)
+    assert named in str(refused.value)
+    assert not (run.path / "onnx").exists(), "nothing was exported"
+    with pytest.raises(PublishError, match=r"replace each with the file itself") as refused:
+        push_to_folder(run, tmp_path / "published", merged=True)
+    assert named in str(refused.value)
+    assert not any((tmp_path / "published").rglob("*")), "nothing was published"
+
+
+def test_not_regular_names_what_is_not_the_folders_own(tmp_path):
+    model = tmp_path / "model"
+    (model / "sub").mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    (model / "sub" / "weights.bin").write_bytes(b"0")
+    assert safeio.not_regular(tmp_path, "model") == [], "a plain folder is the folder's own"
+    os.symlink(tmp_path / "elsewhere", model / "sub" / "dangling")
+    os.mkfifo(model / "pipe")
+    assert safeio.not_regular(tmp_path, "model") == ["model/pipe (not a regular file)", "model/sub/dangling (a link)"]
+    assert safeio.not_regular(tmp_path, "absent") == []
+    os.symlink(model, tmp_path / "alias")
+    assert safeio.not_regular(tmp_path, "alias") == ["alias (a link)"]
+
+
 def test_a_model_name_cannot_inject_front_matter(root):
     import yaml
     from markdown_it import MarkdownIt

@@ -416,6 +416,12 @@ class RunDir:
             return None, "result.json is not a JSON object"
         return result, None
 
+    def model_not_own(self) -> list[str]:
+        """What in model/ is not the run's own file (links, FIFOs...), as "model/x (why)": a model loaded from
+        here by path follows them, and export and publish would carry what a link points at (a `vocab.txt` linked
+        to a private key becomes a published tokenizer's vocabulary)."""
+        return safeio.not_regular(self.path, "model")
+
     def last_checkpoint(self) -> Path | None:
         """The newest complete checkpoint; a linked checkpoints/ folder or linked checkpoint-N is passed over (a
         resume would load whatever it points to)."""
