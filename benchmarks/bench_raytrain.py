@@ -89,7 +89,7 @@ def killed_worker(ortlab, spec: dict, target: dict, save_steps: int) -> dict:
     after = next((r for r in metrics if r["event"] == "step" and r["step"] > last and r["time"] > killed_at), None)
     return {
         "state": status["state"],
-        "killed_after_step": last,
+        "killed_after_step": last,  # (the last step seen here: the workers were ahead by the metric delay)
         "resumed_from_step": restart and restart["resumes_from_step"],
         "to_restart_record_s": restart and round(restart["time"] - killed_at, 1),
         "to_next_step_s": after and round(after["time"] - killed_at, 1),

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 from gates import launch_gated, wait_paused
 
 from ortlab.runfolder.rundir import RunDir, RunStateError
 from ortlab.runner import RunError
-from ortlab.runner.objstore import UPLOADED, Mirror, Store, StoredRun, jobs_dir
+from ortlab.runner.objstore import UPLOADED, Store, StoredRun
+from ortlab.runner.objsync import Mirror, jobs_dir
 from ortlab.runner.rayjob import RayJob
 from ortlab.runner.raytrain import RayTrain
 from ortlab.runner.trust import STORAGES_ENV
@@ -85,12 +87,12 @@ def test_the_jobs_mirror_pulls_controls_and_pushes_checkpoints_once_whole(s3_sto
     (local.path / "checkpoints" / "checkpoint-2").mkdir(parents=True)
     (local.path / "checkpoints" / "checkpoint-2" / "model.safetensors").write_bytes(b"w" * 1000)
     (local.path / "metrics.jsonl").write_text('{"event": "step", "step": 1}\n')
-    mirror.sync(final=True)
+    mirror.sync(force=True)
     assert stored.last_checkpoint() is None, "a checkpoint still being written is not pushed"
     (local.path / "checkpoints" / "checkpoint-2" / "trainer_state.json").write_text("{}")
     stored.request_stop()
     stored.clear_pause()
-    mirror.sync(final=True)
+    mirror.sync(force=True)
     objects = stored_objects(stored.path)
     assert stored.last_checkpoint() == "checkpoint-2"
     assert objects["checkpoints/checkpoint-2/model.safetensors"] == b"w" * 1000
@@ -102,6 +104,39 @@ def test_the_jobs_mirror_pulls_controls_and_pushes_checkpoints_once_whole(s3_sto
     assert stored.read_status()["state"] == "pending" and not stored.store.exists("control/stop")
     with pytest.raises(RunStateError, match="is pending"):
         stored.claim()
+
+
+def test_the_live_stream_is_pushed_often_while_short_and_seldom_once_long(s3_store, tmp_path):
+    """A Ray Train rank 0 pushes a grown stream every LIVE_S, rewritten whole (an object cannot be appended to);
+    a long stream waits its turn (8 MiB: 8 s), so a long run does not re-upload megabytes four times a second.
+    The driver's follower reads only the part it has not got."""
+    from ortlab.runner.objsync import LIVE_S, Follower
+
+    stored = StoredRun(Store(s3_store).child("live"))
+    stored.create(b"name: live\n")
+    mirror = Mirror(stored, RunDir(tmp_path / "rank0" / "live"), checkpoints=False, metrics_every=LIVE_S)
+    mirror.pull(resume=False)
+    follower = Follower(stored, RunDir(tmp_path / "driver" / "live"))
+    follower.local.path.mkdir(parents=True)
+    short = b'{"event": "step", "step": 1}\n'
+    mirror.local.metrics_path.write_bytes(short)
+    mirror.sync()
+    follower.pull()
+    assert follower.local.metrics_path.read_bytes() == short
+    with mirror.local.metrics_path.open("ab") as f:
+        f.write(b'{"event": "step", "step": 2, "pad": "' + b"x" * (8 << 20) + b'"}\n')
+    mirror.metrics_at = 0.0  # (as if LIVE_S had passed)
+    mirror.sync()
+    assert stored.metrics_bytes() == mirror.local.metrics_path.read_bytes(), "a grown short stream: pushed"
+    with mirror.local.metrics_path.open("ab") as f:
+        f.write(b'{"event": "step", "step": 3}\n')
+    mirror.metrics_at = time.monotonic() - 1.0  # (as if a second had passed: four LIVE_S, but not 8 s)
+    mirror.sync()
+    assert stored.metrics_bytes().count(b"\n") == 2
+    mirror.sync(force=True)
+    assert stored.metrics_bytes() == mirror.local.metrics_path.read_bytes()
+    follower.pull()
+    assert follower.local.metrics_path.read_bytes() == mirror.local.metrics_path.read_bytes()
 
 
 def test_a_storage_this_machine_cannot_write_is_named_with_the_reason(s3_server):

@@ -23,7 +23,8 @@ from ortlab.runfolder.compare import row_for, worker_throughput
 from ortlab.runfolder.rundir import RunDir
 from ortlab.runfolder.stream import records
 from ortlab.runner import RunError
-from ortlab.runner.objstore import UPLOADED, Store, jobs_dir
+from ortlab.runner.objstore import UPLOADED, Store
+from ortlab.runner.objsync import jobs_dir
 from ortlab.runner.raytrainjob import FAILURES_FILE, WORKERS_FILE
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.xdist_group("ray-cluster")]

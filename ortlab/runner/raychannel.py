@@ -35,7 +35,8 @@ from urllib.parse import urlsplit
 from ortlab import cluster, safeio
 from ortlab.runfolder.rundir import TERMINAL, RunDir, RunStateError, read_metrics
 from ortlab.runner.launcher import RunError
-from ortlab.runner.objstore import Mirror, Store, StoredRun, is_uri, jsonl_records, node_folder
+from ortlab.runner.objstore import Store, StoredRun, is_uri, jsonl_records
+from ortlab.runner.objsync import Mirror, node_folder
 from ortlab.safeio import dumps
 from ortlab.spec import RunSpec
 
@@ -156,7 +157,7 @@ def worker_main(path: str, resume: bool) -> int:
     if not is_uri(path):  # a folder both sides mount: train in it
         run = RunDir(path)
         return streamed(run, lambda: execute(run, resume=resume, progress=False))
-    # An object store: train in a node-local copy, kept in step with the store (objstore.Mirror). The results are
+    # An object store: train in a node-local copy, kept in step with the store (objsync.Mirror). The results are
     # pushed before the final status is printed, so a monitor that sees the end finds them in the store.
     stored = StoredRun(Store(path))
     mirror = Mirror(stored, node_folder(stored))

@@ -34,17 +34,8 @@ from ray.train.v2.api.callback import UserCallback
 from ortlab import safeio
 from ortlab.runfolder.rundir import TERMINAL, RunDir, RunStateError
 from ortlab.runfolder.stream import records
-from ortlab.runner.objstore import (
-    SYNC_S,
-    UPLOADED,
-    Follower,
-    Mirror,
-    Store,
-    StoredRun,
-    is_uri,
-    jobs_dir,
-    node_folder,
-)
+from ortlab.runner.objstore import UPLOADED, Store, StoredRun, is_uri
+from ortlab.runner.objsync import LIVE_S, Follower, Mirror, jobs_dir, node_folder
 from ortlab.runner.raychannel import streamed
 from ortlab.spec import RunSpec
 
@@ -111,7 +102,7 @@ def train_loop(config: dict[str, Any]) -> None:
     agree, train.
 
     With a shared storage folder every rank trains in it. With an object store each node has its own copy (the
-    node's first rank pulls it from the store; see `objstore.Mirror`), rank 0 keeps the store in step with its
+    node's first rank pulls it from the store; see `objsync.Mirror`), rank 0 keeps the store in step with its
     stream and status, and every node uploads its part of each checkpoint (`UploadCheckpoints`)."""
     import ray.train
     import torch.distributed as dist
@@ -134,7 +125,7 @@ def train_loop(config: dict[str, Any]) -> None:
     stored = StoredRun(place) if isinstance(place, Store) else None
     if stored is not None:
         run = RunDir(jobs_dir() / f"{config['job']}-{node[:12]}" / stored.id)  # (one per node, for every group)
-        mirror = Mirror(stored, run, checkpoints=False, metrics_every=SYNC_S)
+        mirror = Mirror(stored, run, checkpoints=False, metrics_every=LIVE_S)
         if leader:
             mirror.pull(resume or attempt > 0, controls=rank == 0)
         dist.barrier()
@@ -215,7 +206,7 @@ def drive(run: RunDir, resume: bool, stored: StoredRun | None = None) -> None:
     """Train `run` on `target.processes` Ray Train workers; end its status `failed` if they could not finish.
 
     `stored`: the run's stored copy when the storage is an object store; `run` is then this node's copy, which
-    follows the store while the workers train (`objstore.Follower`), and the end this driver decides is pushed
+    follows the store while the workers train (`objsync.Follower`), and the end this driver decides is pushed
     back to the store."""
     import ray
 

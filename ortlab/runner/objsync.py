@@ -1,0 +1,224 @@
+"""The job's side of a run on object storage (`objstore`): node-local copies of the run kept in step with the store.
+
+A job trains in a folder on its node (`node_folder`), never in the store: `Mirror` pulls the run from the store at
+the start, then a thread pushes status, stream and whole checkpoints out and pulls stop and pause in while it
+trains, and pushes the results at the end. A Ray Train driver, which trains nothing, keeps a copy that `Follower`
+extends from the stored stream, for the driver to print to the local monitor. Every transfer goes through a
+`StoredRun` (no key outside the run, downloads through `safeio`, reads bounded).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from ortlab import safeio
+from ortlab.runfolder.rundir import RunDir
+from ortlab.runner.objstore import MAX_STREAM_BYTES, PIECE, SMALL, UPLOADED, StoredRun, read_limit
+
+SYNC_S = 1.0  # how often the job pulls stop/pause and pushes its status
+METRICS_SYNC_S = 10.0  # ... and its metrics.jsonl (the live records go through the job's log; this is the backup)
+LIVE_S = 0.25  # a Ray Train run's live path: rank 0 pushes a grown stream, the driver looks for one, this often
+# An object cannot be appended to, so a pushed stream is rewritten whole: a long one is pushed less often, to keep
+# under this many bytes a second (a 250 KB stream every LIVE_S, a 10 MB one every 10 s).
+STREAM_PUSH_BYTES_PER_S = 1 << 20
+
+
+def jobs_dir() -> Path:
+    """Where jobs keep their node-local copies of runs on a node (each removed when its job ends cleanly)."""
+    return Path(tempfile.gettempdir()) / "ortlab-jobs"
+
+
+def node_folder(stored: StoredRun) -> RunDir:
+    """A fresh node-local folder for the job's copy of the run (named after the run, so logs read naturally)."""
+    top = jobs_dir()
+    top.mkdir(parents=True, exist_ok=True)
+    return RunDir(Path(tempfile.mkdtemp(prefix=f"{secrets.token_hex(3)}-", dir=top)) / stored.id)
+
+
+class Mirror:
+    """The job's node-local run folder and its stored run: pulled once at the start, then kept in step by a
+    thread (stop and pause in, status and metrics out, each checkpoint once it is whole), and pushed whole at the
+    end (the results, the last checkpoint)."""
+
+    def __init__(
+        self, stored: StoredRun, local: RunDir, checkpoints: bool = True, metrics_every: float = METRICS_SYNC_S
+    ):
+        """`checkpoints`: push each whole checkpoint from here (a Ray Train run uploads them from every node
+        instead, see `raytrainjob`); `metrics_every`: seconds between pushes of metrics.jsonl (a Ray Train
+        driver reads it from the store, so its rank 0 pushes it every LIVE_S)."""
+        self.stored, self.local = stored, local
+        self.checkpoints, self.metrics_every = checkpoints, metrics_every
+        self.pushed_checkpoints: set[str] = set()
+        self.sent: dict[str, tuple[int, int, int]] = {}  # (inode, size, mtime) of each file when last pushed
+        self.metrics_at = self.rest_at = 0.0
+
+    def pull(self, resume: bool, controls: bool = True) -> None:
+        """The spec and status, and for a resume the history and the last finished checkpoint. `controls`: the
+        stop and pause requests too (in a Ray Train run only rank 0's node takes them: the ranks agree on rank
+        0's view, and a pause copied to another node at its start would never be lifted there)."""
+        self.local.path.mkdir(parents=True, exist_ok=True)
+        for rel in ("logs", "control"):
+            (self.local.path / rel).mkdir(exist_ok=True)
+        store = self.stored.store
+        for name in (*SMALL, "metrics.jsonl") if resume else ("spec.yaml", "status.json"):
+            with contextlib.suppress(FileNotFoundError):
+                safeio.write_bytes(self.local.path, name, store.read_bytes(name, limit=read_limit(name)))
+        if controls:
+            self.pull_controls()
+        else:  # (this node's folder may have been rank 0's in the group before: its requests are stale here)
+            self.local.clear_stop()
+            self.local.clear_pause()
+        if resume:
+            # Only the stored checkpoint is whole on every node: one this node wrote after it (its upload cut by
+            # a failure) would have a resume start from a step the other nodes never saved.
+            shutil.rmtree(self.local.checkpoints, ignore_errors=True)
+            last = self.stored.fetch_last_checkpoint(self.local)
+            if last is not None:
+                self.pushed_checkpoints.add(last)
+
+    def pull_controls(self) -> None:
+        store = self.stored.store
+        if store.exists("control/stop") and not self.local.stop_requested():
+            self.local.request_stop()
+        try:
+            pause = store.read_bytes("control/pause", limit=64).decode(errors="replace").strip()
+        except FileNotFoundError:
+            self.local.clear_pause()
+        else:
+            if self.local.read_pause() != pause:
+                self.local.request_pause(int(pause) if pause.isdigit() else None)
+
+    def push_small(self, names: tuple[str, ...]) -> None:
+        """Each of `names` that changed since it was last pushed (by its size and modification time: the stream
+        is not read whole every second to find that nothing was added)."""
+        for name in names:
+            try:
+                info = os.stat(self.local.path / name, follow_symlinks=False)
+                seen = (info.st_ino, info.st_size, info.st_mtime_ns)
+                if self.sent.get(name) == seen:
+                    continue
+                data = safeio.read_bytes(self.local.path, name, limit=read_limit(name))
+            except FileNotFoundError:
+                continue
+            self.stored.store.write_bytes(name, data)
+            self.sent[name] = seen
+
+    def push_checkpoints(self) -> None:
+        """Every whole local checkpoint not stored yet: its files, then the marker that says it is whole."""
+        if not self.checkpoints:
+            return
+        last = self.local.last_checkpoint()
+        if last is None or last.name in self.pushed_checkpoints:
+            return
+        rel = f"checkpoints/{last.name}"
+        self.stored.store.upload(self.local.path, rel)
+        self.stored.store.write_bytes(f"{rel}/{UPLOADED}", b"")
+        self.pushed_checkpoints.add(last.name)
+
+    def sync(self, force: bool = False) -> None:
+        """Called every tick (the shorter of SYNC_S and `metrics_every`): the stream when it is due and grew (a
+        local stat, no request, when it did not); the controls, checkpoints and status every SYNC_S. `force`:
+        all of it now."""
+        now = time.monotonic()
+        if force or now - self.metrics_at >= self._metrics_interval():
+            self.push_small(("metrics.jsonl",))
+            self.metrics_at = now
+        if force or now - self.rest_at >= SYNC_S:
+            self.pull_controls()
+            self.push_checkpoints()
+            self.push_small(("status.json", "tune.json"))
+            self.rest_at = now
+
+    def _metrics_interval(self) -> float:
+        try:
+            size = os.stat(self.local.metrics_path, follow_symlinks=False).st_size
+        except OSError:
+            size = 0
+        return max(self.metrics_every, size / STREAM_PUSH_BYTES_PER_S)
+
+    def push_end(self) -> None:
+        """Everything a finished (or stopped, or failed) run leaves: the last checkpoint, the results, the model,
+        the stream and the final status (last: a status that says `completed` finds the model there)."""
+        self.push_checkpoints()
+        self.push_small(("metrics.jsonl", "tune.json", "result.json"))
+        if self.local.model_dir.is_dir():
+            self.stored.store.upload(self.local.path, "model")
+        self.push_small(("status.json",))
+
+    def syncing(self) -> contextlib.AbstractContextManager[None]:
+        """`sync` every tick while the block trains, then `push_end`."""
+        every = min(SYNC_S, self.metrics_every)
+        return _repeating(self.sync, f"syncing with {self.stored.path}", self.push_end, every)
+
+
+class Follower:
+    """A Ray Train driver's node-local copy of the run, following the store: rank 0 (wherever Ray placed it)
+    pushes its stream and status there, and the driver prints them for the monitor from this copy. The stream
+    is only ever extended (a new rank 0 starts from the stored one), so what is new is read from where the local
+    copy ends."""
+
+    def __init__(self, stored: StoredRun, local: RunDir):
+        self.stored, self.local = stored, local
+        self.status_at = 0.0
+
+    def pull(self) -> None:
+        """Every LIVE_S: the stream's new part, if it grew (one request to learn that it did not); every SYNC_S:
+        the status."""
+        from pyarrow import fs as pafs
+
+        store = self.stored.store
+        if time.monotonic() - self.status_at >= SYNC_S:
+            with contextlib.suppress(FileNotFoundError):
+                safeio.write_bytes(self.local.path, "status.json", store.read_bytes("status.json"))
+            self.status_at = time.monotonic()
+        info = store.fs.get_file_info(store.key("metrics.jsonl"))
+        have = self.local.metrics_path.stat().st_size if self.local.metrics_path.is_file() else 0
+        end = min(info.size, MAX_STREAM_BYTES)  # (the same bound as every read of a stored stream)
+        if info.type != pafs.FileType.File or end <= have:
+            return
+        fd = safeio.open_in(self.local.path, "metrics.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        with store.fs.open_input_file(store.key("metrics.jsonl")) as src, os.fdopen(fd, "ab") as out:
+            src.seek(have)
+            while have < end and (piece := src.read(min(PIECE, end - have))):
+                out.write(piece)
+                have += len(piece)
+
+    def following(self) -> contextlib.AbstractContextManager[None]:
+        """`pull` every LIVE_S seconds while the block runs, and once more after it (the status too)."""
+
+        def last() -> None:
+            self.status_at = 0.0
+            self.pull()
+
+        return _repeating(self.pull, f"reading {self.stored.path}", last, LIVE_S)
+
+
+@contextlib.contextmanager
+def _repeating(step: Callable[[], None], what: str, last: Callable[[], None], every: float) -> Iterator[None]:
+    """`step()` every `every` seconds in a thread while the block runs, then `last()` once the thread has ended. A
+    failed step (a store hiccup) is said in the job's log and tried again next time."""
+    done = threading.Event()
+
+    def loop() -> None:
+        while not done.wait(every):
+            try:
+                step()
+            except Exception as e:
+                print(f"[ortlab storage] {what} failed: {e}", flush=True)
+
+    thread = threading.Thread(target=loop, daemon=True, name="ortlab-storage")
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        last()
