@@ -26,6 +26,7 @@ from fake_runs import append, make_fake_run
 from lab_server import start_lab
 from test_browser import CHROMIUM, _wait_for
 
+from ortlab.runfolder.rundir import write_json
 from ortlab.spec import TASKS, HyperSpec, RunSpec
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -99,6 +100,10 @@ def _state_shown(page) -> str:
     return (card.get_attribute("data-state") or "") if card.count() else ""
 
 
+MARKUP = "<img src=x onerror=window.__ortlabXSS=1>"
+FAILURE = f"ValueError: the data's label {MARKUP!r} is not one of the spec's labels ['neg', 'pos']"
+
+
 def _fill_form(page, model: str, max_steps: str) -> None:
     form = page.locator("form.ortlab-NewRun")
     form.locator('input[name="name"]').fill(RUN)
@@ -136,6 +141,14 @@ def test_sidebar_launches_watches_and_stops_a_run(lab_with_ortlab, tiny_bert):
         "resumes_from_step": 2,
     }
     append(two / "metrics.jsonl", {"event": "train_begin", "max_steps": 3, "world_size": 2}, restart)
+    # A damaged folder (its status.json a link) and a failed run: each card says why, as text (markup from a
+    # folder is shown, never rendered).
+    damaged = make_fake_run(folder / "runs", "damaged", state="stopped", steps=1, max_steps=3)
+    (damaged / "status.json").unlink()
+    (damaged / "status.json").symlink_to(folder / "elsewhere.json")
+    failed = make_fake_run(folder / "runs", "failed", state="failed", steps=1, max_steps=3)
+    status = json.loads((failed / "status.json").read_text())
+    write_json(failed / "status.json", {**status, "error": FAILURE})
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
         page = browser.new_page(viewport={"width": 1280, "height": 900})
@@ -156,6 +169,14 @@ def test_sidebar_launches_watches_and_stops_a_run(lab_with_ortlab, tiny_bert):
             card.locator(".ortlab-Run-restarts").wait_for(timeout=60_000)
             assert card.locator(".ortlab-Run-workers").inner_text() == "2 workers"
             assert card.locator(".ortlab-Run-restarts").inner_text() == "1 restart"
+            card = panel.locator('.ortlab-Run[data-run-id="damaged"]')
+            card.locator(".ortlab-Run-error").wait_for(timeout=60_000)
+            assert card.get_attribute("data-state") == "damaged"
+            assert "status.json" in card.locator(".ortlab-Run-error").inner_text()
+            card = panel.locator('.ortlab-Run[data-run-id="failed"]')
+            assert card.locator(".ortlab-Run-error").inner_text() == FAILURE
+            assert card.locator(".ortlab-Run-error img").count() == 0
+            assert page.evaluate("() => window.__ortlabXSS") is None
 
             # A bad spec: the server's field-by-field problems show inline, and no run folder is made.
             page.locator("#ortlab-runs .ortlab-NewRunButton").click()

@@ -22,6 +22,8 @@ export interface IRunRow {
   world_size?: number;
   /** Worker groups restarted after a worker failed (Ray Train runs). */
   restarts?: number;
+  /** Why a failed run failed, or why a damaged folder is not trusted (its text comes from the folder). */
+  error?: string | null;
 }
 
 export interface IRunsList {

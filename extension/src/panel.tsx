@@ -189,6 +189,12 @@ function RunItem(props: IViewProps & { run: IRunRow }): JSX.Element {
           </span>
         ) : null}
       </div>
+      {run.error ? (
+        // (text from the run folder: React renders it as text, never as markup)
+        <div className="ortlab-Run-error" title={run.error}>
+          {run.error}
+        </div>
+      ) : null}
       <div className="ortlab-Run-mix">
         {run.applied.length === 0 && run.requested.length === 0 && run.not_applied.length === 0 ? (
           <span className="ortlab-Chip ortlab-Chip-plain">{trans.__('plain PyTorch')}</span>

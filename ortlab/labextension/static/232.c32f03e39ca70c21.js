@@ -229,6 +229,16 @@
   overflow-wrap: anywhere;
 }
 
+.ortlab-Run-error {
+  color: var(--jp-error-color1);
+  font-size: var(--jp-ui-font-size0);
+  overflow-wrap: anywhere;
+  display: -webkit-box;
+  -webkit-line-clamp: 3;
+  -webkit-box-orient: vertical;
+  overflow: hidden;
+}
+
 .ortlab-Run-charts {
   display: flex;
   flex-direction: column;
