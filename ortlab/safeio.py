@@ -274,18 +274,18 @@ def not_regular(folder: str | os.PathLike, rel: str | os.PathLike) -> list[str]:
     found: list[str] = []
 
     def why(path: Path) -> str | None:
-        mode = os.lstat(path).st_mode
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:  # (gone since it was listed: nothing to load)
+            return None
         if stat.S_ISLNK(mode):
             return "a link"
         if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
             return "not a regular file"
         return None
 
-    try:
-        if (bad := why(top)) is not None:
-            return [f"{PurePosixPath(*_parts(rel))} ({bad})"]
-    except FileNotFoundError:
-        return []
+    if (bad := why(top)) is not None:
+        return [f"{PurePosixPath(*_parts(rel))} ({bad})"]
     for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
         for name in sorted([*dirnames, *filenames]):
             path = Path(dirpath, name)
