@@ -23,9 +23,10 @@ from ortlab.runfolder.compare import row_for, worker_throughput
 from ortlab.runfolder.rundir import RunDir
 from ortlab.runfolder.stream import records
 from ortlab.runner import RunError
-from ortlab.runner.objstore import UPLOADED, Store
+from ortlab.runner.objstore import UPLOADED, Store, StoredRun
 from ortlab.runner.objsync import jobs_dir
 from ortlab.runner.raytrainjob import FAILURES_FILE, WORKERS_FILE
+from ortlab.runner.trust import STORAGES_ENV
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.xdist_group("ray-cluster")]
 
@@ -83,11 +84,13 @@ def remove_node(node: dict) -> None:
     psutil.wait_procs(doomed, timeout=30)
 
 
-def test_two_workers_with_zero1_survive_a_removed_node(three_nodes, remote_spec, s3_store):
+def test_two_workers_with_zero1_survive_a_removed_node(three_nodes, remote_spec, s3_store, monkeypatch):
     """A worker node removed mid-run, through an object store: each node trains in its own copy of the run (no
     disk shared), every node uploads its ZeRO shards of each checkpoint, and Ray Train starts a new group on the
     nodes left, which resumes from the stored checkpoint (a node that held no worker before pulls it from the
-    store). Killing one rank's process is the other way to lose a worker: tutorial 06 and the test below."""
+    store). Then stop and resume keep their meaning: both ranks stop at one step, its checkpoint is stored whole,
+    and a new job resumes there. Killing one rank's process is the other way to lose a worker: tutorial 06 and
+    the test below."""
     spec = zero_spec(remote_spec, "two-workers", max_steps=10, max_failures=1)
     spec["target"]["storage"] = s3_store
     run = launch_gated(spec, at_step=6)
@@ -108,14 +111,19 @@ def test_two_workers_with_zero1_survive_a_removed_node(three_nodes, remote_spec,
     wait_for(lambda: workers_of(storage, attempt=1).keys() == {0, 1}, timeout=180, run=run)
     again = workers_of(storage, attempt=1)
     assert removed not in [node_hosting(three_nodes, w["pid"]) for w in again.values()], "on the nodes left"
-    run.unpause()
+    stopped = run.stop(timeout=240)
+    assert stopped["state"] == "stopped", (stopped, run.dir.log_path.read_text()[-4000:])
+    at = stopped["step"]
+    assert StoredRun(storage).last_checkpoint() == f"checkpoint-{at}", storage.files("checkpoints")
+    monkeypatch.setenv(STORAGES_ENV, s3_store)  # (this machine's credentials go to a store the user named)
+    run.resume()
     final = run.wait(timeout=300)
     assert final["state"] == "completed", (final, run.dir.log_path.read_text()[-4000:])
 
     restart = next(r for r in run.metrics() if r["event"] == "restart")
     assert restart["attempt"] == 1 and restart["resumes_from_step"] == 4, restart
     assert gone & set(restart["failed_workers"]), (gone, restart)
-    assert steps_of(run) == list(range(1, 11)), "steps 5 and 6 trained twice are recorded once"
+    assert steps_of(run) == list(range(1, 11)), "steps trained twice are recorded once, none is missing"
     step = next(r for r in run.metrics() if r["event"] == "step")
     assert [set(w) for w in step["workers"]] == [{"step_time_s", "peak_mem_mb"}] * 2, "each rank's time and memory"
     begin = next(r for r in run.metrics() if r["event"] == "train_begin")
@@ -130,6 +138,7 @@ def test_two_workers_with_zero1_survive_a_removed_node(three_nodes, remote_spec,
     stored = storage.files("checkpoints")
     assert {n.split("/")[0] for n in stored if n.endswith(UPLOADED)} == {
         "checkpoint-4",
+        f"checkpoint-{at}",
         "checkpoint-8",
         "checkpoint-10",
     }
@@ -142,6 +151,7 @@ def test_two_workers_with_zero1_survive_a_removed_node(three_nodes, remote_spec,
     left = list(jobs_dir().glob(f"{job}-*"))
     assert len(left) == 1, f"the copies of the nodes left were removed, the removed node's stays: {left}"
     shutil.rmtree(left[0])  # (on a real cluster it left with its machine; here every node shares this disk)
+    assert not list(jobs_dir().glob(f"*/{storage.name}")), "the resumed job's copies were removed too"
     row = row_for(run.dir)
     assert row.where == "cluster local, 2 workers, 1 restart", "what `ortlab runs` shows"
     each = worker_throughput(row.summary)
