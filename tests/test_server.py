@@ -293,6 +293,36 @@ def test_metrics_offset_returns_only_new_complete_records(api, runs):
         assert code == 400 and "offset" in body["message"], (bad, body)
 
 
+def test_metrics_max_points_is_honoured_and_checked(api, runs):
+    """A long run's answer carries at most `max_points` step records (bounded by default too), keeping the first,
+    the last and each bucket's extremes; a bad `max_points` is a 400 that says what is accepted."""
+    from ortlab.server.runs import DEFAULT_MAX_POINTS, MAX_POINTS_LIMIT
+
+    path = runs["live"] / "metrics.jsonl"
+    first_step = max(r["step"] for r in map(json.loads, path.read_text().splitlines()) if r.get("step"))
+    steps = range(first_step + 1, first_step + DEFAULT_MAX_POINTS + 500)
+    append(path, *(step_record(s, loss=1.0 / s, samples_per_s=10.0) for s in steps))
+    append(path, {"event": "eval", "step": steps[-1], "eval_loss": 0.5})
+    append(path, step_record(steps[-1] + 1, loss=99.0, samples_per_s=10.0))  # a spike, last
+    in_file = sum(json.loads(line).get("event") == "step" for line in path.read_text().splitlines())
+    code, body, _ = api("GET", "runs/live/metrics?offset=0&max_points=50")
+    assert code == 200, body
+    sent = [r for r in body["records"] if r["event"] == "step"]
+    assert len(sent) <= 50
+    assert sent[0]["step"] == 1 and sent[-1]["loss"] == 99.0  # first and last (and the spike) kept
+    assert any(r["event"] == "eval" for r in body["records"]), "records that are not steps are all kept"
+    assert body["downsampled"] == {"steps_read": in_file, "steps_sent": len(sent)}
+    assert body["offset"] == path.stat().st_size
+    code, default, _ = api("GET", "runs/live/metrics?offset=0")
+    assert code == 200 and sum(r["event"] == "step" for r in default["records"]) <= DEFAULT_MAX_POINTS
+    code, whole, _ = api("GET", f"runs/live/metrics?offset=0&max_points={MAX_POINTS_LIMIT}")
+    assert code == 200 and "downsampled" not in whole  # a client may ask for every step of a page
+    assert sum(r["event"] == "step" for r in whole["records"]) == in_file
+    for bad in ("0", "3", str(MAX_POINTS_LIMIT + 1), "-5", "ten", "1e3", ""):
+        code, body, _ = api("GET", f"runs/live/metrics?offset=0&max_points={bad}")
+        assert code == 400 and "max_points must be an integer" in body["message"], (bad, body)
+
+
 def test_a_long_history_comes_in_bounded_chunks(runs, monkeypatch):
     """From offset 0 on a long run, one answer is at most METRICS_CHUNK_BYTES; the next goes on from its offset."""
     from ortlab.server import runs as server_runs

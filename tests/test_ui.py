@@ -526,3 +526,78 @@ def test_the_widgets_take_choices_defaults_and_tooltips_from_the_spec_schema(rew
         assert wb.spec().model_dump(exclude={"accel"}) == blank
     finally:
         wb.monitor.close()
+
+
+# --- the live view's cost per refresh does not grow with the run -------------------------------------------------
+
+
+def _count_sent(figure) -> list[int]:
+    """Wrap the figure's messages to the front end; the list gets, per message, how many numbers its trace data
+    carried (what the comm sends and the browser redraws)."""
+    counts: list[int] = []
+
+    def numbers(data: dict) -> int:
+        return sum(len(v) for values in data.values() for v in values if isinstance(v, (list, tuple)))
+
+    update, restyle = figure._send_update_msg, figure._send_restyle_msg
+
+    def on_update(restyle_data, relayout_data, trace_indexes=None, source_view_id=None):
+        counts.append(numbers(restyle_data or {}))
+        return update(restyle_data, relayout_data, trace_indexes, source_view_id)
+
+    def on_restyle(restyle_data, trace_indexes=None, source_view_id=None):
+        counts.append(numbers(restyle_data or {}))
+        return restyle(restyle_data, trace_indexes, source_view_id)
+
+    figure._send_update_msg, figure._send_restyle_msg = on_update, on_restyle
+    return counts
+
+
+@pytest.mark.parametrize("steps", [60, 6_000])
+def test_points_sent_per_refresh_are_bounded_whatever_the_run_length(tmp_path, steps):
+    from ortlab.ui import RunMonitor
+
+    bound = 100
+    run = recorded_run(tmp_path, steps=steps)
+    monitor = RunMonitor(throttle_s=3600, max_points=bound)
+    monitor.add_run(run, follow=False)
+    counts = _count_sent(monitor.figure)
+    refreshes = []
+    for step in range(steps + 1, steps + 41):  # 40 refreshes of 2 new steps each, as a live run brings them
+        record = {"event": "step", "step": step, "loss": 0.01, "samples_per_s": 9.0, "step_time_s": 0.5}
+        monitor.consume(run.id, {**record, "peak_mem_mb": 900.0})
+        if step % 2 == 0:
+            monitor.flush()
+            refreshes.append(monitor.last_points_sent)
+    assert len(counts) == 20
+    # 4 curves (loss, samples/s, step time, memory), each at most bound + 3 points (x and y: twice the numbers).
+    assert max(refreshes) <= 4 * (bound + 3)
+    assert max(counts) <= 2 * 4 * (bound + 3)
+    if steps <= bound:
+        return
+    # The long run: every point is still there, in the kernel and in the run folder, for an export.
+    xs, ys = monitor.series(run.id, "loss")
+    assert len(xs) == steps + 40 and ys[0] == 1.0 and xs[-1] == steps + 40
+    assert sum(1 for r in run.dir.records() if r.get("event") == "step") == steps
+    train_loss = next(t for t in monitor.figure.data if t.name.endswith("(train)"))
+    assert len(train_loss.x) <= bound + 3 and train_loss.y[0] == 1.0  # drawn: bounded, from the first point
+    assert max(train_loss.y) == 1.0 and min(train_loss.y) == 1 / steps  # the envelope survives the buckets
+    monitor.close()
+
+
+def test_a_refresh_does_not_rebuild_the_static_summary(tmp_path, monkeypatch):
+    import ortlab.ui.charts as charts
+    import ortlab.ui.summary as summary
+
+    built = []
+    real = summary.static_summary
+    monkeypatch.setattr(charts, "static_summary", lambda *a, **k: built.append(1) or real(*a, **k))
+    run = recorded_run(tmp_path, steps=20)
+    monitor = charts.RunMonitor(throttle_s=3600)
+    monitor.add_run(run, follow=False)
+    for step in range(21, 41):
+        monitor.consume(run.id, {"event": "step", "step": step, "loss": 0.1})
+        monitor.flush()
+    assert monitor.updates_sent >= 20
+    assert built == []  # built when displayed or when a run's state changes (ortlab.ui.display), not per refresh
+    monitor.close()

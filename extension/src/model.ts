@@ -193,8 +193,12 @@ export class RunsModel {
     }
     // A long history comes in several pages: read until the server has nothing new (bounded per tick).
     for (let page = 0; page < 20; page++) {
+      // The server downsamples a page's steps to this many (min/max per bucket): a long run's history arrives
+      // as a few hundred points, not tens of thousands of records, for a sparkline 120 pixels wide.
+      const maxPoints = Math.min(20000, Math.max(4, Math.round(this.options.maxPoints)));
       const got = await requestAPI<IMetricsPage>(
-        `${runPath(id, 'metrics')}?offset=${encodeURIComponent(String(followed.offset))}`
+        `${runPath(id, 'metrics')}?offset=${encodeURIComponent(String(followed.offset))}` +
+          `&max_points=${maxPoints}`
       );
       const before = followed.offset;
       followed.offset = got.offset;

@@ -28,7 +28,7 @@ from tornado.ioloop import IOLoop
 from ortlab import safeio
 from ortlab.errors import OrtlabError
 from ortlab.runfolder.rundir import DAMAGED, RunDir, RunStateError, resolve
-from ortlab.server.runs import metrics_since
+from ortlab.server.runs import metrics_since, parse_max_points
 
 T = TypeVar("T")
 
@@ -154,13 +154,18 @@ class MetricsHandler(OrtlabHandler):
     @web.authenticated
     @authorized
     async def get(self, run_id: str) -> None:
-        """Metrics records after byte `offset` (complete lines only) and the offset to ask from next."""
+        """Metrics records after byte `offset` (complete lines only) and the offset to ask from next; at most
+        `max_points` step records (downsampled past it, keeping each bucket's extremes; bounded by default)."""
         run = self.run_dir(run_id)
         raw = self.get_argument("offset", "0")
         if not raw.isdigit():
             raise web.HTTPError(400, f"offset must be a byte offset (an integer >= 0), got {raw!r}")
         try:
-            self.reply(200, await self.io(metrics_since, run, int(raw)))
+            max_points = parse_max_points(self.get_argument("max_points", None))
+        except ValueError as e:
+            raise web.HTTPError(400, str(e)) from None
+        try:
+            self.reply(200, await self.io(metrics_since, run, int(raw), max_points))
         except ValueError as e:
             raise web.HTTPError(400, str(e)) from None
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ortlab import safeio
+from ortlab.runfolder.downsample import MIN_POINTS, keep_indices
 from ortlab.runfolder.rundir import DAMAGED, SPEC_MAX_BYTES, TERMINAL, RunDir
 from ortlab.runfolder.stream import MetricsStream, SummaryFollower
 
@@ -33,6 +34,15 @@ from ortlab.runfolder.stream import MetricsStream, SummaryFollower
 METRICS_CHUNK_BYTES = 8 * 2**20
 # One runs-list request reads at most this many bytes of metrics over all runs (new runs, or a huge history).
 ROWS_BUDGET_BYTES = 16 * 2**20
+# Step records one metrics answer carries at most: past this, the page's steps are downsampled (min and max per
+# bucket of the numbers a chart draws, `ortlab.runfolder.downsample`). A 100,000-step run's first page would
+# otherwise be ~40,000 records (8 MiB of JSON) for a sparkline 120 pixels wide. A client asks for fewer or more
+# with `max_points`, within these bounds; every record is still in the run folder.
+DEFAULT_MAX_POINTS = 2000
+MAX_POINTS_LIMIT = 20_000
+MIN_POINTS_LIMIT = MIN_POINTS
+# The numbers whose extremes survive downsampling: the ones the sidebar and the charts draw.
+DRAWN = ("loss", "samples_per_s")
 
 
 def _number(value: Any) -> float | None:
@@ -200,13 +210,39 @@ class RunIndex:
         return follow.spec_max_steps
 
 
-def metrics_since(run: RunDir, offset: int) -> dict[str, Any]:
+def parse_max_points(raw: str | None) -> int:
+    """`max_points` from a request: an integer within [MIN_POINTS_LIMIT, MAX_POINTS_LIMIT], DEFAULT_MAX_POINTS when
+    absent. ValueError says what is accepted (the route answers it as a 400)."""
+    if raw is None:
+        return DEFAULT_MAX_POINTS
+    if not raw.isdigit() or not MIN_POINTS_LIMIT <= int(raw) <= MAX_POINTS_LIMIT:
+        raise ValueError(
+            f"max_points must be an integer from {MIN_POINTS_LIMIT} to {MAX_POINTS_LIMIT} (step records per answer; "
+            f"default {DEFAULT_MAX_POINTS}), got {raw[:40]!r}"
+        )
+    return int(raw)
+
+
+def thin_steps(records: list[dict[str, Any]], max_points: int) -> tuple[list[dict[str, Any]], int]:
+    """`records` with at most `max_points` step records (min and max of each DRAWN number per bucket, the first and
+    the last step); every other record (eval, train_begin, ...) is kept. Returns them and the steps left out."""
+    steps = [i for i, r in enumerate(records) if r.get("event") == "step"]
+    if len(steps) <= max_points:
+        return records, 0
+    keep = keep_indices([[records[i].get(name) for i in steps] for name in DRAWN], max_points)
+    kept = {steps[j] for j in keep}
+    dropped = set(steps) - kept
+    return [r for i, r in enumerate(records) if i not in dropped], len(dropped)
+
+
+def metrics_since(run: RunDir, offset: int, max_points: int = DEFAULT_MAX_POINTS) -> dict[str, Any]:
     """Complete metrics records after byte `offset`, and the offset to ask from next time.
 
     Only the bytes after `offset` are read (at most METRICS_CHUNK_BYTES, plus one line), so polling a running run
     every second costs the size of its newest lines. An offset past the end of the file means the client followed
     another file (the run folder was replaced): ValueError, so that it starts again from 0. Lines that could not be
-    read (too long, not JSON) are passed over and listed in `skipped` (offset, length, why).
+    read (too long, not JSON) are passed over and listed in `skipped` (offset, length, why). At most `max_points`
+    step records come back (`thin_steps`); when some were left out, `downsampled` says how many were read and sent.
     """
 
     def past_end() -> None:
@@ -219,7 +255,11 @@ def metrics_since(run: RunDir, offset: int) -> dict[str, Any]:
     records = stream.read(METRICS_CHUNK_BYTES)
     if offset > stream.size:  # no file (any more), or one that cannot be read
         past_end()
-    answer: dict[str, Any] = {"records": records, "offset": stream.offset}
+    sent, dropped = thin_steps(records, max_points)
+    answer: dict[str, Any] = {"records": sent, "offset": stream.offset}
+    if dropped:
+        steps = sum(1 for r in sent if r.get("event") == "step")
+        answer["downsampled"] = {"steps_read": steps + dropped, "steps_sent": steps}
     if stream.problem:
         answer["problem"] = stream.problem
     if stream.skips:

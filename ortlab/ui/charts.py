@@ -6,6 +6,14 @@
 per-point update sends one comm message per trace per step (1,600 messages for 200 steps were seen), which
 floods the browser. Each legend entry says which accelerations really applied to that run.
 
+What a refresh costs does not grow with the run: each curve is drawn with at most `max_points` points
+(`ortlab.runfolder.downsample.LiveSeries`: min and max per bucket, redrawn downsampled only when the run's length
+has doubled), only the curves that got new points are sent, and the kernel keeps the drawn points itself instead of
+rebuilding them from the figure's arrays. plotly 7's FigureWidget has no extend-traces message (its front end
+knows restyle, relayout, update, add/delete/move traces): a changed curve travels whole, but whole is bounded. Before
+this, every refresh sent every point of every curve (100,000 per curve for a 100,000-step run). The full data stays
+in the run folder, and `series()` gives it back at full resolution.
+
 Where widgets cannot render (papermill, nbconvert, GitHub, a terminal), the monitor's output carries a static view
 instead: the curves as SVG and the runs table (`ortlab.ui.summary`), kept up to date by `ortlab.ui.display`.
 
@@ -23,6 +31,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from ortlab.runfolder.downsample import LiveSeries
 from ortlab.runfolder.stream import RunSummary
 from ortlab.ui.display import RefreshedDisplay
 from ortlab.ui.summary import run_label, static_summary
@@ -44,6 +53,9 @@ ROWS_SPACING = {2: 0.2, 3: 0.14}  # about the same gap in pixels
 TRANSPARENT = "rgba(0,0,0,0)"
 NEUTRAL_TEXT = "#808080"  # about 4:1 contrast on white and on JupyterLab's dark background
 NEUTRAL_GRID = "rgba(128,128,128,0.25)"
+# Points drawn per curve: more than a panel's width in pixels (about 600), so downsampling loses nothing visible,
+# and few enough that a refresh's message and the browser's redraw stay small (1,000 points are ~20 kB of JSON).
+MAX_POINTS = 1000
 
 
 def _figure() -> Any:
@@ -95,15 +107,19 @@ def _arrange(widget: Any, with_data: set[str]) -> None:
 class RunMonitor(RefreshedDisplay, widgets.VBox):
     """Live charts for one or more runs (`ortlab.Run` objects). Works alone: `RunMonitor(run)`."""
 
-    def __init__(self, *runs: Any, throttle_s: float = 0.5, **kwargs: Any):
+    def __init__(self, *runs: Any, throttle_s: float = 0.5, max_points: int = MAX_POINTS, **kwargs: Any):
         self.figure = _figure()
         self.status = widgets.HTML()
         super().__init__([self.status, self.figure], **kwargs)
         self.throttle_s = throttle_s
+        self.max_points = max_points
         self.updates_sent = 0  # batch updates sent to the front end (what the throttle bounds)
         self.points_received = 0
+        self.points_sent = 0  # points sent to the front end, over all updates (what max_points bounds per update)
+        self.last_points_sent = 0  # ... in the last update
         self._lock = threading.Lock()
-        self._pending: dict[int, tuple[list, list]] = {}  # trace index -> (xs, ys) waiting to be sent
+        self._series: dict[int, LiveSeries] = {}  # trace index -> its curve (every point, and what is drawn)
+        self._changed: set[int] = set()  # traces with points not sent yet
         self._traces: dict[tuple[str, str], int] = {}
         self._with_data: set[str] = set()  # the GPU panels some run brought a point for (see _arrange)
         self._runs: dict[str, Any] = {}
@@ -164,10 +180,13 @@ class RunMonitor(RefreshedDisplay, widgets.VBox):
             points = [("loss", "eval", record["eval_loss"])]
         with self._lock:
             for panel, kind, value in points:
-                if isinstance(value, (int, float)):
-                    xs, ys = self._pending.setdefault(self._trace(run_id, panel, kind), ([], []))
-                    xs.append(step)
-                    ys.append(value)
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    index = self._trace(run_id, panel, kind)
+                    series = self._series.get(index)
+                    if series is None:
+                        series = self._series[index] = LiveSeries(self.max_points)
+                    series.add(step, value)
+                    self._changed.add(index)
                     self.points_received += 1
 
     # --- drawing -----------------------------------------------------------------------------------------
@@ -212,20 +231,31 @@ class RunMonitor(RefreshedDisplay, widgets.VBox):
                     self.figure.data[index].name = f"{label} ({kind})" if what.startswith("loss") else label
 
     def flush(self) -> None:
-        """Send what is buffered, in one batch update."""
+        """Send the curves that got new points, in one batch update (each at most `max_points` points)."""
         with self._lock:
-            pending, self._pending = self._pending, {}
-            if not pending:
+            changed, self._changed = self._changed, set()
+            if not changed:
                 return
+            sent = 0
             with self.figure.batch_update():
-                for index, (xs, ys) in pending.items():
+                for index in sorted(changed):
+                    xs, ys = self._series[index].points()
                     trace = self.figure.data[index]
-                    trace.x = tuple(trace.x or ()) + tuple(xs)
-                    trace.y = tuple(trace.y or ()) + tuple(ys)
+                    trace.x, trace.y = xs, ys
+                    sent += len(xs)
             self.updates_sent += 1
+            self.points_sent += sent
+            self.last_points_sent = sent
         self._set_status()
         if self.on_change is not None:
             self.on_change()
+
+    def series(self, run_id: str, panel: str = "loss", kind: str = "train") -> tuple[list[float], list[float]]:
+        """Every point of one curve (steps, values) at full resolution, whatever was drawn: an export on demand.
+        The run folder's metrics.jsonl holds the same and more (`run.metrics()`)."""
+        with self._lock:
+            index = self._traces.get((run_id, f"{panel}/{kind}"))
+            return self._series[index].full() if index in self._series else ([], [])
 
     def _flush_loop(self) -> None:
         while not self._stop.wait(self.throttle_s):

@@ -1,0 +1,162 @@
+"""Fewer points that keep a curve's shape: what a chart draws of a long run, never what is stored.
+
+A chart of 100,000 steps cannot show more than its width in pixels, yet sending and drawing every point costs the
+kernel, the wire and the browser in proportion to the run's length. Taking every k-th point (`ortlab.ui.svg._thin`)
+is bounded but blind: a loss spike or a throughput drop between two kept points disappears, and a reader misses the
+one event they looked for. So the points are cut into buckets and each bucket keeps its minimum and its maximum
+(the "min/max" decimation TensorBoard-like viewers use): the envelope of the curve survives exactly, and the first
+and the last point are always kept (where the run started, and the number a reader of a live run wants).
+
+Pure and standard-library only: the workbench's charts and the server's metrics route both use it, and the tests
+check it exactly on small inputs. The full data stays in the run folder (metrics.jsonl); nothing here writes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+MIN_POINTS = 4  # first, last, and at least one bucket's min and max
+
+
+def _value(v: Any) -> float | None:
+    """A number to compare, or None (missing, not a number, NaN, a bool): such points are never a bucket's
+    extreme, so one damaged value cannot pin the envelope."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v) if math.isfinite(v) else None
+
+
+def keep_indices(columns: Sequence[Sequence[Any]], max_points: int) -> list[int]:
+    """Indices (ascending) of the points to keep so that at most `max_points` remain, keeping for each bucket of
+    consecutive points the minimum and the maximum of every column (columns are parallel series: the loss and the
+    samples/s of the same records, say), plus the first and the last point. All indices when they already fit.
+
+    Buckets hold equal counts of points (±1), so each covers the same number of records whatever their values.
+    """
+    if max_points < MIN_POINTS:
+        raise ValueError(f"max_points must be at least {MIN_POINTS}, got {max_points}")
+    if not columns:
+        return []
+    n = len(columns[0])
+    if any(len(c) != n for c in columns):
+        raise ValueError("every column must have as many points as the first")
+    if n <= max_points:
+        return list(range(n))
+    per_bucket = 2 * len(columns)  # a min and a max for each column
+    buckets = max(1, (max_points - 2) // per_bucket)
+    if buckets * per_bucket + 2 > max_points:  # more columns than the bound allows: keep the first column only
+        return keep_indices(columns[:1], max_points)
+    inner = n - 2
+    kept = {0, n - 1}
+    for b in range(buckets):
+        lo = 1 + b * inner // buckets
+        hi = 1 + (b + 1) * inner // buckets
+        if lo >= hi:
+            continue
+        for column in columns:
+            low = high = None
+            low_i = high_i = lo
+            for i in range(lo, hi):
+                v = _value(column[i])
+                if v is None:
+                    continue
+                if low is None or v < low:
+                    low, low_i = v, i
+                if high is None or v > high:
+                    high, high_i = v, i
+            kept.add(low_i)
+            kept.add(high_i)
+    return sorted(kept)
+
+
+def downsample(xs: Sequence[Any], ys: Sequence[Any], max_points: int) -> tuple[list[Any], list[Any]]:
+    """(xs, ys) reduced to at most `max_points` points by `keep_indices` (min and max per bucket, first, last)."""
+    if len(xs) != len(ys):
+        raise ValueError(f"xs and ys differ in length ({len(xs)} and {len(ys)})")
+    keep = keep_indices([ys], max_points)
+    return [xs[i] for i in keep], [ys[i] for i in keep]
+
+
+class LiveSeries:
+    """One growing curve, drawn with at most `bound` points (+3 for the newest, unfinished bucket) at any length,
+    for a chart that is refreshed while the run goes on.
+
+    Until the curve has `bound` points every point is drawn. Past that, it is redrawn downsampled to `bound // 2`
+    points once, and new points are then folded into buckets of k points (each finished bucket adds its min and
+    max) sized so that the drawn count reaches `bound` when the curve's length has doubled; then it is redrawn
+    again. So a redraw (work in the run's length) happens only each time the length doubles, and adding a point
+    costs O(1) amortized: a refresh's work depends on `bound`, not on how long the run is.
+
+    The full series is kept (compact `array`s) for those redraws and for `full()`; the run folder keeps it anyway.
+    """
+
+    def __init__(self, bound: int = 1000):
+        from array import array
+
+        if bound < 2 * MIN_POINTS:
+            raise ValueError(f"bound must be at least {2 * MIN_POINTS}, got {bound}")
+        self.bound = bound
+        self.xs: Any = array("d")
+        self.ys: Any = array("d")
+        self._drawn_x: list[float] = []
+        self._drawn_y: list[float] = []
+        self._bucket: list[int] = []  # indices into xs/ys of the unfinished bucket
+        self._k = 1  # points per bucket (1: every point is drawn)
+        self._redraw_at = bound  # the length past which the curve is redrawn downsampled
+        self.redraws = 0  # how many times the whole curve was redrawn (what tests and benchmarks count)
+        self.changed = False  # points were added since `take_changed()`
+        self.reset = False  # the drawn points were replaced, not only extended, since `take_changed()`
+
+    def __len__(self) -> int:
+        return len(self.xs)
+
+    def add(self, x: float, y: float) -> None:
+        self.xs.append(float(x))
+        self.ys.append(float(y))
+        self.changed = True
+        n = len(self.xs)
+        if n > self._redraw_at:
+            self._redraw()
+            return
+        self._bucket.append(n - 1)
+        if len(self._bucket) >= self._k:
+            self._close_bucket()
+
+    def _extremes(self, indices: list[int], last: bool = False) -> list[int]:
+        """Of `indices`, those of the minimum and the maximum (and the last, if `last`), ascending."""
+        finite = [(v, i) for i in indices if (v := _value(self.ys[i])) is not None]
+        keep = {min(finite)[1], max(finite)[1]} if finite else {indices[0]}
+        if last:
+            keep.add(indices[-1])
+        return sorted(keep)
+
+    def _close_bucket(self) -> None:
+        for i in self._bucket if self._k == 1 else self._extremes(self._bucket):
+            self._drawn_x.append(self.xs[i])
+            self._drawn_y.append(self.ys[i])
+        self._bucket = []
+
+    def _redraw(self) -> None:
+        n = len(self.xs)
+        self._drawn_x, self._drawn_y = downsample(self.xs, self.ys, self.bound // 2)
+        # The drawn count may grow by bound/2 before the length doubles: two points per bucket of k.
+        self._k = max(1, math.ceil(4 * n / self.bound))
+        self._redraw_at = 2 * n
+        self._bucket = []
+        self.redraws += 1
+        self.reset = True
+
+    def points(self) -> tuple[list[float], list[float]]:
+        """What to draw: the finished buckets and, of the unfinished one, its min, max and last point."""
+        xs, ys = list(self._drawn_x), list(self._drawn_y)
+        if self._bucket:
+            for i in self._extremes(self._bucket, last=True):
+                xs.append(self.xs[i])
+                ys.append(self.ys[i])
+        return xs, ys
+
+    def full(self) -> tuple[list[float], list[float]]:
+        """Every point added, in order (an export of what was drawn, at full resolution)."""
+        return list(self.xs), list(self.ys)
