@@ -1,6 +1,9 @@
-"""Model FLOPs per sample and the GPU's peak FLOP/s: the two halves of MFU (model FLOPs utilisation).
+"""Model FLOPs per sample and the device's peak FLOP/s: the two halves of MFU (model FLOPs utilisation).
 
 MFU = (model FLOPs per second achieved) / (the device's dense peak FLOP/s for the precision the matmuls ran in).
+ortlab holds every run against the peak measured on its own machine (`ortlab.peak`: a CPU has no datasheet peak,
+and a GPU's measured one says what this driver and torch give); on a GPU of the table below the datasheet's peak is
+reported beside it (`mfu_datasheet`), the figure published MFU numbers use.
 It answers "how close to the hardware's limit is this run?", which samples/s alone cannot: 5,000 samples/s is
 excellent for bert-base on one GPU and poor for a 10x smaller model.
 
@@ -123,6 +126,7 @@ class Peak:
     flops: float | None
     gpu: str | None = None  # the table's name for the GPU that matched
     reason: str = ""
+    source: str = "datasheet"  # "datasheet" (PEAK_TFLOPS) or "measured" (ortlab.peak, on this machine)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -135,15 +139,29 @@ def matmul_precision(precision: str, tf32: bool) -> str:
     return "tf32" if tf32 else "fp32"
 
 
+def measured(device_name: str, precision: str, flops: float, size: int, threads: int, cached: bool) -> Peak:
+    """The peak a run is held against, measured on its machine (`ortlab.peak`), described for the record."""
+    where = f"{threads} threads" if device_name == "cpu" else device_name
+    when = "cached measurement" if cached else "measured at the run's start"
+    return Peak(
+        device_name,
+        precision,
+        flops,
+        reason=f"measured here: {size}x{size} {precision} matmuls on {where}, {flops / 1e12:.2f} TFLOP/s ({when})",
+        source="measured",
+    )
+
+
 def peak_flops(device_name: str, precision: str, device_type: str = "cuda") -> Peak:
-    """Dense peak FLOP/s of `device_name` for `precision` (fp32, tf32, bf16, fp16); an unknown GPU gets none."""
+    """Datasheet dense peak FLOP/s of `device_name` for `precision` (fp32, tf32, bf16, fp16); a CPU or an unknown
+    GPU gets none (`ortlab.peak` measures one instead)."""
     if device_type != "cuda":
         return Peak(
             device_name,
             precision,
             None,
-            reason=f"no MFU on {device_type}: CPUs have no published dense peak per precision that a training "
-            "run could be held against (it depends on cores, clocks and vector units), so ortlab does not guess one",
+            reason=f"no datasheet peak on {device_type}: CPUs publish no dense peak per precision (it depends on "
+            "cores, clocks and vector units); the measured one applies",
         )
     for pattern, gpu, peaks in PEAK_TFLOPS:
         if re.search(pattern, device_name, re.IGNORECASE):

@@ -32,9 +32,12 @@ from typing import Any
 
 from ortlab.accel import ACCELERATIONS, Availability, package_version
 from ortlab.envvars import cache_dir
+from ortlab.peak import REPEATS as PEAK_REPEATS
+from ortlab.peak import cpu_facts, measure_all
 
 MARKER = "ORTLAB-PROBE-RESULT "
 PROBE_TIMEOUT_S = 90.0
+PEAK_TIMEOUT_S = 60.0  # a second or two per precision, plus importing torch
 # Which accelerations each probe subprocess answers for. "torch" also reports the environment.
 GROUPS: dict[str, tuple[str, ...]] = {
     "torch": ("fused_adam", "fp16", "bf16", "tf32", "torch_compile"),
@@ -64,6 +67,9 @@ class DoctorReport:
     runtimes: dict[str, dict[str, Any]] = field(default_factory=dict)
     # The CUDA probe's record (`ortlab.gpu.probe_cuda`): devices, kernels run on them, what ORT on CUDA lacks.
     gpu: dict[str, Any] = field(default_factory=dict)
+    # The device's dense matmul peak per precision, measured here (`ortlab.peak`): {"device": "cpu" or "cuda",
+    # "precisions": {precision: MeasuredPeak as a dict, or {"error": ...}}}; empty when it could not be measured.
+    peaks: dict[str, Any] = field(default_factory=dict)
 
     def gpu_findings(self) -> list[Any]:
         """The doctor's GPU rows (`ortlab.gpu.findings`) from the CUDA probe's record."""
@@ -94,6 +100,7 @@ class DoctorReport:
             "runtimes": self.runtimes,
             "gpu": self.gpu,
             "gpu_findings": [f.to_dict() for f in self.gpu_findings()],
+            "peaks": self.peaks,
         }
 
     @classmethod
@@ -138,6 +145,8 @@ class DoctorReport:
             for f in self.gpu_findings():
                 gpu.add_row(f.name, f"[{colour[f.status]}]{f.status}[/]", f.reason, f.remedy)
             console.print(gpu)
+        if self.peaks:
+            console.print(f"[bold]measured matmul peak[/]: {describe_peaks(self.peaks)}", soft_wrap=True)
         for name, rt in self.runtimes.items():
             console.print(f"[bold]{name} runtime[/]: {_describe_runtime(rt)}", soft_wrap=True)
         for note in self.notes:
@@ -148,6 +157,20 @@ class DoctorReport:
         for name, a in self.accelerations.items():
             lines.append(f"  {name:14} {'yes' if a.available else 'no ':3}  {a.reason}  -> {a.remedy}")
         return "\n".join(lines)
+
+
+def describe_peaks(peaks: dict[str, Any]) -> str:
+    """One line: each precision's measured dense matmul rate on the device (or why it has none)."""
+    parts = []
+    for precision, p in (peaks.get("precisions") or {}).items():
+        if isinstance(p.get("flops"), (int, float)):
+            parts.append(f"{precision} {p['flops'] / 1e12:.2f} TFLOP/s")
+        else:
+            parts.append(f"{precision} not measured ({p.get('error', 'unknown')})")
+    first = next(iter((peaks.get("precisions") or {}).values()), {})
+    where = f"{peaks.get('device', '?')}" + (f", {first['threads']} threads" if peaks.get("device") == "cpu" else "")
+    size = f"{first['size']}x{first['size']} matmuls" if "size" in first else "matmuls"
+    return f"{', '.join(parts)} ({where}; {size}, best of {PEAK_REPEATS} repeats)"
 
 
 def _describe_runtime(rt: dict[str, Any]) -> str:
@@ -186,6 +209,14 @@ def _environment() -> dict[str, Any]:
 
 def run_probe_group(group: str) -> dict[str, Any]:
     """In the probe subprocess: answer for one group, as a JSON-able dict."""
+    if group == "peak":
+        # Alone, after the other probes ended: a matmul timed while another process imports ORT is not a peak.
+        import torch
+
+        # Measured afresh: the doctor probes when its report is missing or stale, or when asked to (--refresh);
+        # the training processes then read what it measured from `ortlab.peak`'s cache.
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        return {"accelerations": {}, "peaks": {"device": device, "precisions": measure_all(device, refresh=True)}}
     from ortlab.accel import fused_adam, ort, precision, torch_compile, zero
 
     checks = {
@@ -227,7 +258,8 @@ def _start(python: str, group: str) -> subprocess.Popen:
 def _failed(names: tuple[str, ...], reason: str) -> dict[str, Any]:
     remedy = "run `ortlab doctor` again; if it persists, reinstall the package named in the reason"
     # "transient": a timeout or a crash is never cached, the next doctor() probes again.
-    return {"accelerations": {n: Availability(n, False, reason, remedy).to_dict() for n in names}, "transient": True}
+    found = {n: Availability(n, False, reason, remedy).to_dict() for n in names}
+    return {"accelerations": found, "transient": True, "error": reason}
 
 
 def _collect(proc: subprocess.Popen, group: str, deadline: float) -> dict[str, Any]:
@@ -236,12 +268,12 @@ def _collect(proc: subprocess.Popen, group: str, deadline: float) -> dict[str, A
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
-        return _failed(GROUPS[group], f"the {group} probe did not finish within {PROBE_TIMEOUT_S:.0f} s")
+        return _failed(GROUPS.get(group, ()), f"the {group} probe did not finish within {PROBE_TIMEOUT_S:.0f} s")
     for line in reversed(stdout.splitlines()):
         if line.startswith(MARKER):
             return json.loads(line[len(MARKER) :])
     tail = " | ".join(stderr.strip().splitlines()[-3:])[-400:]
-    return _failed(GROUPS[group], f"the {group} probe crashed (exit code {proc.returncode}): {tail}")
+    return _failed(GROUPS.get(group, ()), f"the {group} probe crashed (exit code {proc.returncode}): {tail}")
 
 
 def doctor(python: str | None = None, refresh: bool = False) -> DoctorReport:
@@ -344,11 +376,12 @@ def cached_report(python: str | None = None) -> DoctorReport | None:
 
 
 def _probe(python: str) -> tuple[DoctorReport, bool]:
-    """Run every probe group in parallel subprocesses. Returns the report and whether any probe failed in a way
-    that may not last (a timeout or a crash)."""
+    """Run every probe group in parallel subprocesses, then the matmul peak alone. Returns the report and whether
+    any probe failed in a way that may not last (a timeout or a crash)."""
     procs = {g: _start(python, g) for g in GROUPS}
     deadline = time.monotonic() + PROBE_TIMEOUT_S
     results = {g: _collect(p, g, deadline) for g, p in procs.items()}
+    peak = _collect(_start(python, "peak"), "peak", time.monotonic() + PEAK_TIMEOUT_S)
     found = {}
     for r in results.values():
         found.update(r["accelerations"])
@@ -369,8 +402,11 @@ def _probe(python: str) -> tuple[DoctorReport, bool]:
         notes=notes,
         probed_at=time.time(),
         gpu=results["torch"].get("cuda", {}),
+        peaks=peak.get("peaks", {}),
     )
-    return report, any(r.get("transient") for r in results.values())
+    if not report.peaks:
+        report.notes.append(f"the matmul peak was not measured: {peak.get('error', 'the probe failed')}")
+    return report, any(r.get("transient") for r in (*results.values(), peak))
 
 
 # --- the cache -----------------------------------------------------------------------------------------------
@@ -419,26 +455,10 @@ def _local_facts() -> dict[str, Any]:
         "prefix": sys.prefix,
         "packages": {p: package_version(p) for p in PACKAGES},
         "ort_extensions": extensions,
-        "cpu": _cpu_facts(),
+        "cpu": cpu_facts(),
         "gpus": _gpu_facts(),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }
-
-
-def _cpu_facts() -> dict[str, Any]:
-    """The CPU model and a hash of its flags (bf16 and AVX-512 support change what is fast)."""
-    model, flags = platform.processor(), ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            key, _, value = line.partition(":")
-            key = key.strip()
-            if key == "model name" and not model:
-                model = value.strip()
-            elif key in ("flags", "Features") and not flags:
-                flags = value.strip()
-    except OSError:
-        pass
-    return {"model": model, "machine": platform.machine(), "flags": hashlib.sha256(flags.encode()).hexdigest()[:16]}
 
 
 def _gpu_facts() -> list[str]:
@@ -455,7 +475,7 @@ def _gpu_facts() -> list[str]:
 def _probe_code_hash() -> str:
     here = Path(__file__).resolve().parent
     h = hashlib.sha256()
-    for path in [Path(__file__).resolve(), here / "gpu.py", *sorted((here / "accel").glob("*.py"))]:
+    for path in [Path(__file__).resolve(), here / "gpu.py", here / "peak.py", *sorted((here / "accel").glob("*.py"))]:
         h.update(path.name.encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
@@ -522,10 +542,10 @@ def _interpreter_info(python: str) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--probe" and sys.argv[2] in GROUPS:
+    if len(sys.argv) == 3 and sys.argv[1] == "--probe" and sys.argv[2] in (*GROUPS, "peak"):
         result = run_probe_group(sys.argv[2])
         sys.stdout.flush()
         print(MARKER + json.dumps(result), flush=True)
     else:
-        print(f"usage: python -m ortlab.probe --probe {{{','.join(GROUPS)}}}", file=sys.stderr)
+        print(f"usage: python -m ortlab.probe --probe {{{','.join(GROUPS)},peak}}", file=sys.stderr)
         sys.exit(2)

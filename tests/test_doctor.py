@@ -169,7 +169,7 @@ def test_the_fingerprint_follows_versions_and_hardware(monkeypatch):
     monkeypatch.setattr(probe, "package_version", lambda d: "99.0" if d == "deepspeed" else real(d))
     assert probe._cache_path(probe.fingerprint()) != base
     monkeypatch.setattr(probe, "package_version", real)
-    monkeypatch.setattr(probe, "_cpu_facts", lambda: {"model": "another CPU", "flags": "avx512_bf16"})
+    monkeypatch.setattr(probe, "cpu_facts", lambda: {"model": "another CPU", "flags": "avx512_bf16"})
     assert probe._cache_path(probe.fingerprint()) != base
     monkeypatch.undo()
     monkeypatch.setattr(probe, "_gpu_facts", lambda: ["Model: NVIDIA H100"])

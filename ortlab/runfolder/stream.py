@@ -244,6 +244,7 @@ class _Throughput:
     steady_samples: float = 0
     steady_tokens: float = 0
     mfu: list[float] = field(default_factory=lambda: [0, 0])  # sum of mfu * time, sum of time
+    mfu_datasheet: list[float] = field(default_factory=lambda: [0, 0])  # a GPU's MFU against its datasheet peak
     tflops: list[float] = field(default_factory=lambda: [0, 0])
     gpu_max: dict[str, float] = field(default_factory=dict)
     # Several processes: each rank's steady step time, summed, and the steps counted (a straggler's is higher).
@@ -262,7 +263,11 @@ class _Throughput:
             self.steady_time += t
             self.steady_samples += r["samples"]
             self.steady_tokens += r["tokens"]
-            for key, sums in (("mfu", self.mfu), ("model_tflops_per_s", self.tflops)):
+            for key, sums in (
+                ("mfu", self.mfu),
+                ("mfu_datasheet", self.mfu_datasheet),
+                ("model_tflops_per_s", self.tflops),
+            ):
                 if _number(r.get(key)) is not None:
                     sums[0] += r[key] * t
                     sums[1] += t
@@ -304,6 +309,8 @@ class _Throughput:
             out["steady_step_time_s"] = t / self.steady_n
             if self.mfu[1] > 0:
                 out["steady_mfu"] = self.mfu[0] / self.mfu[1]
+            if self.mfu_datasheet[1] > 0:
+                out["steady_mfu_datasheet"] = self.mfu_datasheet[0] / self.mfu_datasheet[1]
             if self.tflops[1] > 0:
                 out["steady_model_tflops_per_s"] = self.tflops[0] / self.tflops[1]
         for key in ("gpu_mem_step_peak_mb", "gpu_mem_reserved_mb"):

@@ -6,8 +6,9 @@ a killed process leaves only whole lines behind (the last one at worst cut short
     {"event": "train_begin", "time": ..., "accelerations": {...requested...}, ...}
     {"event": "step", "step": 7, "loss": 0.61, "learning_rate": 4e-05, "step_time_s": 0.41,
      "samples_per_s": 78.1, "tokens_per_s": 9996.0, "peak_mem_mb": 812.3, "epoch": 0.22, "time": ...,
-     on CUDA also "gpu_mem_allocated_mb", "gpu_mem_reserved_mb", "gpu_mem_step_peak_mb", "model_tflops_per_s",
-     "mfu" (when the GPU's peak is known) and "gpu_util_pct" (when NVML is installed)}
+     "model_tflops_per_s" and "mfu" (against this machine's measured matmul peak, `ortlab.peak`) where the model's
+     FLOPs are counted; on CUDA also "gpu_mem_allocated_mb", "gpu_mem_reserved_mb", "gpu_mem_step_peak_mb",
+     "mfu_datasheet" (when the GPU's datasheet peak is known) and "gpu_util_pct" (when NVML is installed)}
     {"event": "eval", "step": 50, "eval_loss": 0.42, "eval_accuracy": 0.81, ...}
     {"event": "log", ...}            the Trainer's own log line (smoothed loss, grad_norm, ...)
     {"event": "verified", "step": 1, "accelerations": {...what applied, checked after the first step...}}
@@ -80,12 +81,13 @@ class JsonLinesSink:
 
 def device_info(device: Any, precision: str) -> dict[str, Any]:
     """What per-step device numbers rest on, written once in `train_begin`: the device, the precision the matmuls
-    run in, the peak MFU is held against (or why there is none), whether NVML utilisation is read."""
+    run in, the peak MFU is held against (measured on this machine, `ortlab.peak`; on a GPU the datasheet's peak
+    beside it, or why there is none), whether NVML utilisation is read."""
     from ortlab.flops import matmul_precision, peak_flops
 
     if device.type != "cuda":
-        peak = peak_flops(device.type, precision, device.type)
-        return {"type": device.type, "name": device.type, "mfu": peak.to_dict(), "memory": "cpu_peak_rss"}
+        mfu = _measured(precision, "cpu", 0)
+        return {"type": device.type, "name": device.type, "mfu": mfu, "memory": "cpu_peak_rss"}
     import torch
 
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -93,16 +95,30 @@ def device_info(device: Any, precision: str) -> dict[str, Any]:
     from ortlab.accel.precision import tf32_on, tf32_state
 
     tf32 = tf32_on(tf32_state())
-    peak = peak_flops(name, matmul_precision(precision, tf32))
+    mp = matmul_precision(precision, tf32)
     return {
         "type": "cuda",
         "name": name,
         "index": index,
         "capability": ".".join(map(str, torch.cuda.get_device_capability(index))),
         "tf32_matmul": tf32,
-        "mfu": peak.to_dict(),
+        "mfu": _measured(mp, "cuda", index),
+        "mfu_datasheet": peak_flops(name, mp).to_dict(),
         "memory": "cuda allocator: allocated, reserved, peak within the step",
     }
+
+
+def _measured(precision: str, device_type: str, index: int) -> dict[str, Any]:
+    """The measured peak of `precision` on the device (cached, or measured now: about a second), as a Peak dict."""
+    from ortlab.flops import Peak, measured
+    from ortlab.peak import measured_peak
+
+    name = "cpu" if device_type == "cpu" else f"cuda:{index}"
+    try:
+        peak, cached = measured_peak(precision, device_type, index)
+    except Exception as e:  # no MFU is better than a failed run: the record says why
+        return Peak(name, precision, None, reason=f"the matmul peak could not be measured: {e}"[:300]).to_dict()
+    return measured(peak.device, precision, peak.flops, peak.size, peak.threads, cached).to_dict()
 
 
 class _Nvml:
@@ -164,6 +180,7 @@ class StepMetricsCallback(TrainerCallback):
         self._train_start = 0.0
         self.device: dict[str, Any] = {}
         self._peak_flops: float | None = None
+        self._datasheet_flops: float | None = None
         self._nvml: _Nvml | None = None
         self.recorded_through = 0
 
@@ -172,6 +189,7 @@ class StepMetricsCallback(TrainerCallback):
         precision = "fp16" if args.fp16 else "bf16" if args.bf16 else "fp32"
         self.device = device_info(args.device, precision)
         self._peak_flops = self.device["mfu"].get("flops")
+        self._datasheet_flops = self.device.get("mfu_datasheet", {}).get("flops")
         shape = self.trainer._model_shape()
         self.device["flops"] = {"method": FLOPS_METHOD, "model": shape.to_dict() if shape else None}
         # The attention the model trains with (transformers' sdpa by default; eager only where ORT needs it).
@@ -179,7 +197,7 @@ class StepMetricsCallback(TrainerCallback):
         self.device["attention"] = getattr(config, "_attn_implementation", None)
         if shape is None:
             self.device["mfu"]["reason"] = "the model's config names no layer count / hidden size: no FLOP count"
-            self._peak_flops = None
+            self._peak_flops = self._datasheet_flops = None
         if args.device.type == "cuda":
             self._nvml = _Nvml(self.device["index"])
             self.device["gpu_util"] = "NVML" if self._nvml.handle is not None else "not read: pip install nvidia-ml-py"
@@ -244,8 +262,9 @@ class StepMetricsCallback(TrainerCallback):
         out: dict[str, Any] = {}
         if flops and dt > 0:
             out["model_tflops_per_s"] = flops / dt / 1e12
-            if self._peak_flops:
-                out["mfu"] = flops / dt / (self._peak_flops * max(1, args.world_size))
+            for key, peak in (("mfu", self._peak_flops), ("mfu_datasheet", self._datasheet_flops)):
+                if peak:
+                    out[key] = flops / dt / (peak * max(1, args.world_size))
         if args.device.type == "cuda":
             import torch
 
