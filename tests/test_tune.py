@@ -14,6 +14,7 @@ import pytest
 from ortlab import tune
 from ortlab.spec import AccelSpec, RunSpec
 from ortlab.tune import Measured
+from ortlab.tune.precision import candidate_precision
 
 
 def _measured(name: str, slices: list[float]) -> Measured:
@@ -212,12 +213,15 @@ def test_a_run_records_why_auto_resolved_as_it_did(tmp_path, tiny_bert, monkeypa
     from ortlab.train.run import train_spec
 
     monkeypatch.setenv("ORTLAB_CACHE_DIR", str(tmp_path / "cache"))
-    # Short run, nothing cached: not measured, the conservative default, and the record says so.
+    # Short run, nothing cached: the mixes not measured (the conservative default) and the record says so; the
+    # precision is the probe's where this machine has a fast 16-bit precision (ortlab.tune.precision), else fp32.
     result = train_spec(_tiny_spec(tmp_path, tiny_bert).model_copy(update={"name": "short"}), progress=False)
     run = RunDir(Path(result["run_dir"]))
     auto = next(r for r in run.metrics() if r.get("event") == "auto")
     assert auto["tuned"] is False and "not measured (6 steps" in auto["why"], auto
-    assert auto["resolved"] == {"ort": False, "fused_adam": True, "precision": "fp32"}
+    probed = auto.get("precision_probe", {}).get("chosen", "fp32")
+    assert ("precision_probe" in auto) == (candidate_precision()[0] is not None), auto
+    assert auto["resolved"] == {"ort": False, "fused_adam": True, "precision": probed}
     assert not result["accelerations"]["ort"]["requested"]
     assert not (run.path / "tune.json").exists()
 

@@ -270,7 +270,10 @@ def _train(
     pad = COMPILE_PAD_MULTIPLE if spec.accel.torch_compile else None
     collate = collator(spec.task, tokenizer, model, prepared, pad_to_multiple_of=pad)
     # A resumed run keeps the mix it started with; a new one decides what 'auto' means here (maybe measuring).
-    choice = _stored_choice(run) if resume else _auto_mix(spec, run, model_path, prepared, train_ds, collate, log)
+    if resume:
+        choice = _stored_choice(run)
+    else:
+        choice = _auto_mix(spec, run, model, model_path, prepared, train_ds, collate, log)
     if prepared.packing and (choice or {}).get("ort") and spec.accel.ort == "auto":
         # Packed rows carry no attention_mask (the examples' bounds are in position_ids), and ORTModule's export
         # of decoder models needs an explicit one: 'auto' yields to packing, and says so.
@@ -400,13 +403,15 @@ def _save_merged(trainer: Any, tokenizer: Any, run: RunDir, log: Callable[[str],
     tokenizer.save_pretrained(str(merged_dir))
 
 
-def _auto_mix(spec, run, model_path, prepared, train_ds, collate, log) -> dict[str, Any] | None:
-    """Decide the accelerations left at 'auto' (measuring them here if accel.tune says so) and record why.
+def _auto_mix(spec, run, model, model_path, prepared, train_ds, collate, log) -> dict[str, Any] | None:
+    """Decide the accelerations left at 'auto' (measuring them here if accel.tune says so, else probing the
+    precision on `model`, the run's own) and record why.
 
-    The decision goes to the metrics stream (an `auto` record) and, with the measured table, to tune.json in the
-    run folder, so a run always says why ORT or bf16 was on or off.
+    The decision goes to the metrics stream (an `auto` record, with the precision probe's timings when it ran) and,
+    with the measured table, to tune.json in the run folder, so a run always says why ORT or bf16 was on or off.
     """
     from ortlab.train.metrics import JsonLinesSink
+    from ortlab.tune.result import TuneResult
 
     rank0 = int(os.environ.get("RANK", "0")) == 0
     choice, result, why = decide(
@@ -417,16 +422,20 @@ def _auto_mix(spec, run, model_path, prepared, train_ds, collate, log) -> dict[s
         collate=collate,
         progress=log,
         log_dir=run.path / "logs",
+        model=model,
     )
     resolved = resolve(spec.accel, choice)
     auto = {f: getattr(resolved, f) for f in spec.accel.auto_fields()}
     if rank0:
-        if result is not None:
+        tuned = isinstance(result, TuneResult)
+        if tuned:
             write_json(run.path / "tune.json", result.to_dict())
         sink = JsonLinesSink(run.metrics_path)
-        record = {"event": "auto", "resolved": auto, "why": why, "tuned": result is not None, "choice": choice}
-        if result is not None:
+        record = {"event": "auto", "resolved": auto, "why": why, "tuned": tuned, "choice": choice}
+        if tuned:
             record["table"] = result.table()
+        elif result is not None:
+            record["precision_probe"] = result.to_dict()
         sink(record)
         sink.close()
     if auto:

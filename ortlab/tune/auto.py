@@ -17,6 +17,9 @@ from ortlab.data import collator, tokenize
 from ortlab.fit import check, fitted
 from ortlab.tasks import load_tokenizer
 from ortlab.tune.measure import MAX_ROUNDS, SLICE_STEPS, WARMUP_STEPS, tune_batches
+from ortlab.tune.precision import MAX_ROUNDS as PROBE_ROUNDS
+from ortlab.tune.precision import MIN_ROUNDS as PROBE_MIN_ROUNDS
+from ortlab.tune.precision import PrecisionProbe, candidate_precision, probe_precision
 from ortlab.tune.result import TuneResult
 
 AUTO_MIN_STEPS = 500  # accel.tune='auto' measures (when nothing is cached) only for runs at least this long
@@ -59,19 +62,30 @@ def decide(
     collate: Callable,
     progress: Callable[[str], None] = print,
     log_dir: Path | None = None,
-) -> tuple[dict[str, Any] | None, TuneResult | None, str]:
-    """What the spec's 'auto' fields become in this run: (choice or None for the default, measurement, why)."""
+    model: Any = None,
+) -> tuple[dict[str, Any] | None, TuneResult | PrecisionProbe | None, str]:
+    """What the spec's 'auto' fields become in this run: (choice or None for the default, measurement, why).
+
+    The measurement is the tuner's table (`TuneResult`) when the mixes were measured (or cached), else, where the
+    precision is 'auto' and `model` (the run's loaded model) is given, the precision probe's verdict."""
     a = spec.accel
     if not a.auto_fields():
         return None, None, "every acceleration is set explicitly: nothing to decide"
     if spec.target.processes > 1:
+        # Each process would probe on its own and could decide differently: a group must train in one precision.
         return None, None, "not measured: ortlab tunes single-process runs only; the conservative default applies"
-    if spec.adapter.kind != "none":
-        # The measurement trains the full model; an adapter run's step (frozen base, a tiny optimizer) is another
-        # workload, and a choice measured on the first would be a guess for the second.
-        return None, None, "not measured: ortlab tunes full fine-tuning only; adapter runs get the conservative default"
     if a.tune == "off":
         return None, None, "accel.tune is 'off': the conservative default (PyTorch with fused AdamW, fp32)"
+    probing = model is not None and a.precision == "auto"
+    if spec.adapter.kind != "none":
+        # The measurement trains the full model; an adapter run's step (frozen base, a tiny optimizer) is another
+        # workload, and a choice measured on the first would be a guess for the second. The precision probe runs
+        # the adapter model itself, so it applies.
+        why = "not measured: ortlab tunes full fine-tuning only; adapter runs get the conservative default"
+        if not probing:
+            return None, None, why
+        rest = "the rest: adapter runs are not tuned"
+        return _probed(spec, model, model_path, train_dataset, collate, progress, rest)
     steps = planned_steps(spec, len(train_dataset))
     measure = a.tune == "measure" or steps >= AUTO_MIN_STEPS
     batches = batches_from(train_dataset, collate, spec.hyper.batch_size, spec.seed)
@@ -89,17 +103,44 @@ def decide(
         log_dir=log_dir,
     )
     if result is None:
-        return (
-            None,
-            None,
-            (
-                f"not measured ({steps} steps; accel.tune='auto' measures runs of {AUTO_MIN_STEPS}+ steps): the "
-                "conservative default (PyTorch with fused AdamW, fp32). `ortlab tune` or accel.tune='measure' "
-                "measures which mix is fastest here"
-            ),
+        why = (
+            f"not measured ({steps} steps; accel.tune='auto' measures runs of {AUTO_MIN_STEPS}+ steps): the "
+            "conservative default (PyTorch with fused AdamW, fp32). `ortlab tune` or accel.tune='measure' "
+            "measures which mix is fastest here"
         )
+        if not probing:
+            return None, None, why
+        others = f"the rest not measured ({steps} steps; `ortlab tune` measures every mix)"
+        return _probed(spec, model, model_path, train_dataset, collate, progress, others, batches)
     how = "a cached measurement" if result.cached else f"measured in {result.calibration_s:.0f} s"
     return result.choice, result, f"{result.chosen} ({how}; table in tune.json)"
+
+
+def _probed(
+    spec: Any,
+    model: Any,
+    model_path: str,
+    train_dataset: Any,
+    collate: Callable,
+    progress: Callable[[str], None],
+    rest: str,
+    batches: list[dict] | None = None,
+) -> tuple[dict[str, Any] | None, PrecisionProbe | None, str]:
+    """The precision from the probe (the other 'auto' fields keep the conservative default); `why` says both,
+    `rest` being why the others were not measured."""
+    candidate, reason = candidate_precision()
+    if candidate is None:
+        return None, None, f"{reason}; {rest}"
+    if batches is None or len(batches) < PROBE_ROUNDS + 1:
+        batches = batches_from(train_dataset, collate, spec.hyper.batch_size, spec.seed, n=PROBE_ROUNDS + 1)
+    if len(batches) < PROBE_MIN_ROUNDS + 1:
+        why = f"fp32: too little training data to probe {candidate} ({len(batches)} batches); {rest}"
+        return None, None, why
+    probe = probe_precision(
+        model, batches, model_path=model_path, revision=spec.model.revision, candidate=candidate, progress=progress
+    )
+    how = "cached probe" if probe.cached else f"probed in {probe.probe_s:.0f} s"
+    return {"precision": probe.chosen}, probe, f"{probe.verdict} ({how}); {rest}"
 
 
 def tune_spec(
