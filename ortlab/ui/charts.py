@@ -1,4 +1,4 @@
-"""Live charts of runs: train/eval loss, samples/s, step time, peak memory, and on a GPU MFU and reserved memory
+"""Live charts of runs: train/eval loss, samples/s, step time, peak memory, MFU, and on a GPU reserved memory
 (drawn only once a run brings such numbers: a CPU run has neither), several runs overlaid.
 
 `RunMonitor(run)` follows each run's metrics stream in a background thread and draws with a plotly
@@ -42,11 +42,12 @@ PANELS = (
     ("samples_per_s", "samples/s"),
     ("step_time_s", "step time (s)"),
     ("peak_mem_mb", "peak memory (MB)"),
-    ("mfu", "MFU (model FLOPs / GPU peak)"),
+    ("mfu", "MFU (model FLOPs / measured peak)"),
     ("gpu_mem_reserved_mb", "GPU memory reserved (MB)"),
 )
-# The last row's panels: a CPU run has no MFU (no known peak) and no GPU memory. Each is laid out only once a run
-# brings a point for it; until then the figure is two rows, without empty panels.
+# The last row's panels: MFU (every run whose model's FLOPs are counted, against the measured peak) and GPU memory
+# (CUDA runs). Each is laid out only once a run brings a point for it; until then the figure is two rows, without
+# empty panels.
 GPU_PANELS = ("mfu", "gpu_mem_reserved_mb")
 ROWS_HEIGHT = {2: 500, 3: 740}
 ROWS_SPACING = {2: 0.2, 3: 0.14}  # about the same gap in pixels
