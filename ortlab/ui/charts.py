@@ -1,5 +1,5 @@
 """Live charts of runs: train/eval loss, samples/s, step time, peak memory, MFU, and on a GPU reserved memory
-(drawn only once a run brings such numbers: a CPU run has neither), several runs overlaid.
+(the last row drawn only once a run brings such numbers), several runs overlaid.
 
 `RunMonitor(run)` follows each run's metrics stream in a background thread and draws with a plotly
 `FigureWidget`. Points are buffered and sent at most every `throttle_s` seconds in one `batch_update`: a
