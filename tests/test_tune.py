@@ -218,7 +218,7 @@ def test_a_run_records_why_auto_resolved_as_it_did(tmp_path, tiny_bert, monkeypa
     result = train_spec(_tiny_spec(tmp_path, tiny_bert).model_copy(update={"name": "short"}), progress=False)
     run = RunDir(Path(result["run_dir"]))
     auto = next(r for r in run.metrics() if r.get("event") == "auto")
-    assert auto["tuned"] is False and "not measured (6 steps" in auto["why"], auto
+    assert auto["tuned"] is False and "not measured for 6 steps" in auto["why"], auto
     probed = auto.get("precision_probe", {}).get("chosen", "fp32")
     assert ("precision_probe" in auto) == (candidate_precision()[0] is not None), auto
     assert auto["resolved"] == {"ort": False, "fused_adam": True, "precision": probed}

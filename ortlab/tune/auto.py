@@ -84,7 +84,7 @@ def decide(
         why = "not measured: ortlab tunes full fine-tuning only; adapter runs get the conservative default"
         if not probing:
             return None, None, why
-        rest = "the rest: adapter runs are not tuned"
+        rest = "ort, fused_adam: the default (adapter runs are not tuned)"
         return _probed(spec, model, model_path, train_dataset, collate, progress, rest)
     steps = planned_steps(spec, len(train_dataset))
     measure = a.tune == "measure" or steps >= AUTO_MIN_STEPS
@@ -110,7 +110,7 @@ def decide(
         )
         if not probing:
             return None, None, why
-        others = f"the rest not measured ({steps} steps; `ortlab tune` measures every mix)"
+        others = f"ort, fused_adam: the default, not measured for {steps} steps (`ortlab tune` measures every mix)"
         return _probed(spec, model, model_path, train_dataset, collate, progress, others, batches)
     how = "a cached measurement" if result.cached else f"measured in {result.calibration_s:.0f} s"
     return result.choice, result, f"{result.chosen} ({how}; table in tune.json)"
@@ -139,8 +139,8 @@ def _probed(
     probe = probe_precision(
         model, batches, model_path=model_path, revision=spec.model.revision, candidate=candidate, progress=progress
     )
-    how = "cached probe" if probe.cached else f"probed in {probe.probe_s:.0f} s"
-    return {"precision": probe.chosen}, probe, f"{probe.verdict} ({how}); {rest}"
+    how = "a cached probe" if probe.cached else f"probed in {probe.probe_s:.0f} s"
+    return {"precision": probe.chosen}, probe, f"{probe.verdict}, {how}; {rest}"
 
 
 def tune_spec(

@@ -205,15 +205,15 @@ def _decide(candidate: str, times: dict[str, list[float]], losses: dict[str, flo
     )
     ref, got = probe.loss_fp32, probe.loss_candidate
     if got is None or ref is None or not math.isfinite(got):
-        probe.verdict = f"{candidate} rejected: its loss is not finite"
+        probe.verdict = f"fp32: {candidate}'s loss is not finite"
     elif abs(got - ref) > LOSS_ATOL + LOSS_RTOL * abs(ref):
-        probe.verdict = f"{candidate} rejected: loss {got:.4f} strays from fp32's {ref:.4f} on the same batch"
+        probe.verdict = f"fp32: {candidate}'s loss {got:.4f} strays from fp32's {ref:.4f} on the same batch"
     elif ratio is None or ratio < 1 + WIN_MARGIN or not _clearly_faster(paired):
-        probe.verdict = f"fp32 kept: {candidate} measured {ratio or 0:.2f}x fp32, faster in {wins} of {len(paired)}"
+        probe.verdict = f"fp32: {candidate} measured {ratio or 0:.2f}x fp32, faster in {wins} of {len(paired)} rounds"
     else:
         probe.chosen = candidate
         probe.verdict = (
-            f"{candidate}: measured {ratio:.2f}x fp32 on this model's batches (faster in {wins} of {len(paired)}; "
-            f"loss {got:.4f} vs fp32's {ref:.4f})"
+            f"{candidate}: measured {ratio:.2f}x fp32, faster in {wins} of {len(paired)} rounds, loss {got:.4f} "
+            f"against fp32's {ref:.4f} on the same batch"
         )
     return probe
