@@ -17,7 +17,8 @@ Rows (bert suite): plain Trainer fp32 (twice), then through ortlab's trainer wit
 fused AdamW, torch.compile, eager attention (the plain Trainer already uses transformers' default SDPA attention,
 so SDPA's gain is 1 / this row's ratio), and "best" (bf16 + TF32 + fused AdamW + torch.compile). The causal-LM
 suite runs the plain Trainer and "best". A row that cannot run here (fp16 on a CPU ...) is listed with the reason.
-MFU = samples/s x model FLOPs per sample (ortlab.flops) / the GPU's dense peak for the row's matmul precision.
+MFU = samples/s x model FLOPs per sample (ortlab.flops) / the dense matmul peak of the row's matmul precision,
+measured on this machine (ortlab.peak); `mfu_datasheet` beside it, against the GPU's datasheet peak where known.
 
 Results: benchmarks/results/gpu-<date>.json (smoke: smoke-gpu-<date>.json).
 """
@@ -181,6 +182,7 @@ def matmul_precision_of(row: str) -> str:
 
 def run_suite(opts: argparse.Namespace, shape: str, rows: list[str], batch: int, seq: int, tmp: str) -> dict:
     from ortlab.flops import peak_flops
+    from ortlab.peak import PRECISIONS, measured_peak
     from ortlab.tune import Stepper
 
     results: dict[str, dict] = {}
@@ -227,12 +229,18 @@ def run_suite(opts: argparse.Namespace, shape: str, rows: list[str], batch: int,
     for row, r in results.items():
         if "samples_per_s" in r:
             precision = matmul_precision_of(row)
-            peak = peak_flops(device_name, precision, opts.device)
-            r["model_tflops_per_s"] = r["samples_per_s"] * flops / 1e12
+            achieved = r["samples_per_s"] * flops
+            r["model_tflops_per_s"] = achieved / 1e12
             r["matmul_precision"] = precision
-            r["mfu"] = r["samples_per_s"] * flops / peak.flops if peak.flops else None
-            if not peak.flops:
-                r["mfu_absent"] = peak.reason
+            measured = measured_peak(precision, opts.device)[0] if precision in PRECISIONS[opts.device] else None
+            r["peak_measured_tflops"] = measured.flops / 1e12 if measured else None
+            r["mfu"] = achieved / measured.flops if measured else None
+            if measured is None:
+                r["mfu_absent"] = f"no {precision} peak is measured on {opts.device}"
+            datasheet = peak_flops(device_name, precision, opts.device)
+            r["mfu_datasheet"] = achieved / datasheet.flops if datasheet.flops else None
+            if not datasheet.flops:
+                r["mfu_datasheet_absent"] = datasheet.reason
     return {
         "shape": shape,
         "batch_size": batch,
@@ -312,8 +320,10 @@ def main() -> None:
                 print(f"  {r['mix']:38} {r.get('skipped') or r.get('error', '')}"[:160])
                 continue
             mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") else "-"
+            sheet = f"{100 * r['mfu_datasheet']:.1f}%" if r.get("mfu_datasheet") else "-"
             print(
-                f"  {r['mix']:38} {r['samples_per_s']:9.1f}/s  x{r['throughput_ratio']:.3f}  MFU {mfu:>6}  "
+                f"  {r['mix']:38} {r['samples_per_s']:9.1f}/s  x{r['throughput_ratio']:.3f}  MFU {mfu:>6} measured, "
+                f"{sheet:>6} datasheet  "
                 f"warm-up {r['warmup_time_s']:.1f}s  peak {r.get('peak_mem_mb', 0):.0f} MB"
             )
     print(f"\nwritten to {path}")

@@ -186,7 +186,8 @@ def model_card(run: Any, merged: bool = False) -> str:
     if isinstance(summary.get("steady_mfu"), (int, float)):
         lines.append(
             f"- model FLOPs utilisation (MFU): {100 * summary['steady_mfu']:.1f}% "
-            f"({summary.get('steady_model_tflops_per_s', 0):.1f} model TFLOP/s, steady state; see ortlab.flops)"
+            f"({summary.get('steady_model_tflops_per_s', 0):.2f} model TFLOP/s, steady state, against the matmul peak "
+            "measured on the training machine; see ortlab.flops and ortlab.peak)"
         )
     if isinstance(summary.get("max_gpu_mem_reserved_mb"), (int, float)):
         lines.append(

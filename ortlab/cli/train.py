@@ -198,6 +198,11 @@ def _print_result(result: dict) -> None:
         f"steady state: {s.get('steady_samples_per_s', 0):.1f} samples/s, {s.get('steady_tokens_per_s', 0):.0f} "
         f"tokens/s; warm-up {s['warmup_time_s']:.1f} s; peak memory {s['peak_mem_mb']:.0f} MB"
     )
+    if isinstance(s.get("steady_mfu"), (int, float)):
+        console.print(
+            f"model FLOPs: {s.get('steady_model_tflops_per_s', 0):.3f} TFLOP/s, MFU {100 * s['steady_mfu']:.1f}% of "
+            "this machine's measured matmul peak"
+        )
     console.print(f"accelerations applied: {', '.join(applied) or 'none'}")
     params = result.get("parameters") or {}
     if params.get("total"):

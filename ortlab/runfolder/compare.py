@@ -92,7 +92,7 @@ def compare(runs: list[Any], baseline: str | None = None, summaries: dict[str, R
 
 
 def _mfu_cell(r: Row) -> str:
-    """MFU in percent where the run measured it (CUDA, a GPU in ortlab's peak table), else '-'."""
+    """MFU in percent (against the measured peak of the machine that trained) where the run has it, else '-'."""
     mfu = r.summary.get("steady_mfu")
     return f"{100 * mfu:.1f}%" if _number(mfu) else "-"
 
@@ -148,7 +148,7 @@ def render(rows: list[Row], console: Any = None) -> None:
         table.add_column(col, overflow="fold")
     table.add_column("final loss", overflow="fold")
     table.add_column("eval", overflow="fold")
-    with_mfu = any(_number(r.summary.get("steady_mfu")) for r in rows)  # CPU runs have none: no empty column
+    with_mfu = any(_number(r.summary.get("steady_mfu")) for r in rows)  # runs from before the measured peak have none
     if with_mfu:
         table.add_column("MFU", overflow="fold")
     for r in rows:
