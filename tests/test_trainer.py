@@ -81,6 +81,21 @@ def test_ort_matches_eager_pytorch(runs):
     assert max(diffs) < 2e-3, diffs
 
 
+# bf16 keeps 8 bits of mantissa: the same run's losses drift apart a little over the steps (dropout's draws are
+# the same; the matmuls round differently). The tolerance is the precision probe's and the tuner's (LOSS_RTOL,
+# LOSS_ATOL: what ortlab accepts as "the same objective" when it switches bf16 on by itself).
+@pytest.mark.slow
+def test_bf16_trains_the_same_curve_as_fp32(runs):
+    from ortlab.tune.judge import LOSS_ATOL, LOSS_RTOL
+
+    fp32, _ = runs("")
+    bf16, _ = runs("bf16")
+    assert bf16["accelerations"]["bf16"]["applied"]
+    for a, b in zip(fp32["losses"][:10], bf16["losses"][:10], strict=True):
+        assert abs(a - b) <= LOSS_ATOL + LOSS_RTOL * abs(a), (fp32["losses"][:10], bf16["losses"][:10])
+    assert bf16["losses"][:10] != fp32["losses"][:10], "bf16 computed exactly what fp32 did: it did not run"
+
+
 @pytest.mark.slow
 def test_metrics_stream_and_saved_model(runs):
     from transformers import BertForSequenceClassification
