@@ -531,11 +531,11 @@ def test_the_migration_guide_lists_every_translated_argument():
 
     from ortlab.train import compat
 
-    guide = (ROOT / "docs" / "migrating-from-optimum.md").read_text()
+    guide = (ROOT / "docs" / "guide" / "migrating-from-optimum.md").read_text()
     names = [*compat.RENAMED, *compat.TRANSLATED, *compat.NO_EFFECT, *compat.TRAINER_RENAMED, *compat.TRAINER_NO_EFFECT]
     missing = [name for name in names if f"`{name}" not in guide]
     assert not missing, missing
-    assert "docs/migrating-from-optimum.md" in (ROOT / "README.md").read_text()
+    assert "docs/guide/migrating-from-optimum.md" in (ROOT / "README.md").read_text()
 
 
 def test_optimum_example_command_lines_parse(tmp_path):

@@ -137,7 +137,7 @@ def _removed(help_text: str = "", default: Any = None) -> Any:
         default=default,
         metadata={
             "help": "Removed in transformers 5; accepted for Optimum-era scripts (see "
-            "docs/migrating-from-optimum.md). " + help_text
+            "docs/guide/migrating-from-optimum.md). " + help_text
         },
     )
 
