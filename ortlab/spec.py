@@ -161,7 +161,9 @@ class AccelSpec(_Strict):
     )
     zero_stage: Literal[0, 1, 2, 3] = Field(0, description="DeepSpeed ZeRO stage (1 shards the optimizer state).")
     precision: Literal["auto", "fp32", "fp16", "bf16"] = Field(
-        "auto", description="Mixed precision; 'auto' = fp32 unless a measurement here found bf16/fp16 faster."
+        "auto",
+        description="Mixed precision; 'auto' = bf16/fp16 where a measurement here found it faster with the same "
+        "loss (a few seconds' probe of the run's own model, cached), else fp32.",
     )
     torch_compile: bool = Field(False, description="torch.compile the model (needs a runtime with torch >= 2.7).")
     tf32: bool | Literal["auto"] = Field(
@@ -176,8 +178,8 @@ class AccelSpec(_Strict):
         "auto",
         description="How the 'auto' fields are decided: 'measure' = measure the mixes on this run's model and "
         "batches first (about a minute; cached per model, shapes and machine); 'auto' = reuse such a "
-        "measurement when one is cached, and measure only for runs of 500+ steps; 'off' = no measurement "
-        "(PyTorch with fused AdamW, fp32).",
+        "measurement when one is cached, measure only for runs of 500+ steps, and otherwise probe the precision "
+        "alone (seconds); 'off' = no measurement (PyTorch with fused AdamW, fp32).",
     )
 
     def auto_fields(self) -> list[str]:
