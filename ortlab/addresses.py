@@ -80,12 +80,27 @@ def storage_scheme(storage: str) -> str | None:
     return None if scheme in ("", "file") else scheme
 
 
+def storage_folder(storage: str) -> str:
+    """A folder storage as the plain path it names: `file:///shared/runs` is `/shared/runs` (taken literally, it
+    would be a folder named `file:` under the working directory). Object-store URIs are returned unchanged."""
+    if storage[:7].lower() == "file://":
+        return urlsplit(storage).path
+    return storage
+
+
 def storage_problem(storage: str) -> str | None:
-    """Why `storage` cannot be a run's storage (an unknown scheme, a credential in it), or None. Never quotes the
-    credential: object-store credentials come from the environment of each side (AWS_ACCESS_KEY_ID, a GCP service
-    account, ...), because the URI is written to spec.yaml, status.json, the job's command line and the logs."""
+    """Why `storage` cannot be a run's storage (an unknown scheme, a credential in it, a path that does not say
+    plainly where it goes), or None. Never quotes the credential: object-store credentials come from the
+    environment of each side (AWS_ACCESS_KEY_ID, a GCP service account, ...), because the URI is written to
+    spec.yaml, status.json, the job's command line and the logs."""
     scheme = storage_scheme(storage)
     if scheme is None:
+        if storage[:7].lower() == "file://":
+            parts = urlsplit(storage)
+            if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
+                return "a file:// storage must name a folder on this machine: file:///shared/runs, or just /shared/runs"
+            if parts.query or parts.fragment:
+                return "a file:// storage takes no ?query or #fragment: give the folder alone, e.g. /shared/runs"
         return None
     if scheme not in STORAGE_SCHEMES:
         return (
@@ -103,4 +118,13 @@ def storage_problem(storage: str) -> str | None:
             return f"the storage URI carries a credential in its query ({key}=...), which would be written down; {fix}"
     if parts.fragment:
         return "the storage URI has a #fragment, which no object store reads: leave it out"
+    # The store's client resolves '.', '..' and empty segments (s3://allowed/runs/../../other/x is another bucket's
+    # key): a URI must say plainly where the run goes, so that comparing it with the allowed stores means something.
+    path = parts.path.removeprefix("/").rstrip("/")
+    segments = path.split("/") if path else []
+    if any(s in ("", ".", "..") for s in segments):
+        return (
+            "the storage URI's path has an empty, '.' or '..' segment, which the store's client resolves to "
+            f"another place: write the prefix plainly, e.g. {scheme}://BUCKET/runs"
+        )
     return None

@@ -73,6 +73,11 @@ def rule_problems(mix: Mix) -> list[str]:
             "ort cannot run with ZeRO stage 3: stage 3 partitions the parameters, which ORTModule's ONNX export "
             "must see whole. Use zero_stage=1 (or 2) with ORT, or turn ORT off for stage 3"
         )
+    if mix.zero_stage == 3 and mix.processes > 1:
+        errors.append(
+            "ZeRO stage 3 across several processes is not supported yet (it fails once the model has loaded, "
+            "locally and on a cluster): use zero_stage=1 or 2 with several processes, or stage 3 in one process"
+        )
     if mix.fused_adam and mix.deepspeed_defines_optimizer:
         errors.append(
             "the DeepSpeed config defines its own optimizer, so optim='adamw_ort_fused' would be ignored: remove "

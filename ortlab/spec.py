@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ortlab import safeio
-from ortlab.addresses import credentials_problem, storage_problem, storage_scheme
+from ortlab.addresses import credentials_problem, storage_folder, storage_problem, storage_scheme
 from ortlab.assets import EMBEDDED_MODEL_ID
 from ortlab.errors import OrtlabError
 from ortlab.mixrules import Mix, MixError, rule_problems
@@ -294,7 +294,7 @@ class TargetSpec(_Strict):
         problem = storage_problem(storage)
         if problem:
             raise ValueError(problem)
-        return storage.rstrip("/") if storage_scheme(storage) else storage
+        return storage.rstrip("/") if storage_scheme(storage) else storage_folder(storage)
 
     @model_validator(mode="after")
     def _python_or_cluster(self) -> TargetSpec:

@@ -51,6 +51,9 @@ BAD = [
     ("batch-size-zero", ["--batch-size", "0"], "hyper.batch_size"),
     ("impossible-mix", ["--precision", "fp16", "--ort"], "fp16 needs a CUDA device"),
     ("spec-file-missing", ["./no-such-spec.yaml"], "does not exist"),
+    ("zero3-several-processes", ["--zero-stage", "3", "--processes", "2"], "ZeRO stage 3 across several processes"),
+    ("storage-dot-dot", ["--cluster", "local", "--storage", "s3://runs/a/../../other"], "'..' segment"),
+    ("storage-file-host", ["--cluster", "local", "--storage", "file://server/runs"], "file:///shared/runs"),
 ]
 
 
@@ -70,6 +73,17 @@ def test_bad_input_fails_fast_and_leaves_no_run(tmp_path, bad_files, args, expec
     assert "loading the model" not in proc.stdout + proc.stderr
     assert "tokenizing" not in proc.stdout + proc.stderr
     assert not out.exists() or not any(out.iterdir()), "a failed check must not leave a run folder"
+
+
+def test_an_output_folder_that_is_a_file_is_a_clear_error(tmp_path):
+    blocker = tmp_path / "runs"
+    blocker.write_text("not a folder")
+    args = ["--output-dir", str(blocker / "sub"), "--max-steps", "1", "--quiet"]
+    proc = ortlab("train", *args, cwd=tmp_path, timeout=180)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert f"the output folder {blocker / 'sub'} is a file, or a file is in its path" in proc.stderr, proc.stderr
+    assert "loading the model" not in proc.stdout + proc.stderr
+    assert blocker.read_text() == "not a folder"
 
 
 def test_train_and_tune_map_their_options_to_the_spec_through_one_table():

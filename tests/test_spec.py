@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -127,3 +128,38 @@ def test_a_spec_file_is_read_bounded_and_only_if_it_is_a_file(tmp_path):
     real.write_text("name: linked\n")
     (tmp_path / "link.yaml").symlink_to(real)
     assert RunSpec.load(tmp_path / "link.yaml").name == "linked"
+
+
+@pytest.mark.parametrize(
+    ("storage", "stored"),
+    [
+        ("s3://bucket/runs", "s3://bucket/runs"),
+        ("s3://bucket/runs/", "s3://bucket/runs"),
+        ("s3://bucket", "s3://bucket"),
+        ("gs://bucket/team/runs", "gs://bucket/team/runs"),
+        ("/shared/runs", "/shared/runs"),
+        ("file:///shared/runs", "/shared/runs"),  # taken literally it was a folder named 'file:' here
+        ("file://localhost/shared/runs", "/shared/runs"),
+    ],
+)
+def test_storage_spellings_a_user_writes_are_accepted(storage, stored):
+    assert RunSpec.parse({"target": {"cluster": "local", "storage": storage}}).target.storage == stored
+
+
+@pytest.mark.parametrize(
+    ("storage", "why"),
+    [
+        ("s3://allowed/runs/../../other/x", "'..' segment"),
+        ("s3://allowed/runs/./x", "'.' or '..' segment"),
+        ("s3://allowed//x", "an empty"),
+        ("s3://KEY:hunter2@bucket/runs", "carries credentials"),
+        ("s3://bucket/runs?secret_key=hunter2", "carries a credential in its query"),
+        ("ftp://host/runs", "is not a storage ortlab knows"),
+        ("file://server/runs", "must name a folder on this machine"),
+        ("file:///shared/runs?x=1", "takes no ?query"),
+    ],
+)
+def test_storage_spellings_that_do_not_say_plainly_where_they_go_are_refused(storage, why):
+    with pytest.raises(ValueError, match=re.escape(why)) as caught:
+        RunSpec.parse({"target": {"cluster": "local", "storage": storage}})
+    assert "hunter2" not in str(caught.value), "a credential is never echoed"

@@ -76,6 +76,10 @@ class RunStateError(OrtlabError, RuntimeError):
     """A status change the run's current state does not allow (the message says which and why)."""
 
 
+class OutputFolderError(OrtlabError, OSError):
+    """The folder runs are created in cannot be one (a file is in the way, no permission): says which and why."""
+
+
 def check_name(name: str, what: str = "run name") -> str:
     """`name` if it is a safe folder name, else ValueError saying what is allowed."""
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):
@@ -211,7 +215,13 @@ class RunDir:
         """A new, uniquely named run folder inside `root`, holding the spec and a `pending` status."""
         name = check_name(name or spec.name or default_name(spec.task, spec.model.name))
         base = Path(root)
-        base.mkdir(parents=True, exist_ok=True)
+        fix = "choose another output folder (--output-dir, or output_dir in the spec)"
+        try:
+            base.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise OutputFolderError(f"the output folder {base} is a file, or a file is in its path: {fix}") from None
+        except OSError as e:
+            raise OutputFolderError(f"cannot create the output folder {base}: {e.strerror}; {fix}") from None
         path, i = base / name, 1
         while True:
             try:
