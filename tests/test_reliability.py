@@ -230,6 +230,13 @@ def hostile_cases(
         ("a misspelt field", with_(hyperr={"lr": 1}), "unknown field"),
         ("target interpreter that does not exist", with_(target__python="/nonexistent/python3"), "target.python"),
         ("cluster address with a password in it", with_(target__cluster="http://ray:pw@127.0.0.1:8265"), "credentials"),
+        (
+            "storage URI whose '..' segments lead to another bucket",
+            with_(target__cluster="local", target__storage="s3://allowed/runs/../../other/x"),
+            "segment",
+        ),
+        ("file:// storage on another host", with_(target__cluster="local", target__storage="file://nas/runs"), "file"),
+        ("ZeRO stage 3 with several processes", with_(accel__zero_stage=3, target__processes=2), "ZeRO stage 3"),
         ("spec file that is a YAML list", f["list.yaml"], "mapping"),
         ("spec file that is not valid YAML", f["broken.yaml"], "YAML"),
         # The model and the data each fine alone, but not together (ortlab.fit): tokenizer, positions, padding.
