@@ -95,9 +95,12 @@ def measure(precision: str, device_type: str = "cpu", index: int = 0) -> Measure
     torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
     try:
         n = SIZE[device_type]
+        # A generator of its own: a run measures its peak after the trainer seeded the global random state, and
+        # drawing from that would change the run's dropout masks and data order (the same run, another result).
+        generator = torch.Generator(device=device).manual_seed(0)
         while True:
-            a = torch.randn(n, n, device=device).to(_dtype(precision))
-            b = torch.randn(n, n, device=device).to(_dtype(precision))
+            a = torch.randn(n, n, device=device, generator=generator).to(_dtype(precision))
+            b = torch.randn(n, n, device=device, generator=generator).to(_dtype(precision))
             a @ b  # the first call picks and prepares kernels (oneDNN, cuBLAS): not timed
             sync(device)
             t = time.perf_counter()

@@ -138,3 +138,35 @@ def test_a_cpu_without_fast_bf16_is_not_probed(monkeypatch):
     monkeypatch.setattr(precision, "check_fp16", lambda: Availability("fp16", False, "needs CUDA", "-"))
     candidate, why = pp.candidate_precision()
     assert candidate is None and "emulated (no avx512_bf16)" in why
+
+
+@pytest.mark.slow
+def test_measuring_on_the_way_changes_nothing_the_run_trains(tmp_path, tiny_bert, monkeypatch):
+    """The same spec trained twice: the first run probes the precision and measures the peak, the second finds
+    both cached. Their losses agree to every digit (a measurement that drew from the seeded random state once made
+    the first loss 0.6909 against 0.6890)."""
+    from ortlab.runfolder.rundir import RunDir
+    from ortlab.spec import RunSpec
+    from ortlab.train.run import train_spec
+
+    monkeypatch.setenv("ORTLAB_CACHE_DIR", str(tmp_path / "cache"))
+    losses = []
+    for name in ("measured", "cached"):
+        spec = RunSpec.parse(
+            {
+                "output_dir": str(tmp_path / "runs"),
+                "name": name,
+                "model": {"name": str(tiny_bert)},
+                "data": {"source": "embedded:rotten-tomatoes", "max_train_samples": 160, "max_eval_samples": 16},
+                "hyper": {"batch_size": 8, "max_length": 32, "max_steps": 3},
+            }
+        )
+        records = list(RunDir(Path(train_spec(spec, progress=False)["run_dir"])).metrics())
+        auto = next(r for r in records if r.get("event") == "auto")
+        begin = next(r for r in records if r.get("event") == "train_begin")
+        cached = "cached" in begin["device"]["mfu"]["reason"]
+        assert cached == (name == "cached"), begin["device"]["mfu"]
+        if "precision_probe" in auto:
+            assert auto["precision_probe"]["cached"] == (name == "cached")
+        losses.append([r["loss"] for r in records if r.get("event") == "step"])
+    assert losses[0] == losses[1]
