@@ -208,6 +208,7 @@ def main() -> None:
         "ortlab's default mix, tiny shapes, 2 rounds, no autotuner; checks that it runs, its numbers mean nothing",
     )
     p.add_argument("--output", default=None, help="result JSON (default: benchmarks/results/<device>-<date>.json)")
+    p.add_argument("--note", default=None, help="written into the result, e.g. what else ran on the machine")
     p.add_argument("--reanalyze", default=None, help="recompute a saved result's ratios from its slices")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--mix", default=None, help=argparse.SUPPRESS)
@@ -297,6 +298,7 @@ def main() -> None:
         "measure_time_s": measure_time,
         "packages": {d: package_version(d) for d in ("torch", "transformers", "onnxruntime-training", "deepspeed")},
         "smoke": opts.smoke,
+        "note": opts.note,
         "noise_floor_ci95": noise,
         "flops_per_sample": flops,
         "flops_method": FLOPS_METHOD,
