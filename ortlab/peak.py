@@ -11,7 +11,9 @@ can do, the measurement what this machine, driver and torch give.
 A measurement takes about a second per precision and is cached under `ortlab.envvars.cache_dir()/peak/`, keyed by
 everything it depends on (torch's version, the processor and its flags, the thread count, the GPU); change any of
 them and it is measured again. `measured_peak(precision)` answers from the cache or measures;
-`measure_all(refresh=True)` (what `ortlab doctor --refresh` calls) measures every precision of the device again.
+`measure_all(refresh=True)` (what the doctor's probe calls) measures every precision of the device again and keeps
+the higher of that and the cached value: a peak is the best the machine gave, and one measured while other work
+ran (it happens: 0.148 and 0.100 TFLOP/s fp32 on the same busy machine) would flatter every run's MFU.
 
 This module imports torch only inside its functions.
 """
@@ -192,9 +194,14 @@ def measured_peak(
     precision: str, device_type: str = "cpu", index: int = 0, refresh: bool = False
 ) -> tuple[MeasuredPeak, bool]:
     """The peak of `precision` here: (the measurement, whether it came from the cache). Measures when not cached."""
-    if not refresh and (hit := cached_peak(precision, device_type, index)) is not None:
+    hit = cached_peak(precision, device_type, index)
+    if hit is not None and not refresh:
         return hit, True
     peak = measure(precision, device_type, index)
+    if hit is not None and hit.flops >= peak.flops:
+        # A peak is the best the machine gave: a measurement on a busier moment does not lower it (a lower peak
+        # would flatter every run's MFU).
+        return hit, True
     _store(fingerprint(device_type, index), peak)
     return peak, False
 

@@ -167,3 +167,22 @@ def test_bench_trainer_smoke(tmp_path):
         assert peak["flops"] > 0 and peak["threads"] >= 1
         assert r["peak_pct"] == pytest.approx(100 * r["samples_per_s"] * report["flops_per_sample"] / peak["flops"])
         assert 0 < r["peak_pct"] < 100
+
+
+@pytest.mark.slow  # two `ortlab train` processes of the demo for 4 steps: 30-60 s on a busy 2-core machine
+def test_bench_precision_smoke(tmp_path):
+    out = tmp_path / "precision.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "bench_precision.py"), "--smoke", "--seeds", "0", "--out", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["smoke"] is True and [r["precision"] for r in report["runs"]] == ["fp32", "bf16"]
+    fp32, bf16 = report["runs"]
+    assert bf16["bf16_applied"] and not fp32["bf16_applied"], "each run trained in the precision it was given"
+    assert fp32["peak"]["source"] == bf16["peak"]["source"] == "measured"
+    assert (fp32["peak"]["precision"], bf16["peak"]["precision"]) == ("fp32", "bf16")
+    (pair,) = report["pairs"]
+    assert pair["curve_steps"] == 4 and pair["curve_within_tolerance"], pair
+    assert pair["accuracy_diff"] == pytest.approx(bf16["eval_accuracy"] - fp32["eval_accuracy"])

@@ -82,9 +82,15 @@ def test_a_cached_peak_is_reused_and_a_changed_machine_measures_again(cache, mon
     finally:
         torch.set_num_threads(threads)
     assert measured == ["fp32", "fp32"]
-    # refresh measures again even when cached
-    peak.measured_peak("fp32", refresh=True)
-    assert len(measured) == 3
+    # refresh measures again even when cached; a lower rate (a busy moment) does not replace the best one seen
+    lower = peak.MeasuredPeak("cpu", "fp32", 5e10, 2048, 2, 0.0, "t")
+    monkeypatch.setattr(peak, "measure", lambda *a: measured.append("fp32") or lower)
+    kept, was_cached = peak.measured_peak("fp32", refresh=True)
+    assert len(measured) == 3 and kept.flops == 1e11 and was_cached
+    higher = peak.MeasuredPeak("cpu", "fp32", 2e11, 2048, 2, 0.0, "t")
+    monkeypatch.setattr(peak, "measure", lambda *a: higher)
+    assert peak.measured_peak("fp32", refresh=True)[0].flops == 2e11
+    assert peak.measured_peak("fp32")[0].flops == 2e11, "the higher one is what the cache holds now"
 
 
 @pytest.mark.parametrize(
