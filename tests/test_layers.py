@@ -74,3 +74,28 @@ def test_the_layer_contract_holds():
     )
     assert out.returncode == 0, out.stdout[-3000:]
     assert "KEPT" in out.stdout and "BROKEN" not in out.stdout
+
+
+def test_every_module_is_in_a_layer():
+    """A module in no layer is checked by nothing: import-linter lets it import anything (ortlab.train.control
+    was such a module). Each module must be a layer's entry or inside one (a package entry holds its modules);
+    the package `__init__` files that only say what the package is are exempt."""
+    import re
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    (contract,) = config["tool"]["importlinter"]["contracts"]
+    entries = [name.strip() for layer in contract["layers"] for name in re.split(r"[|:]", layer)]
+    missing = []
+    for path in sorted((ROOT / "ortlab").rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        if parts[-1] == "__main__":
+            continue
+        if parts[-1] == "__init__":
+            if len(parts) == 2 or not re.sub(r'(?s)^\s*""".*?"""', "", path.read_text()).strip():
+                continue  # ortlab/__init__.py, or a package's docstring alone
+            parts = parts[:-1]
+        module = ".".join(parts)
+        if not any(module == e or module.startswith(e + ".") for e in entries):
+            missing.append(module)
+    assert missing == [], f"modules in no layer of pyproject.toml's import-linter contract: {missing}"
