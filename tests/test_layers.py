@@ -81,6 +81,7 @@ def test_every_module_is_in_a_layer():
     was such a module). Each module must be a layer's entry or inside one (a package entry holds its modules);
     the package `__init__` files that only say what the package is are exempt."""
     import re
+
     import tomllib
 
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
