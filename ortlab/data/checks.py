@@ -17,7 +17,7 @@ from ortlab.data.columns import (
     seq2seq_columns,
 )
 from ortlab.data.load import load_raw
-from ortlab.data.prepared import DataError, Prepared
+from ortlab.data.prepared import ROW_COLUMN, DataError, Prepared
 
 if TYPE_CHECKING:  # pragma: no cover
     from datasets import Dataset
@@ -186,6 +186,12 @@ def load_and_check(spec: DataSpec, task: str, seed: int) -> Prepared:
         (text, target), pair, label = check_seq2seq(raw, spec), None, None
     else:
         text, pair, label = check(raw, spec, task)
+    lazy = spec.lazy and chat is None and task != "causal-lm"
+    if lazy:  # before any split or shuffle: the position a late failure names is the row's place in its source
+        import numpy as np
+
+        used = {spec.train_split, spec.eval_split}
+        raw = {name: ds.add_column(ROW_COLUMN, np.arange(len(ds))) if name in used else ds for name, ds in raw.items()}
     train = raw[spec.train_split]
     splits = [(spec.train_split, train)] + ([(spec.eval_split, raw[spec.eval_split])] if spec.eval_split else [])
     if chat is None:
@@ -211,7 +217,9 @@ def load_and_check(spec: DataSpec, task: str, seed: int) -> Prepared:
     names = label_names(train, label, task) if label else []
     if label:
         _check_labels_known(evaluation, label, task, names, "eval split")
-    return Prepared(train, evaluation, text, pair, label, names, files, target, **(chat or {}), packing=spec.packing)
+    return Prepared(
+        train, evaluation, text, pair, label, names, files, target, **(chat or {}), packing=spec.packing, lazy=lazy
+    )
 
 
 def _check_values(ds: Dataset, split: str, task: str, **columns: str | None) -> None:

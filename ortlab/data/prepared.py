@@ -12,6 +12,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from datasets import Dataset
 
 
+ROW_COLUMN = "__ortlab_row__"
+"""Lazy data (`Prepared.lazy`): each row's position in its source split (data rows from 0, the header is not a row),
+so a row that fails when training reaches it is named by where it is in the file, after any shuffle or split."""
+
+
 class DataError(OrtlabError, ValueError):
     """The data cannot be used for this run; the message says what is wrong and how to fix it."""
 
@@ -33,6 +38,7 @@ class Prepared:
     response_column: str | None = None  # ... and the answer to learn
     packing: bool = False
     max_length: int | None = None  # hyper.max_length as the model allows it (set by ortlab.fit.check_fit)
+    lazy: bool = False  # rows tokenized as training reads them (ortlab.data.inputs.tokenize); they carry ROW_COLUMN
 
     @property
     def chat(self) -> bool:

@@ -285,9 +285,12 @@ def _train(
         from ortlab.train.seq2seq import ORTSeq2SeqTrainer
 
         trainer_class = ORTSeq2SeqTrainer
+    args = training_arguments(spec, run, progress and (terminal is None or terminal.verbose), choice)
+    # Lazy rows keep their raw columns until the transform gives the model's inputs: none to remove.
+    args.remove_unused_columns = not prepared.lazy
     trainer = trainer_class(
         model=model,
-        args=training_arguments(spec, run, progress and (terminal is None or terminal.verbose), choice),
+        args=args,
         train_dataset=train_ds,
         eval_dataset=eval_ds,
         data_collator=collate,
