@@ -1,6 +1,7 @@
 """Time to the first step and peak memory against dataset size: `ortlab train --max-steps 5` on a generated local
 CSV (or Parquet) of short reviews, with rows tokenized all before step 1 (`data.lazy: false`, the eager path) or
-as training reads them (`data.lazy: true`).
+as training reads them (`data.lazy: true`), or read as a stream too (`data.streaming: true`, the large-Hub-dataset
+path: no Arrow conversion of the file, checks on a head).
 
     .venv/bin/python benchmarks/bench_data.py                      # 20k and 400k rows, both paths
     .venv/bin/python benchmarks/bench_data.py --sizes 20000 400000 4000000 --format parquet
@@ -70,6 +71,9 @@ WORDS = [
 ]
 
 
+PATHS = ("eager", "lazy", "stream")  # data.lazy false; data.lazy true; data.lazy and data.streaming true
+
+
 def generate(path: Path, rows: int, seed: int = 0) -> Path:
     """`rows` short reviews (5 to 20 words) with a fresh/rotten label, as CSV or Parquet by `path`'s suffix."""
     rng = random.Random(seed)
@@ -90,7 +94,7 @@ def generate(path: Path, rows: int, seed: int = 0) -> Path:
     return path
 
 
-def child(data: str, model: str, lazy: bool, out: str, steps: int) -> None:
+def child(data: str, model: str, path: str, out: str, steps: int) -> None:
     """One row: train `steps` steps and write its timings to `out` (runs in its own process)."""
     import resource
 
@@ -122,7 +126,7 @@ def child(data: str, model: str, lazy: bool, out: str, steps: int) -> None:
         {
             "task": "sequence-classification",
             "model": {"name": model},
-            "data": {"source": data, "lazy": lazy, "max_eval_samples": 64},
+            "data": {"source": data, "lazy": path != "eager", "streaming": path == "stream", "max_eval_samples": 64},
             "hyper": {"max_steps": steps, "batch_size": 16, "logging_steps": 1},
             "output_dir": str(Path(out).parent / "runs"),
         }
@@ -132,10 +136,10 @@ def child(data: str, model: str, lazy: bool, out: str, steps: int) -> None:
     Path(out).write_text(json.dumps({**first, **phases, "total_s": time.monotonic() - STARTED, "peak_mem_mb": peak_mb}))
 
 
-def run_row(data: Path, model: Path, lazy: bool, steps: int, work: Path) -> dict:
-    out = work / f"row-{'lazy' if lazy else 'eager'}-{data.stem}.json"
+def run_row(data: Path, model: Path, path: str, steps: int, work: Path) -> dict:
+    out = work / f"row-{path}-{data.stem}.json"
     env = {**os.environ, "HF_DATASETS_CACHE": str(work / f"cache-{out.stem}"), "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(data), str(model), str(int(lazy)), str(out)]
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(data), str(model), path, str(out)]
     proc = subprocess.run([*cmd, str(steps)], capture_output=True, text=True, env=env, cwd=ROOT)
     if proc.returncode != 0:
         return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"}
@@ -146,15 +150,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", type=int, nargs="+", default=[20_000, 400_000])
     p.add_argument("--format", choices=("csv", "parquet"), default="csv")
-    p.add_argument("--paths", nargs="+", choices=("eager", "lazy"), default=["eager", "lazy"])
+    p.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--smoke", action="store_true", help="2,000 rows, both paths (seconds)")
     p.add_argument("--output", default=None, help="result JSON (default: benchmarks/results/data-<date>.json)")
     p.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     opts = p.parse_args()
     if opts.child:
-        data, model, lazy, out, steps = opts.child
-        child(data, model, lazy == "1", out, int(steps))
+        data, model, path, out, steps = opts.child
+        child(data, model, path, out, int(steps))
         return
     sizes = [2_000] if opts.smoke else opts.sizes
     sys.path.insert(0, str(ROOT))
@@ -171,7 +175,7 @@ def main() -> None:
             for path in opts.paths:
                 print(f"[bench] {n:,} rows, {path} ...", flush=True)
                 row = {"rows": n, "format": opts.format, "path": path, "generate_s": made}
-                row.update(run_row(data, model, path == "lazy", opts.steps, work))
+                row.update(run_row(data, model, path, opts.steps, work))
                 print(f"[bench]   {json.dumps(row)}", flush=True)
                 results.append(row)
     base = {(r["rows"], r["path"]): r for r in results}

@@ -168,3 +168,57 @@ def test_a_bad_row_found_late_fails_the_run_with_its_position(tiny_bert, tmp_pat
     with pytest.raises(DataError, match=r"row 150 of the 'train' split.*IndexError") as caught:
         train_spec(RunSpec.model_validate(spec), progress=False, log=lambda _: None)
     assert "fix or drop that row" in str(caught.value)
+
+
+def _streamed(tiny_bert: Path, source: Path, out: Path, name: str, **hyper) -> dict:
+    spec = _spec(tiny_bert, source, out, name, True, streaming=True)
+    spec["hyper"].update(save_steps=None, **hyper)
+    return spec
+
+
+def test_a_streamed_local_file_trains_reading_only_what_it_needs(tiny_bert, tmp_path):
+    """data.streaming: true on a local CSV takes the path a large Hub dataset takes (datasets' streaming loader):
+    the eval rows are the first max_eval_samples, the checks read a head, training tokenizes its batches only."""
+    from ortlab.spec import RunSpec
+    from ortlab.train.run import train_spec
+
+    source = _reviews(tmp_path / "reviews.csv")
+    with Recorder() as rec:
+        result = train_spec(RunSpec.model_validate(_streamed(tiny_bert, source, tmp_path, "s")), progress=False)
+    assert sorted(_losses(Path(result["run_dir"]))) == list(range(1, STEPS + 1))
+    from ortlab.data.inputs import STREAM_BATCH
+
+    # The steps' rows, in chunks of STREAM_BATCH, and the eval rows twice (a stream is not measured for the mix).
+    assert rec.rows_read() <= 2 * STREAM_BATCH + 2 * EVAL
+    assert all(not t.startswith(("review 0 ", "review 1 ", "review 4 ")) for b in rec.train_batches() for t in b)
+
+
+def test_a_stream_without_max_steps_fails_before_the_model(tiny_bert, tmp_path):
+    from ortlab.data import DataError
+    from ortlab.fit import check
+    from ortlab.spec import RunSpec
+
+    spec = _streamed(tiny_bert, _reviews(tmp_path / "r.csv", 50), tmp_path, "s")
+    spec["hyper"]["max_steps"] = None
+    with pytest.raises(DataError, match=r"set hyper\.max_steps"):
+        check(RunSpec.model_validate(spec), log=lambda _: None)
+
+
+def test_a_streamed_label_the_head_did_not_show_fails_with_its_position(tiny_bert, tmp_path, monkeypatch):
+    """The checks read a head of the stream; row 150 carries a class the head never showed: the run fails when
+    training reaches it, naming the row, instead of training on it with a made-up class id."""
+    import csv
+
+    from ortlab.data import DataError
+    from ortlab.spec import RunSpec
+    from ortlab.train.run import train_spec
+
+    monkeypatch.setattr("ortlab.data.checks.HEAD_ROWS", 50)
+    source = tmp_path / "late.csv"
+    with open(source, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["text", "label"])
+        w.writerows([f"review {i} good film", "ab"[i % 2] if i != 150 else "zzz"] for i in range(200))
+    spec = _streamed(tiny_bert, source, tmp_path, "late", max_steps=60, batch_size=16)
+    with pytest.raises(DataError, match=r"row 150 of the 'train' split.*'zzz'"):
+        train_spec(RunSpec.model_validate(spec), progress=False, log=lambda _: None)

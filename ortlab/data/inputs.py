@@ -70,7 +70,8 @@ def tokenize(
             return {"input_ids": blocks, "attention_mask": [[1] * max_length for _ in blocks], "labels": blocks}
 
     if prepared.lazy and task != "causal-lm":  # one row in, one row out: tokenized as the trainer reads it
-        return lazy_rows(prepared.train, fn, "train"), lazy_rows(prepared.eval, fn, "eval")
+        columns = prepared.head.column_names if prepared.head is not None else None  # a stream's columns
+        return lazy_rows(prepared.train, fn, "train", columns), lazy_rows(prepared.eval, fn, "eval")
 
     def run(ds: Dataset, what: str) -> Dataset:
         return ds.map(fn, batched=True, remove_columns=ds.column_names, desc=f"tokenizing {what}")
@@ -84,16 +85,21 @@ def tokenize(
     return train, evaluation
 
 
-def lazy_rows(ds: Dataset, fn: Callable[[dict], dict], split: str) -> Dataset:
+STREAM_BATCH = 64  # a stream's rows tokenized together: a few training batches ahead, not datasets' default 1000
+
+
+def lazy_rows(ds: Dataset, fn: Callable[[dict], dict], split: str, columns: list[str] | None = None) -> Dataset:
     """`ds` with `fn` applied to the rows a reader asks for, when it asks (datasets' `with_transform`): nothing is
     tokenized before step 1, a run of N steps tokenizes its N batches, and the length, the seeded shuffle of the
     trainer's sampler and a resume's skip (which draws indices, not rows) are those of the eager path.
 
     A row that `fn` cannot take (the checks before the model saw every value, but not every combination, e.g. a
-    word list and its tags of different lengths) fails the run with the row's position in its source split."""
+    word list and its tags of different lengths) fails the run with the row's position in its source split.
+    A stream (streamed data: `columns` are its raw columns, dropped from the output) is mapped the same way."""
 
     def transform(batch: dict) -> dict:
-        rows = batch.pop(ROW_COLUMN, None)
+        rows = batch.get(ROW_COLUMN)
+        batch = {k: v for k, v in batch.items() if k != ROW_COLUMN}
         try:
             return fn(batch)
         except DataError:
@@ -102,6 +108,8 @@ def lazy_rows(ds: Dataset, fn: Callable[[dict], dict], split: str) -> Dataset:
             _raise_for_bad_row(fn, batch, rows, split)
             raise
 
+    if not hasattr(ds, "__len__"):  # a stream (IterableDataset): its map is lazy, run as the trainer iterates
+        return ds.map(transform, batched=True, batch_size=STREAM_BATCH, remove_columns=columns)
     return ds.with_transform(transform)
 
 

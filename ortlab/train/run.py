@@ -417,16 +417,19 @@ def _auto_mix(spec, run, model, model_path, prepared, train_ds, collate, log) ->
     from ortlab.tune.result import TuneResult
 
     rank0 = int(os.environ.get("RANK", "0")) == 0
-    choice, result, why = decide(
-        spec,
-        model_path=model_path,
-        label_names=prepared.label_names,
-        train_dataset=train_ds,
-        collate=collate,
-        progress=log,
-        log_dir=run.path / "logs",
-        model=model,
-    )
+    if prepared.streamed:  # a stream has no length to plan steps from, nor rows to draw measuring batches from
+        choice, result, why = None, None, "not measured: the data is streamed; the conservative default applies"
+    else:
+        choice, result, why = decide(
+            spec,
+            model_path=model_path,
+            label_names=prepared.label_names,
+            train_dataset=train_ds,
+            collate=collate,
+            progress=log,
+            log_dir=run.path / "logs",
+            model=model,
+        )
     resolved = resolve(spec.accel, choice)
     auto = {f: getattr(resolved, f) for f in spec.accel.auto_fields()}
     if rank0:
