@@ -222,3 +222,26 @@ def test_a_streamed_label_the_head_did_not_show_fails_with_its_position(tiny_ber
     spec = _streamed(tiny_bert, source, tmp_path, "late", max_steps=60, batch_size=16)
     with pytest.raises(DataError, match=r"row 150 of the 'train' split.*'zzz'"):
         train_spec(RunSpec.model_validate(spec), progress=False, log=lambda _: None)
+
+
+@pytest.mark.parametrize(
+    ("streaming", "fmt", "hub_bytes", "expected"),
+    [
+        ("auto", "hub", 5_000_000_000, True),  # the Hub says it is large: streamed
+        ("auto", "hub", 50_000_000, False),
+        ("auto", "hub", None, False),  # the Hub says nothing (or is unreachable): read whole, as before
+        ("auto", "csv", 5_000_000_000, False),  # a local file is never asked about
+        (True, "csv", None, True),
+        (False, "hub", 5_000_000_000, False),
+    ],
+)
+def test_streaming_auto_streams_only_hub_datasets_the_hub_says_are_large(
+    monkeypatch, streaming, fmt, hub_bytes, expected
+):
+    from ortlab.data import load
+    from ortlab.spec import DataSpec
+
+    asked: list[str] = []
+    monkeypatch.setattr(load, "hub_dataset_bytes", lambda source, config: asked.append(source) or hub_bytes)
+    assert load.streams(DataSpec(source="someone/reviews", streaming=streaming), fmt) is expected
+    assert asked == (["someone/reviews"] if streaming == "auto" and fmt == "hub" else [])

@@ -103,10 +103,11 @@ def load_raw(spec: DataSpec, streaming: bool | None = None) -> tuple[dict[str, A
     import datasets
 
     fmt, files = resolve_source(spec)
-    stream = streams(spec, fmt) if streaming is None else streaming
     try:
         if fmt == "hub":
-            _check_hub_dataset(spec)
+            _check_hub_dataset(spec)  # first: an unreachable Hub or a wrong id is said at once, in ortlab's words
+        stream = streams(spec, fmt) if streaming is None else streaming
+        if fmt == "hub":
             loaded = datasets.load_dataset(spec.source, spec.config_name, streaming=stream)
         else:
             kw = {"delimiter": "\t"} if files and all(f.endswith(".tsv") for f in files) else {}
