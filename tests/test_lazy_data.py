@@ -36,7 +36,7 @@ def _spec(tiny_bert: Path, source: Path, out: Path, name: str, lazy: bool, **dat
         "model": {"name": str(tiny_bert)},
         "data": {"source": str(source), "lazy": lazy, "max_eval_samples": EVAL, **data},
         "hyper": {"learning_rate": 1e-3, "batch_size": BATCH, "max_length": 32, "max_steps": STEPS, "save_steps": 3},
-        "accel": {"ort": False, "fused_adam": False},
+        "accel": {"ort": False, "fused_adam": False, "precision": "fp32"},  # no precision probe: same start
     }
 
 
