@@ -326,22 +326,33 @@ def _check_values(ds: Dataset, split: str, task: str, **columns: str | None) -> 
     A missing value (an empty CSV cell, a JSON null) would stop the run inside the tokenizer or the label mapping
     after the model has loaded; a text column that is mostly empty strings trains a classifier on nothing but
     [CLS] [SEP], silently. Row numbers count the split's data rows from 0 (the header is not a row)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     for role, col in columns.items():
         if col is None or col not in ds.column_names:
             continue
-        values = values_of(ds, col)
-        missing = [i for i, v in enumerate(values) if v is None]
-        if missing:
+        # Counted in Arrow (nulls, trimmed lengths), not over Python objects: 4M rows in a fraction of a second.
+        values = arrow_column(ds, col)
+        total = len(values)
+        if values.null_count:
+            first = pc.index(pc.is_null(values), True).as_py()
             raise DataError(
-                f"data.{role}_column: {len(missing)} of {len(values)} row(s) of the {split!r} split have no {col!r} "
-                f"(first: row {missing[0]}); fill or drop those rows"
+                f"data.{role}_column: {values.null_count} of {total} row(s) of the {split!r} split have no {col!r} "
+                f"(first: row {first}); fill or drop those rows"
             )
         if role == "label" or (role == "text" and task == "causal-lm"):
             continue  # raw text for a causal LM has blank lines between paragraphs: they are skipped
-        empty = sum(1 for v in values if (not v.strip() if isinstance(v, str) else not v))
-        if values and empty * 2 > len(values):
+        kind = values.type
+        if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+            empty = pc.sum(pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(values)), 0)).as_py() or 0
+        elif pa.types.is_list(kind) or pa.types.is_large_list(kind):
+            empty = pc.sum(pc.equal(pc.list_value_length(values), 0)).as_py() or 0
+        else:
+            empty = sum(1 for v in values.to_pylist() if (not v.strip() if isinstance(v, str) else not v))
+        if total and empty * 2 > total:
             raise DataError(
-                f"data.{role}_column: {empty} of {len(values)} rows of the {split!r} split have an empty {col!r}, "
+                f"data.{role}_column: {empty} of {total} rows of the {split!r} split have an empty {col!r}, "
                 f"so the model would learn from nothing; is {col!r} the right column? (set data.{role}_column)"
             )
 
