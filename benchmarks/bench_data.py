@@ -151,8 +151,8 @@ def _peak_rss_mb() -> float | None:
     return None
 
 
-def run_row(data: Path, model: Path, path: str, steps: int, work: Path) -> dict:
-    out = work / f"row-{path}-{data.stem}.json"
+def run_row(data: Path, model: Path, path: str, steps: int, work: Path, round_: int = 0) -> dict:
+    out = work / f"row-{path}-{data.stem}-{round_}.json"  # its own cache too: every round starts cold
     env = {**os.environ, "HF_DATASETS_CACHE": str(work / f"cache-{out.stem}"), "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(data), str(model), path, str(out)]
     proc = subprocess.run([*cmd, str(steps)], capture_output=True, text=True, env=env, cwd=ROOT)
@@ -192,7 +192,7 @@ def main() -> None:
             for r in range(opts.repeat):  # rounds in turn: a busy spell of the machine hits every path alike
                 for path in opts.paths:
                     print(f"[bench] {n:,} rows, {path}, round {r + 1}/{opts.repeat} ...", flush=True)
-                    rows[path].setdefault("runs", []).append(run_row(data, model, path, opts.steps, work))
+                    rows[path].setdefault("runs", []).append(run_row(data, model, path, opts.steps, work, r))
                     print(f"[bench]   {json.dumps(rows[path]['runs'][-1])}", flush=True)
             for row in rows.values():
                 done = [x for x in row["runs"] if "error" not in x]
