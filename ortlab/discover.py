@@ -190,7 +190,7 @@ def inspect_dataset(source: str, n_rows: int = 5) -> DatasetInfo:
     from ortlab.data import DataError, label_names, load_raw, propose_mapping
     from ortlab.spec import DataSpec
 
-    raw, _ = load_raw(DataSpec(source=source))
+    raw, _ = load_raw(DataSpec(source=source), streaming=False)  # split sizes and rows by index: read whole
     first = raw.get("train") or next(iter(raw.values()))
     proposal = propose_mapping(first)
     labels: list[str] = []

@@ -150,7 +150,7 @@ def _sample_texts(prepared: Prepared) -> list[str]:
         conversations = prepared.conversations("train", SAMPLE_ROWS)
         texts: list[Any] = [turn["content"] for conversation in conversations for turn in conversation]
     else:
-        rows = prepared.train.select(range(min(SAMPLE_ROWS, len(prepared.train))))
+        rows = prepared.first_rows(SAMPLE_ROWS)
         columns = (prepared.text_column, prepared.text_pair_column, prepared.target_column)
         texts = [value for column in columns if column for value in rows[column]]
     joined = (" ".join(map(str, t)) if isinstance(t, list) else t for t in texts)  # token classification: words
@@ -261,7 +261,14 @@ def check(spec: RunSpec, log: Callable[[str], None] = print):
         else f"text={prepared.text_column!r}"
         + (f", label={prepared.label_column!r} ({prepared.num_labels} classes)" if prepared.label_column else "")
     )
-    log(f"data: {len(prepared.train)} train / {len(prepared.eval)} eval rows, {columns}")
+    log(f"data: {prepared.train_size()} train / {len(prepared.eval)} eval rows, {columns}")
+    if prepared.streamed and not spec.hyper.max_steps:
+        from ortlab.data import DataError
+
+        raise DataError(
+            "data.streaming: a streamed dataset has no known length, so hyper.epochs cannot be counted; set "
+            "hyper.max_steps (or data.streaming: false to read it whole)"
+        )
     model_path = resolve_model(spec.model.name)  # the embedded LLM is made here, once, now that the data is good
     check_model_fits_task(model_path, spec.task)  # again: the embedded LLM's config exists only now
     tokenizer = check_fit(model_path, spec, prepared, log)

@@ -72,6 +72,16 @@ class DataSpec(_Strict):
         description="causal-lm chat data: pack short examples into rows of hyper.max_length tokens (no attention "
         "across examples).",
     )
+    lazy: bool = Field(
+        True,
+        description="Tokenize rows as training reads them, so step 1 comes in seconds at any size (false: every row "
+        "before step 1, cached by datasets). Raw-text causal LM and packed chat data are always prepared whole.",
+    )
+    streaming: bool | Literal["auto"] = Field(
+        "auto",
+        description="Hub datasets: read as a stream (nothing downloaded whole). 'auto' streams those the Hub says are "
+        "over 1 GB; local files are read in place either way.",
+    )
     max_train_samples: int | None = Field(None, gt=0, description="Train on at most this many rows.")
     max_eval_samples: int | None = Field(None, gt=0, description="Evaluate on at most this many rows.")
 

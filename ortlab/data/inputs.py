@@ -4,9 +4,10 @@ the data, the tokenizer and the settings), so a second run over the same data st
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ortlab.data.prepared import DataError, Prepared
+from ortlab.data.prepared import ROW_COLUMN, DataError, Prepared
 
 if TYPE_CHECKING:  # pragma: no cover
     from datasets import Dataset
@@ -68,6 +69,10 @@ def tokenize(
             blocks = [flat[i : i + max_length] for i in range(0, n, max_length)]
             return {"input_ids": blocks, "attention_mask": [[1] * max_length for _ in blocks], "labels": blocks}
 
+    if prepared.lazy and task != "causal-lm":  # one row in, one row out: tokenized as the trainer reads it
+        columns = prepared.head.column_names if prepared.head is not None else None  # a stream's columns
+        return lazy_rows(prepared.train, fn, "train", columns), lazy_rows(prepared.eval, fn, "eval")
+
     def run(ds: Dataset, what: str) -> Dataset:
         return ds.map(fn, batched=True, remove_columns=ds.column_names, desc=f"tokenizing {what}")
 
@@ -78,6 +83,48 @@ def tokenize(
             "lower hyper.max_length or add text)"
         )
     return train, evaluation
+
+
+STREAM_BATCH = 64  # a stream's rows tokenized together: a few training batches ahead, not datasets' default 1000
+
+
+def lazy_rows(ds: Dataset, fn: Callable[[dict], dict], split: str, columns: list[str] | None = None) -> Dataset:
+    """`ds` with `fn` applied to the rows a reader asks for, when it asks (datasets' `with_transform`): nothing is
+    tokenized before step 1, a run of N steps tokenizes its N batches, and the length, the seeded shuffle of the
+    trainer's sampler and a resume's skip (which draws indices, not rows) are those of the eager path.
+
+    A row that `fn` cannot take (the checks before the model saw every value, but not every combination, e.g. a
+    word list and its tags of different lengths) fails the run with the row's position in its source split.
+    A stream (streamed data: `columns` are its raw columns, dropped from the output) is mapped the same way."""
+
+    def transform(batch: dict) -> dict:
+        rows = batch.get(ROW_COLUMN)
+        batch = {k: v for k, v in batch.items() if k != ROW_COLUMN}
+        try:
+            return fn(batch)
+        except DataError:
+            raise
+        except Exception:
+            _raise_for_bad_row(fn, batch, rows, split)
+            raise
+
+    if not hasattr(ds, "__len__"):  # a stream (IterableDataset): its map is lazy, run as the trainer iterates
+        return ds.map(transform, batched=True, batch_size=STREAM_BATCH, remove_columns=columns)
+    return ds.with_transform(transform)
+
+
+def _raise_for_bad_row(fn: Callable[[dict], dict], batch: dict, rows: list[int] | None, split: str) -> None:
+    """Find the row of a failed batch that fails on its own, and raise a DataError naming its position."""
+    size = len(next(iter(batch.values()), []))
+    for i in range(size):
+        try:
+            fn({k: v[i : i + 1] for k, v in batch.items()})
+        except Exception as e:
+            where = f"row {rows[i]}" if rows is not None else "a row"
+            raise DataError(
+                f"data: {where} of the {split!r} split (data rows counted from 0) cannot be used: "
+                f"{type(e).__name__}: {e}; fix or drop that row"
+            ) from e
 
 
 def _tokenize_chat(prepared: Prepared, tokenizer: Any, max_length: int) -> tuple[Dataset, Dataset]:

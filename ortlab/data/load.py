@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ortlab.assets import EMBEDDED_PREFIX, embedded_dataset
 from ortlab.data.prepared import DataError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from datasets import Dataset
-
     from ortlab.spec import DataSpec
 
 SUFFIX_FORMATS = {
@@ -67,18 +65,53 @@ def _check_hub_dataset(spec: DataSpec) -> None:
         raise DataError(f"data.source: no dataset {spec.source!r} on the Hugging Face Hub (check the id)")
 
 
-def load_raw(spec: DataSpec) -> tuple[dict[str, Dataset], list[str]]:
-    """Load every split of the source. Local files become one 'train' split."""
+STREAM_ABOVE_BYTES = 1_000_000_000  # data.streaming 'auto': Hub datasets the Hub says are larger are streamed
+
+
+def hub_dataset_bytes(source: str, config_name: str | None) -> int | None:
+    """The size the Hub's metadata gives for a dataset (its card's dataset_info), or None when it says none."""
+    try:
+        from huggingface_hub import HfApi
+
+        card = HfApi().dataset_info(source).card_data
+        infos = (card.to_dict() if card is not None else {}).get("dataset_info") or []
+    except Exception:
+        return None
+    infos = infos if isinstance(infos, list) else [infos]
+    sizes = [
+        int(i.get("dataset_size") or i.get("download_size") or 0)
+        for i in infos
+        if isinstance(i, dict) and (config_name is None or i.get("config_name") in (None, config_name))
+    ]
+    return max(sizes) if any(sizes) else None
+
+
+def streams(spec: DataSpec, fmt: str) -> bool:
+    """Whether `load_raw` reads this source as a stream: data.streaming true, or 'auto' and a Hub dataset the
+    Hub's metadata says is over STREAM_ABOVE_BYTES (a local file is read in place by Arrow either way)."""
+    if spec.streaming != "auto":
+        return bool(spec.streaming)
+    if fmt != "hub":
+        return False
+    size = hub_dataset_bytes(spec.source, spec.config_name)
+    return size is not None and size > STREAM_ABOVE_BYTES
+
+
+def load_raw(spec: DataSpec, streaming: bool | None = None) -> tuple[dict[str, Any], list[str]]:
+    """Load every split of the source (datasets' IterableDatasets when streamed: `streams`). Local files become one
+    'train' split."""
     import datasets
 
     fmt, files = resolve_source(spec)
     try:
         if fmt == "hub":
-            _check_hub_dataset(spec)
-            loaded = datasets.load_dataset(spec.source, spec.config_name)
+            _check_hub_dataset(spec)  # first: an unreachable Hub or a wrong id is said at once, in ortlab's words
+        stream = streams(spec, fmt) if streaming is None else streaming
+        if fmt == "hub":
+            loaded = datasets.load_dataset(spec.source, spec.config_name, streaming=stream)
         else:
             kw = {"delimiter": "\t"} if files and all(f.endswith(".tsv") for f in files) else {}
-            loaded = datasets.load_dataset(fmt, data_files={"train": files}, **kw)
+            loaded = datasets.load_dataset(fmt, data_files={"train": files}, streaming=stream, **kw)
     except DataError:
         raise
     except Exception as e:

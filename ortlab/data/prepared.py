@@ -12,6 +12,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from datasets import Dataset
 
 
+ROW_COLUMN = "__ortlab_row__"
+"""Lazy data (`Prepared.lazy`): each row's position in its source split (data rows from 0, the header is not a row),
+so a row that fails when training reaches it is named by where it is in the file, after any shuffle or split."""
+
+
 class DataError(OrtlabError, ValueError):
     """The data cannot be used for this run; the message says what is wrong and how to fix it."""
 
@@ -33,6 +38,23 @@ class Prepared:
     response_column: str | None = None  # ... and the answer to learn
     packing: bool = False
     max_length: int | None = None  # hyper.max_length as the model allows it (set by ortlab.fit.check_fit)
+    lazy: bool = False  # rows tokenized as training reads them (ortlab.data.inputs.tokenize); they carry ROW_COLUMN
+
+    head: Dataset | None = None  # streamed data: the first training rows, read for the checks (train is a stream)
+
+    @property
+    def streamed(self) -> bool:
+        """The training split is a stream (datasets' IterableDataset): no length, read once in order."""
+        return self.head is not None
+
+    def first_rows(self, n: int) -> Dataset:
+        """The first `n` training rows as a Dataset (from the head read for the checks when streamed)."""
+        ds = self.head if self.head is not None else self.train
+        return ds.select(range(min(n, len(ds))))
+
+    def train_size(self) -> str:
+        """The training rows for a log line: a count, or what is known of a stream."""
+        return "a stream of" if self.streamed else f"{len(self.train)}"
 
     @property
     def chat(self) -> bool:
@@ -42,7 +64,7 @@ class Prepared:
         """The rows of a chat split as conversations ({role, content} turns)."""
         from ortlab.chat import check_messages, from_pair
 
-        ds = self.eval if split == "eval" else self.train
+        ds = self.eval if split == "eval" else (self.head if self.head is not None else self.train)
         if limit is not None:
             ds = ds.select(range(min(limit, len(ds))))
         if self.messages_column:

@@ -285,9 +285,12 @@ def _train(
         from ortlab.train.seq2seq import ORTSeq2SeqTrainer
 
         trainer_class = ORTSeq2SeqTrainer
+    args = training_arguments(spec, run, progress and (terminal is None or terminal.verbose), choice)
+    # Lazy rows keep their raw columns until the transform gives the model's inputs: none to remove.
+    args.remove_unused_columns = not prepared.lazy
     trainer = trainer_class(
         model=model,
-        args=training_arguments(spec, run, progress and (terminal is None or terminal.verbose), choice),
+        args=args,
         train_dataset=train_ds,
         eval_dataset=eval_ds,
         data_collator=collate,
@@ -414,16 +417,19 @@ def _auto_mix(spec, run, model, model_path, prepared, train_ds, collate, log) ->
     from ortlab.tune.result import TuneResult
 
     rank0 = int(os.environ.get("RANK", "0")) == 0
-    choice, result, why = decide(
-        spec,
-        model_path=model_path,
-        label_names=prepared.label_names,
-        train_dataset=train_ds,
-        collate=collate,
-        progress=log,
-        log_dir=run.path / "logs",
-        model=model,
-    )
+    if prepared.streamed:  # a stream has no length to plan steps from, nor rows to draw measuring batches from
+        choice, result, why = None, None, "not measured: the data is streamed; the conservative default applies"
+    else:
+        choice, result, why = decide(
+            spec,
+            model_path=model_path,
+            label_names=prepared.label_names,
+            train_dataset=train_ds,
+            collate=collate,
+            progress=log,
+            log_dir=run.path / "logs",
+            model=model,
+        )
     resolved = resolve(spec.accel, choice)
     auto = {f: getattr(resolved, f) for f in spec.accel.auto_fields()}
     if rank0:

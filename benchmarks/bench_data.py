@@ -1,0 +1,238 @@
+"""Time to the first step and peak memory against dataset size: `ortlab train --max-steps 5` on a generated local
+CSV (or Parquet) of short reviews, with rows tokenized all before step 1 (`data.lazy: false`, the eager path) or
+as training reads them (`data.lazy: true`), or read as a stream too (`data.streaming: true`, the large-Hub-dataset
+path: no Arrow conversion of the file, checks on a head).
+
+    .venv/bin/python benchmarks/bench_data.py                      # 20k and 400k rows, both paths
+    .venv/bin/python benchmarks/bench_data.py --sizes 20000 400000 4000000 --format parquet
+    .venv/bin/python benchmarks/bench_data.py --smoke              # 2k rows, seconds (the test runs this)
+
+Why this way: the cost being measured is what a run does with its data before step 1 (loading, checking,
+splitting, tokenizing), so the model is the tests' tiny BERT (built here in a second, no download) and every row
+runs in its own process with its own empty `datasets` cache (a first run, as a user's first try of a new file;
+a warm cache would hide the tokenizing). Each process reports the seconds from its start to the first step's
+record (imports included, the same for every row), the seconds spent in `load_and_check` and in `tokenize`
+(timed by wrapping them), and its own peak resident memory (VmHWM). Rows run one after another:
+these are seconds-scale phases, not throughput ratios; `--repeat N` runs N rounds of every row in turn and reports
+medians (on a shared machine one round can be twice another). Results go to benchmarks/results/data-<date>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+STARTED = time.monotonic()
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from common import cpu_name  # noqa: E402
+
+WORDS = [
+    "film",
+    "movie",
+    "plot",
+    "actor",
+    "story",
+    "scene",
+    "great",
+    "dull",
+    "funny",
+    "slow",
+    "moving",
+    "charming",
+    "clumsy",
+    "brilliant",
+    "tired",
+    "fresh",
+    "witty",
+    "long",
+    "short",
+    "music",
+    "score",
+    "ending",
+    "director",
+    "script",
+    "cast",
+    "performance",
+    "heart",
+    "mess",
+    "joy",
+    "bore",
+    "delight",
+]
+
+
+PATHS = ("eager", "lazy", "stream")  # data.lazy false; data.lazy true; data.lazy and data.streaming true
+
+
+def generate(path: Path, rows: int, seed: int = 0) -> Path:
+    """`rows` short reviews (5 to 20 words) with a fresh/rotten label, as CSV or Parquet by `path`'s suffix."""
+    rng = random.Random(seed)
+    texts = [" ".join(rng.choices(WORDS, k=rng.randint(5, 20))) for _ in range(rows)]
+    labels = [rng.choice(("fresh", "rotten")) for _ in range(rows)]
+    if path.suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({"text": texts, "label": labels}), path)
+    else:
+        import csv
+
+        with open(path, "w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f)
+            w.writerow(["text", "label"])
+            w.writerows(zip(texts, labels, strict=True))
+    return path
+
+
+def child(data: str, model: str, path: str, out: str, steps: int) -> None:
+    """One row: train `steps` steps and write its timings to `out` (runs in its own process)."""
+    import resource
+
+    import ortlab.data as data_module
+    from ortlab.spec import RunSpec
+    from ortlab.train.run import train_spec
+
+    phases: dict[str, float] = {}
+
+    def timed(name, fn):
+        def wrapper(*args, **kwargs):
+            t = time.monotonic()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                phases[f"{name}_s"] = phases.get(f"{name}_s", 0.0) + time.monotonic() - t
+
+        return wrapper
+
+    data_module.load_and_check = timed("load_and_check", data_module.load_and_check)
+    data_module.tokenize = timed("tokenize", data_module.tokenize)
+    first: dict[str, float] = {}
+
+    def on_metrics(record: dict) -> None:
+        if record.get("event") == "step" and "first_step_s" not in first:
+            first["first_step_s"] = time.monotonic() - STARTED
+
+    spec = RunSpec.model_validate(
+        {
+            "task": "sequence-classification",
+            "model": {"name": model},
+            "data": {"source": data, "lazy": path != "eager", "streaming": path == "stream", "max_eval_samples": 64},
+            "hyper": {"max_steps": steps, "batch_size": 16, "logging_steps": 1},
+            "output_dir": str(Path(out).parent / "runs"),
+        }
+    )
+    train_spec(spec, progress=False, on_metrics=on_metrics, log=lambda line: None)
+    peak_mb = _peak_rss_mb() or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    Path(out).write_text(json.dumps({**first, **phases, "total_s": time.monotonic() - STARTED, "peak_mem_mb": peak_mb}))
+
+
+def _peak_rss_mb() -> float | None:
+    """This process's own peak resident memory (VmHWM). Not ru_maxrss: Linux carries the parent's peak into a
+    forked and exec'd child's ru_maxrss, and this parent holds the generated rows (a 4M-row child read 1,239 MB by
+    ru_maxrss and 807 MB measured inside)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def run_row(data: Path, model: Path, path: str, steps: int, work: Path, round_: int = 0) -> dict:
+    out = work / f"row-{path}-{data.stem}-{round_}.json"  # its own cache too: every round starts cold
+    env = {**os.environ, "HF_DATASETS_CACHE": str(work / f"cache-{out.stem}"), "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(data), str(model), path, str(out)]
+    proc = subprocess.run([*cmd, str(steps)], capture_output=True, text=True, env=env, cwd=ROOT)
+    if proc.returncode != 0:
+        return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"}
+    return json.loads(out.read_text())
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", type=int, nargs="+", default=[20_000, 400_000])
+    p.add_argument("--format", choices=("csv", "parquet"), default="csv")
+    p.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--repeat", type=int, default=1, help="rounds of every row; the medians are reported")
+    p.add_argument("--smoke", action="store_true", help="2,000 rows, both paths (seconds)")
+    p.add_argument("--output", default=None, help="result JSON (default: benchmarks/results/data-<date>.json)")
+    p.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    opts = p.parse_args()
+    if opts.child:
+        data, model, path, out, steps = opts.child
+        child(data, model, path, out, int(steps))
+        return
+    sizes = [2_000] if opts.smoke else opts.sizes
+    sys.path.insert(0, str(ROOT))
+    from tests.helpers.tiny_models import build_tiny_bert
+
+    results = []
+    with tempfile.TemporaryDirectory(prefix="bench-data-") as tmp:
+        work = Path(tmp)
+        model = build_tiny_bert(work / "tiny-bert")
+        for n in sizes:
+            t = time.monotonic()
+            data = generate(work / f"reviews-{n}.{opts.format}", n)
+            made = time.monotonic() - t
+            rows = {path: {"rows": n, "format": opts.format, "path": path, "generate_s": made} for path in opts.paths}
+            for r in range(opts.repeat):  # rounds in turn: a busy spell of the machine hits every path alike
+                for path in opts.paths:
+                    print(f"[bench] {n:,} rows, {path}, round {r + 1}/{opts.repeat} ...", flush=True)
+                    rows[path].setdefault("runs", []).append(run_row(data, model, path, opts.steps, work, r))
+                    print(f"[bench]   {json.dumps(rows[path]['runs'][-1])}", flush=True)
+            for row in rows.values():
+                done = [x for x in row["runs"] if "error" not in x]
+                if not done:
+                    row["error"] = row["runs"][0]["error"]
+                for key in ("first_step_s", "load_and_check_s", "tokenize_s", "total_s", "peak_mem_mb"):
+                    if done and all(key in x for x in done):
+                        row[key] = statistics.median(x[key] for x in done)  # the median of the rounds
+                results.append(row)
+    base = {(r["rows"], r["path"]): r for r in results}
+    smallest = min(sizes)
+    for r in results:
+        ref = base.get((smallest, r["path"]), {})
+        if "first_step_s" in r and "first_step_s" in ref:
+            r["first_step_vs_smallest"] = r["first_step_s"] / ref["first_step_s"]
+    report = {
+        "benchmark": "bench_data",
+        "method": "one process per row, a cold datasets cache each; tiny BERT; seconds from process start "
+        "to the first step record; peak memory is the row process's VmHWM",
+        "date": date.today().isoformat(),
+        "cpu": cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "smoke": opts.smoke,
+        "steps": opts.steps,
+        "repeat": opts.repeat,
+        "batch_size": 16,
+        "results": results,
+    }
+    name = f"data-{date.today().isoformat()}{'-smoke' if opts.smoke else ''}.json"
+    path = Path(opts.output) if opts.output else HERE / "results" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2))
+    for r in results:
+        print(
+            f"{r['rows']:>9,} {r['path']:<6} first step {r.get('first_step_s', float('nan')):6.1f} s  "
+            f"load+check {r.get('load_and_check_s', float('nan')):5.1f} s  tokenize {r.get('tokenize_s', 0):5.1f} s  "
+            f"peak {r.get('peak_mem_mb', 0):6.0f} MB  {r.get('error', '')}"
+        )
+    print(f"\nwritten to {path}")
+
+
+if __name__ == "__main__":
+    main()
