@@ -3,7 +3,7 @@ the assistant's tokens only, optional packing, and generations to read (with an 
 
 The data formats follow TRL's conventions (its "conversational" `messages` column of {role, content} turns, and its
 "prompt-completion" pair of columns) without depending on TRL: ortlab's own trainer, collators and run folder stay
-as they are (see docs/decisions.md, "Chat data and small LLMs").
+as they are (see docs/decisions/lora-and-small-llms.md, "Chat data and small LLMs").
 
 Which tokens the loss covers is found from the template itself, not from its text: the conversation up to an
 assistant turn is rendered with `add_generation_prompt=True`, then with the turn; the characters in between are the

@@ -239,7 +239,8 @@ def create(name: str, progress: Callable[[str], None] | None = None) -> Path:
 
     Shows each step through `progress` (default: print), with the installers' own lines. Raises
     `RuntimeCreateError` naming the step that failed; a failed build is removed, so it never passes for a
-    built one. Takes about a minute with the CPU torch wheel at hand (see docs/decisions.md for the figure).
+    built one. Takes about a minute with the CPU torch wheel at hand (see docs/decisions/ort-and-runtimes.md for the
+    figure).
     """
     _known(name)
     say = progress or (lambda line: print(line, flush=True))

@@ -1,5 +1,5 @@
-"""ortlab's ONNX Runtime session settings for CPU (docs/decisions.md, "ORT on CPU") reach the session ORTModule
-builds: read back from the session itself after a training step, not from ortlab's own record."""
+"""ortlab's ONNX Runtime session settings for CPU (docs/decisions/ort-and-runtimes.md, "ORT on CPU") reach the
+session ORTModule builds: read back from the session itself after a training step, not from ortlab's own record."""
 
 from __future__ import annotations
 

@@ -103,7 +103,8 @@ def _torch_threads() -> int:
 
 
 # ONNX Runtime session settings ortlab applies when ORTModule runs on a CPU (see configure_session; a callable is
-# read when the session is built). Measured in benchmarks/ort_cpu_study.py, docs/decisions.md "ORT on CPU":
+# read when the session is built). Measured in benchmarks/ort_cpu_study.py, docs/decisions/ort-and-runtimes.md
+# "ORT on CPU":
 # - intra_op_num_threads: ORT's pool otherwise takes one thread per physical core whatever torch was told
 #   (torch.set_num_threads, OMP_NUM_THREADS), so ORT and eager PyTorch would not train on the same thread
 #   budget; now they do. On a 2-core machine both are 2: no speed change there, by construction.
