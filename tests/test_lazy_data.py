@@ -8,8 +8,6 @@ prepared" and "which rows were trained" are counted, not inferred from timings.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -127,21 +125,13 @@ def test_lazy_and_eager_train_the_same_rows_in_the_same_order_with_the_same_loss
 def test_a_lazy_run_resumes_at_the_same_row(runs, tmp_path):
     """A copy of the lazy run, cut back to its step-3 checkpoint, reads exactly the rows of steps 4 to 6 again (the
     skipped steps' rows are not even tokenized: the sampler's indices are skipped, not the rows)."""
-    from ortlab.runfolder.rundir import RunDir, process_create_time
+    from fake_runs import cut_back
+
     from ortlab.train.run import execute
 
     source = runs["lazy"]["dir"]
     run_path = tmp_path / source.name
-    shutil.copytree(source, run_path)
-    for gone in ("model", "result.json", f"checkpoints/checkpoint-{STEPS}"):
-        shutil.rmtree(run_path / gone) if (run_path / gone).is_dir() else (run_path / gone).unlink()
-    kept = [json.loads(line) for line in (run_path / "metrics.jsonl").read_text().splitlines()]
-    (run_path / "metrics.jsonl").write_text(
-        "".join(json.dumps(r) + "\n" for r in kept if r.get("step", 0) <= 3 and r.get("event") != "train_end")
-    )
-    (run_path / "status.json").unlink()
-    run = RunDir(run_path)
-    run.set_status("pending", pid=os.getpid(), create_time=process_create_time(os.getpid()))
+    run = cut_back(source, run_path, step=3, last_checkpoint=STEPS)
     with Recorder() as rec:
         execute(run, resume=True, progress=False, log=lambda _: None)
     assert rec.train_batches() == runs["lazy"]["recorder"].train_batches()[3:], "no row read twice or skipped"

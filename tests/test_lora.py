@@ -4,7 +4,6 @@ ORTModule; what the run folder keeps reloads to the same model; resume, merge an
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -141,21 +140,13 @@ def test_lora_under_ortmodule_trains_what_pytorch_trains(runs):
 
 def test_an_adapter_run_resumes_from_its_checkpoint(runs, tmp_path):
     """A copy of the finished run, cut back to its step-3 checkpoint, resumes and ends where the run ended."""
-    from ortlab.runfolder.rundir import RunDir, process_create_time
+    from fake_runs import cut_back
+
     from ortlab.train.run import execute
 
     source = Path(runs["eager"]["run_dir"])
     run_path = tmp_path / source.name
-    shutil.copytree(source, run_path)
-    for gone in ("model", "result.json", "checkpoints/checkpoint-6"):
-        shutil.rmtree(run_path / gone) if (run_path / gone).is_dir() else (run_path / gone).unlink()
-    kept = [json.loads(line) for line in (run_path / "metrics.jsonl").read_text().splitlines()]
-    (run_path / "metrics.jsonl").write_text(
-        "".join(json.dumps(r) + "\n" for r in kept if r.get("step", 0) <= 3 and r.get("event") != "train_end")
-    )
-    (run_path / "status.json").unlink()
-    run = RunDir(run_path)
-    run.set_status("pending", pid=os.getpid(), create_time=process_create_time(os.getpid()))  # as `resume` claims it
+    run = cut_back(source, run_path, step=3, last_checkpoint=STEPS)  # as `resume` claims it
     spec_text = (run_path / "spec.yaml").read_text().replace(str(source.parent), str(tmp_path))
     (run_path / "spec.yaml").write_text(spec_text)
     result = execute(run, resume=True, progress=False, log=lambda _: None)

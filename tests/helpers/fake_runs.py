@@ -82,3 +82,24 @@ def make_fake_run(
     elif state != "running":
         raise ValueError(f"make_fake_run: unsupported state {state!r}")
     return run.path
+
+
+def cut_back(source: Path, dest: Path, step: int, last_checkpoint: int) -> Any:
+    """A copy of the finished run folder `source` at `dest`, as it was when its step-`step` checkpoint was written:
+    no model, no result, no checkpoint at `last_checkpoint`, the metrics through `step`; claimed by this process as
+    `ortlab resume` claims a run (status pending, this pid). Returns its `RunDir`."""
+    import shutil
+
+    from ortlab.runfolder.rundir import RunDir, process_create_time
+
+    shutil.copytree(source, dest)
+    for gone in ("model", "result.json", f"checkpoints/checkpoint-{last_checkpoint}"):
+        shutil.rmtree(dest / gone) if (dest / gone).is_dir() else (dest / gone).unlink()
+    kept = [json.loads(line) for line in (dest / "metrics.jsonl").read_text().splitlines()]
+    (dest / "metrics.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in kept if r.get("step", 0) <= step and r.get("event") != "train_end")
+    )
+    (dest / "status.json").unlink()
+    run = RunDir(dest)
+    run.set_status("pending", pid=os.getpid(), create_time=process_create_time(os.getpid()))
+    return run
