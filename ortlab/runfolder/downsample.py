@@ -106,8 +106,6 @@ class LiveSeries:
         self._k = 1  # points per bucket (1: every point is drawn)
         self._redraw_at = bound  # the length past which the curve is redrawn downsampled
         self.redraws = 0  # how many times the whole curve was redrawn (what tests and benchmarks count)
-        self.changed = False  # points were added since `take_changed()`
-        self.reset = False  # the drawn points were replaced, not only extended, since `take_changed()`
 
     def __len__(self) -> int:
         return len(self.xs)
@@ -115,7 +113,6 @@ class LiveSeries:
     def add(self, x: float, y: float) -> None:
         self.xs.append(float(x))
         self.ys.append(float(y))
-        self.changed = True
         n = len(self.xs)
         if n > self._redraw_at:
             self._redraw()
@@ -146,7 +143,6 @@ class LiveSeries:
         self._redraw_at = 2 * n
         self._bucket = []
         self.redraws += 1
-        self.reset = True
 
     def points(self) -> tuple[list[float], list[float]]:
         """What to draw: the finished buckets and, of the unfinished one, its min, max and last point."""
