@@ -131,7 +131,7 @@ def _probed(
     candidate, reason = candidate_precision()
     if candidate is None:
         return None, None, f"{reason}; {rest}"
-    if batches is None or len(batches) < PROBE_ROUNDS + 1:
+    if batches is None:  # (the tuner's batches, when given, are all the data has: drawing again gives the same)
         batches = batches_from(train_dataset, collate, spec.hyper.batch_size, spec.seed, n=PROBE_ROUNDS + 1)
     if len(batches) < PROBE_MIN_ROUNDS + 1:
         why = f"fp32: too little training data to probe {candidate} ({len(batches)} batches); {rest}"
