@@ -65,9 +65,7 @@ def run_once(ortlab, spec: dict, name: str, target: dict) -> dict:
 
 def killed_worker(ortlab, spec: dict, target: dict, save_steps: int) -> dict:
     """Kill rank 1 once a checkpoint exists; time the restart record and the next step written after it."""
-    from ortlab.runfolder.rundir import RunDir
-    from ortlab.runfolder.stream import records
-    from ortlab.runner.objstore import Store, is_uri
+    from ortlab.runfolder.place import place_at
     from ortlab.runner.raytrainjob import WORKERS_FILE as WORKERS
 
     run = ortlab.launch(
@@ -78,7 +76,7 @@ def killed_worker(ortlab, spec: dict, target: dict, save_steps: int) -> dict:
             raise SystemExit(f"the run to kill ended {run.state}: {run.status().get('error')}")
         time.sleep(0.2)
     where = run.status()["launcher"]["storage"]
-    workers = Store(where).records(WORKERS) if is_uri(where) else records(RunDir(where).path, name=WORKERS)
+    workers = list(place_at(where).records(WORKERS))
     rank1 = next(w for w in workers if w["rank"] == 1)
     last = run.dir.last_step()
     killed_at = time.time()

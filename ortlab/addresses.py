@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 # Query or fragment keys that carry a secret in the usual URL conventions (token=, access_token=, api_key=, ...).
 _SECRET_KEY = re.compile(r"(token|key|secret|pass(word)?|auth|credential|session|signature|sig)", re.IGNORECASE)
@@ -113,16 +113,21 @@ def storage_problem(storage: str) -> str | None:
         return f"the storage URI carries credentials (a user:password@ part), which would be written down; {fix}"
     if not parts.netloc:
         return f"the storage URI names no bucket: give {scheme}://BUCKET/PREFIX"
-    for key, _ in parse_qsl(parts.query, keep_blank_values=True):
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
         if _SECRET_KEY.search(key):
             return f"the storage URI carries a credential in its query ({key}=...), which would be written down; {fix}"
+        if "@" in urlsplit(value).netloc:  # endpoint_override=http://user:password@host
+            return (
+                f"the storage URI's option {key} carries credentials (a user:password@ part), which would be "
+                f"written down; {fix}"
+            )
     if parts.fragment:
         return "the storage URI has a #fragment, which no object store reads: leave it out"
     # The store's client resolves '.', '..' and empty segments (s3://allowed/runs/../../other/x is another bucket's
     # key): a URI must say plainly where the run goes, so that comparing it with the allowed stores means something.
     path = parts.path.removeprefix("/").rstrip("/")
-    segments = path.split("/") if path else []
-    if any(s in ("", ".", "..") for s in segments):
+    segments = [unquote(s) for s in path.split("/")] if path else []  # (%2e%2e is '..' to the store's client)
+    if any(s in ("", ".", "..") or "/" in s for s in segments):
         return (
             "the storage URI's path has an empty, '.' or '..' segment, which the store's client resolves to "
             f"another place: write the prefix plainly, e.g. {scheme}://BUCKET/runs"

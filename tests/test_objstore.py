@@ -15,9 +15,10 @@ import time
 import pytest
 from gates import launch_gated, wait_paused
 
+from ortlab.runfolder.objstore import UPLOADED, Store, StoredRun, StoreError
+from ortlab.runfolder.place import bring_home
 from ortlab.runfolder.rundir import RunDir, RunStateError
 from ortlab.runner import RunError
-from ortlab.runner.objstore import UPLOADED, Store, StoredRun
 from ortlab.runner.objsync import Mirror, jobs_dir
 from ortlab.runner.rayjob import RayJob
 from ortlab.runner.raytrain import RayTrain
@@ -65,7 +66,7 @@ def test_a_stored_run_brings_home_only_whole_checkpoints_and_nothing_outside_its
 
     home = RunDir(tmp_path / "home" / "r1")
     home.path.mkdir(parents=True)
-    stored.bring_home(home)
+    assert bring_home(stored, home) == []
     assert json.loads((home.path / "result.json").read_text()) == {"summary": {"steps": 4}}
     assert (home.path / "model" / "config.json").read_bytes() == b"{}"
     assert home.last_checkpoint().name == "checkpoint-2", "only a checkpoint whose upload finished is whole"
@@ -127,21 +128,22 @@ def test_the_live_stream_is_pushed_often_while_short_and_seldom_once_long(s3_sto
         f.write(b'{"event": "step", "step": 2, "pad": "' + b"x" * (8 << 20) + b'"}\n')
     mirror.metrics_at = 0.0  # (as if LIVE_S had passed)
     mirror.sync()
-    assert stored.metrics_bytes() == mirror.local.metrics_path.read_bytes(), "a grown short stream: pushed"
+    pushed = stored_objects(stored.path)["metrics.jsonl"]
+    assert pushed == mirror.local.metrics_path.read_bytes(), "a grown short stream: pushed"
     with mirror.local.metrics_path.open("ab") as f:
         f.write(b'{"event": "step", "step": 3}\n')
     mirror.metrics_at = time.monotonic() - 1.0  # (as if a second had passed: four LIVE_S, but not 8 s)
     mirror.sync()
-    assert stored.metrics_bytes().count(b"\n") == 2
+    assert stored_objects(stored.path)["metrics.jsonl"].count(b"\n") == 2
     mirror.sync(force=True)
-    assert stored.metrics_bytes() == mirror.local.metrics_path.read_bytes()
+    assert stored_objects(stored.path)["metrics.jsonl"] == mirror.local.metrics_path.read_bytes()
     follower.pull()
     assert follower.local.metrics_path.read_bytes() == mirror.local.metrics_path.read_bytes()
 
 
 def test_a_storage_this_machine_cannot_write_is_named_with_the_reason(s3_server):
     store = Store(f"s3://no-such-bucket-ortlab/runs?endpoint_override={s3_server}&scheme=http")
-    with pytest.raises(RunError, match=r"cannot write and read s3://no-such-bucket-ortlab/runs"):
+    with pytest.raises(StoreError, match=r"cannot write and read s3://no-such-bucket-ortlab/runs"):
         store.probe()
 
 
@@ -152,6 +154,8 @@ def test_a_storage_this_machine_cannot_write_is_named_with_the_reason(s3_server)
         ("s3://bucket/runs?secret_key=abc", "credential in its query"),
         ("ftp://bucket/runs", "ftp:// is not a storage ortlab knows"),
         ("s3:///runs", "names no bucket"),
+        ("s3://bucket/runs/%2e%2e/other", r"'\.\.' segment"),
+        ("s3://bucket/runs?endpoint_override=http://AKIA:secret@127.0.0.1:9000", "option endpoint_override carries"),
     ],
 )
 def test_a_storage_uri_with_a_credential_or_an_unknown_scheme_is_refused(storage, says):

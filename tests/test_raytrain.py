@@ -20,10 +20,9 @@ from gates import launch_gated, wait_paused
 
 import ortlab
 from ortlab.runfolder.compare import row_for, worker_throughput
+from ortlab.runfolder.objstore import UPLOADED, Store, StoredRun
 from ortlab.runfolder.rundir import RunDir
-from ortlab.runfolder.stream import records
 from ortlab.runner import RunError
-from ortlab.runner.objstore import UPLOADED, Store, StoredRun
 from ortlab.runner.objsync import jobs_dir
 from ortlab.runner.raytrainjob import FAILURES_FILE, WORKERS_FILE
 from ortlab.runner.trust import STORAGES_ENV
@@ -35,8 +34,8 @@ def steps_of(run) -> list[int]:
     return [r["step"] for r in run.metrics() if r["event"] == "step"]
 
 
-def workers_of(storage: RunDir | Store, attempt: int) -> dict[int, dict]:
-    found = storage.records(WORKERS_FILE) if isinstance(storage, Store) else records(storage.path, name=WORKERS_FILE)
+def workers_of(storage, attempt: int) -> dict[int, dict]:
+    found = storage.records(WORKERS_FILE)
     return {w["rank"]: w for w in found if w["attempt"] == attempt}
 
 
@@ -133,7 +132,7 @@ def test_two_workers_with_zero1_survive_a_removed_node(three_nodes, remote_spec,
     shares = zero["details"]["optimizer_state_share_by_rank"]
     assert len(shares) == 2 and all(0.45 < x < 0.55 for x in shares), f"each worker holds half: {shares}"
     assert (run.path / "model" / "config.json").is_file(), "the model comes home"
-    assert storage.records(FAILURES_FILE), "Ray Train's controller recorded the failure (in the store)"
+    assert list(storage.records(FAILURES_FILE)), "Ray Train's controller recorded the failure (in the store)"
     # Each stored checkpoint holds both ranks' ZeRO shards, though each node wrote only its own rank's.
     stored = storage.files("checkpoints")
     assert {n.split("/")[0] for n in stored if n.endswith(UPLOADED)} == {

@@ -45,7 +45,7 @@ from typing import Any
 
 from ortlab import safeio
 from ortlab.errors import OrtlabError
-from ortlab.runfolder.stream import MetricsStream, summary_of
+from ortlab.runfolder.stream import METRICS_FILE, MetricsStream, summary_of
 from ortlab.runfolder.stream import records as stream_records
 
 STATES = ("pending", "running", "completed", "failed", "stopped")
@@ -60,6 +60,10 @@ TRANSITIONS: dict[str | None, frozenset[str]] = {
     "failed": frozenset({"pending"}),
     "completed": frozenset(),
 }
+# The states a resume may claim: those `pending` may follow (a resume is the claim of a run by a new worker).
+RESUMABLE = frozenset(
+    state for state, nexts in TRANSITIONS.items() if state is not None and "pending" in nexts - {state}
+)
 # A run that was claimed but whose process never recorded itself is declared failed after this long.
 START_GRACE_S = 120.0
 # What a reader sees for a folder whose status cannot be trusted (never written: see the module's docstring).
@@ -298,10 +302,10 @@ class RunDir:
         Raises RunStateError when the run is not stopped or failed (a second resume, a running run).
         """
         with self.locked():
-            self._check_transition("pending", {"stopped", "failed"})
+            self._check_transition("pending", RESUMABLE)
             self.clear_stop()
             self.clear_pause()
-            return self._set_status_locked("pending", {"stopped", "failed"}, fields)
+            return self._set_status_locked("pending", RESUMABLE, fields)
 
     def _check_transition(self, state: str, expect: Any) -> dict[str, Any]:
         current = self.read_status() if safeio.exists(self.path, "status.json") else {}
@@ -401,9 +405,30 @@ class RunDir:
         """Every record, as a list (for a run's own few hundred steps; views fold `records()` or a RunSummary)."""
         return list(self.records())
 
-    def records(self) -> Iterator[dict[str, Any]]:
-        """Every record, read in bounded pieces: memory for one piece, not for the whole file."""
-        return stream_records(self.path)
+    def records(self, name: str = METRICS_FILE) -> Iterator[dict[str, Any]]:
+        """Every record of a JSON-lines file of the run (its metrics by default), read in bounded pieces: memory
+        for one piece, not for the whole file."""
+        return stream_records(self.path, name=name)
+
+    def append_records(self, name: str, records: list[dict[str, Any]]) -> None:
+        """JSON lines appended to a file of the run (opened without following a link)."""
+        fd = safeio.open_in(self.path, name, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        try:
+            os.write(fd, "".join(safeio.dumps(r) + "\n" for r in records).encode())
+        finally:
+            os.close(fd)
+
+    def read_small(self, name: str) -> bytes:
+        """A small file of the run (result.json, ...), never through a link, bounded; FileNotFoundError when absent."""
+        return safeio.read_bytes(self.path, name)
+
+    def has(self, rel: str) -> bool:
+        return safeio.exists(self.path, rel)
+
+    def fetch(self, rel: str, folder: Path, dest: str) -> list[str]:
+        """The regular files below `rel` copied into `folder/dest` (never what a link points to); what was left
+        behind, as "path (why)"."""
+        return safeio.copy_files(self.path, rel, Path(folder) / dest)
 
     def last_step(self) -> int:
         return summary_of(self.path).step
@@ -431,6 +456,10 @@ class RunDir:
         here by path follows them, and export and publish would carry what a link points at (a `vocab.txt` linked
         to a private key becomes a published tokenizer's vocabulary)."""
         return safeio.not_regular(self.path, "model")
+
+    def last_checkpoint_name(self) -> str | None:
+        last = self.last_checkpoint()
+        return None if last is None else last.name
 
     def last_checkpoint(self) -> Path | None:
         """The newest complete checkpoint; a linked checkpoints/ folder or linked checkpoint-N is passed over (a
@@ -478,13 +507,20 @@ class RunDir:
         text = self.read_pause()
         if text is None:
             return False
-        return not text.isdigit() or step >= int(text)
+        at = pause_step(text)
+        return at is None or step >= at
 
     def clear_stop(self) -> None:
         safeio.remove(self.path, "control/stop")
 
     def clear_pause(self) -> None:
         safeio.remove(self.path, "control/pause")
+
+
+def pause_step(text: str) -> int | None:
+    """The step a pause request names (its file holds ASCII digits), or None (no step: pause now). Read with
+    care: `str.isdigit` says yes to '²', which `int` refuses."""
+    return int(text) if re.fullmatch(r"[0-9]{1,15}", text) else None
 
 
 def _damaged(reason: str, status: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -28,6 +28,7 @@ its last call (a replaced or cut file is read afresh).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
@@ -129,21 +130,32 @@ class MetricsStream:
             return
         try:
             self.problem = None
-            yield from self._records(fd, max_bytes)
+            st = os.fstat(fd)
+            read_at = functools.partial(os.pread, fd)
+            yield from self.records_from(read_at, st.st_size, (st.st_dev, st.st_ino), st.st_mtime, max_bytes)
         finally:
             os.close(fd)
 
-    def _records(self, fd: int, max_bytes: int | None) -> Iterator[dict[str, Any]]:
-        st = os.fstat(fd)
-        identity = (st.st_dev, st.st_ino)
-        self.size, self.mtime, self.caught_up = st.st_size, st.st_mtime, False
-        if (self.identity is not None and identity != self.identity) or st.st_size < self.offset:
+    def records_from(
+        self,
+        read_at: Callable[[int, int], bytes],
+        size: int,
+        identity: tuple[int, int] | None = None,
+        mtime: float = 0.0,
+        max_bytes: int | None = CHUNK_BYTES,
+    ) -> Iterator[dict[str, Any]]:
+        """`records`, from any source that reads `n` bytes at an offset (`read_at(n, offset)`, as os.pread does):
+        a stored run's metrics in an object store are read by this same bounded reader. `identity` tells a
+        replaced file from a grown one (None: not known, only a shrunk size says it was cut)."""
+        self.size, self.mtime, self.caught_up = size, mtime, False
+        replaced = identity is not None and self.identity is not None and identity != self.identity
+        if replaced or size < self.offset:
             self.offset, self.skipped, self.skips, self._passing_from = 0, 0, [], None
             if self.on_restart is not None:
                 self.on_restart()
         self.identity = identity
         # Inside a line (its previous byte is not a newline): that line's rest is passed over, not parsed as a record.
-        passing = self.offset > 0 and os.pread(fd, 1, self.offset - 1) != b"\n"
+        passing = self.offset > 0 and read_at(1, self.offset - 1) != b"\n"
         passing_from = self._passing_from if passing and self._passing_from is not None else self.offset
         too_long = f"longer than {self.line_limit} bytes"
         passing_why = too_long if self._passing_from is not None else "the rest of a line begun before the offset"
@@ -151,7 +163,7 @@ class MetricsStream:
         # Past the budget only while no line has ended yet: a line of up to line_limit bytes is always read whole.
         while max_bytes is None or done < max_bytes or self.offset == began:
             want = PIECE_BYTES if max_bytes is None or done >= max_bytes else min(PIECE_BYTES, max_bytes - done)
-            piece = os.pread(fd, want, pos + len(buf))
+            piece = read_at(want, pos + len(buf))
             if not piece:
                 self.caught_up = True
                 break
@@ -186,7 +198,7 @@ class MetricsStream:
                 self.offset = pos
             else:
                 pos, buf = pos + start, buf[start:]
-        self.caught_up = self.caught_up or pos + len(buf) >= st.st_size
+        self.caught_up = self.caught_up or pos + len(buf) >= size
 
     def _skip(self, offset: int, length: int, reason: str) -> None:
         self.skipped += 1

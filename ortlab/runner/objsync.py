@@ -20,8 +20,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ortlab import safeio
-from ortlab.runfolder.rundir import RunDir
-from ortlab.runner.objstore import MAX_STREAM_BYTES, PIECE, SMALL, UPLOADED, StoredRun, read_limit
+from ortlab.runfolder.objstore import MAX_STREAM_BYTES, PIECE, SMALL, UPLOADED, StoredRun, read_limit
+from ortlab.runfolder.place import RunPlace
+from ortlab.runfolder.rundir import RunDir, pause_step
 
 SYNC_S = 1.0  # how often the job pulls stop/pause and pushes its status
 METRICS_SYNC_S = 10.0  # ... and its metrics.jsonl (the live records go through the job's log; this is the backup)
@@ -34,6 +35,12 @@ STREAM_PUSH_BYTES_PER_S = 1 << 20
 def jobs_dir() -> Path:
     """Where jobs keep their node-local copies of runs on a node (each removed when its job ends cleanly)."""
     return Path(tempfile.gettempdir()) / "ortlab-jobs"
+
+
+def folder_of(place: RunPlace) -> RunDir | None:
+    """The folder a job on this node can train `place` in directly (a folder both sides mount), or None: the
+    place is not a folder here (an object store), and the job trains in a node-local copy (`Mirror`)."""
+    return place if isinstance(place, RunDir) else None
 
 
 def node_folder(stored: StoredRun) -> RunDir:
@@ -80,35 +87,33 @@ class Mirror:
             # Only the stored checkpoint is whole on every node: one this node wrote after it (its upload cut by
             # a failure) would have a resume start from a step the other nodes never saved.
             shutil.rmtree(self.local.checkpoints, ignore_errors=True)
-            last = self.stored.fetch_last_checkpoint(self.local)
+            last = self.stored.last_checkpoint_name()
             if last is not None:
+                self.stored.fetch(f"checkpoints/{last}", self.local.path, f"checkpoints/{last}")
                 self.pushed_checkpoints.add(last)
 
     def pull_controls(self) -> None:
-        store = self.stored.store
-        if store.exists("control/stop") and not self.local.stop_requested():
+        if self.stored.stop_requested() and not self.local.stop_requested():
             self.local.request_stop()
-        try:
-            pause = store.read_bytes("control/pause", limit=64).decode(errors="replace").strip()
-        except FileNotFoundError:
+        pause = self.stored.read_pause()  # (odd contents read as "now", never raised: see read_pause)
+        if pause is None:
             self.local.clear_pause()
-        else:
-            if self.local.read_pause() != pause:
-                self.local.request_pause(int(pause) if pause.isdigit() else None)
+        elif self.local.read_pause() != pause:
+            self.local.request_pause(pause_step(pause))
 
     def push_small(self, names: tuple[str, ...]) -> None:
         """Each of `names` that changed since it was last pushed (by its size and modification time: the stream
-        is not read whole every second to find that nothing was added)."""
+        is not read whole every second to find that nothing was added), copied in pieces: a stream past any
+        bound is still pushed, with flat memory."""
         for name in names:
             try:
                 info = os.stat(self.local.path / name, follow_symlinks=False)
                 seen = (info.st_ino, info.st_size, info.st_mtime_ns)
                 if self.sent.get(name) == seen:
                     continue
-                data = safeio.read_bytes(self.local.path, name, limit=read_limit(name))
+                self.stored.store.put(self.local.path, name)
             except FileNotFoundError:
                 continue
-            self.stored.store.write_bytes(name, data)
             self.sent[name] = seen
 
     def push_checkpoints(self) -> None:
@@ -128,14 +133,14 @@ class Mirror:
         local stat, no request, when it did not); the controls, checkpoints and status every SYNC_S. `force`:
         all of it now."""
         now = time.monotonic()
+        steps: list[Callable[[], None]] = []
         if force or now - self.metrics_at >= self._metrics_interval():
-            self.push_small(("metrics.jsonl",))
+            steps.append(lambda: self.push_small(("metrics.jsonl",)))
             self.metrics_at = now
         if force or now - self.rest_at >= SYNC_S:
-            self.pull_controls()
-            self.push_checkpoints()
-            self.push_small(("status.json", "tune.json"))
+            steps += [self.pull_controls, self.push_checkpoints, lambda: self.push_small(("status.json", "tune.json"))]
             self.rest_at = now
+        _each(steps)
 
     def _metrics_interval(self) -> float:
         try:
@@ -147,10 +152,10 @@ class Mirror:
     def push_end(self) -> None:
         """Everything a finished (or stopped, or failed) run leaves: the last checkpoint, the results, the model,
         the stream and the final status (last: a status that says `completed` finds the model there)."""
-        self.push_checkpoints()
-        self.push_small(("metrics.jsonl", "tune.json", "result.json"))
+        steps = [self.push_checkpoints, lambda: self.push_small(("metrics.jsonl", "tune.json", "result.json"))]
         if self.local.model_dir.is_dir():
-            self.stored.store.upload(self.local.path, "model")
+            steps.append(lambda: self.stored.store.upload(self.local.path, "model"))
+        _each(steps)
         self.push_small(("status.json",))
 
     def syncing(self) -> contextlib.AbstractContextManager[None]:
@@ -180,9 +185,11 @@ class Follower:
                 safeio.write_bytes(self.local.path, "status.json", store.read_bytes("status.json"))
             self.status_at = time.monotonic()
         info = store.fs.get_file_info(store.key("metrics.jsonl"))
+        if info.type != pafs.FileType.File:  # (none until rank 0's first push: nothing to read, nothing to say)
+            return
         have = self.local.metrics_path.stat().st_size if self.local.metrics_path.is_file() else 0
         end = min(info.size, MAX_STREAM_BYTES)  # (the same bound as every read of a stored stream)
-        if info.type != pafs.FileType.File or end <= have:
+        if end <= have:
             return
         fd = safeio.open_in(self.local.path, "metrics.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         with store.fs.open_input_file(store.key("metrics.jsonl")) as src, os.fdopen(fd, "ab") as out:
@@ -199,6 +206,20 @@ class Follower:
             self.pull()
 
         return _repeating(self.pull, f"reading {self.stored.path}", last, LIVE_S)
+
+
+def _each(steps: list[Callable[[], None]]) -> None:
+    """Every step, each on its own: one that fails (a store hiccup, an odd file) does not keep the others from
+    running (a stream past its bound once kept control, checkpoints and status from being pushed at all); the first
+    failure is raised after the rest have run."""
+    failed: Exception | None = None
+    for step in steps:
+        try:
+            step()
+        except Exception as e:
+            failed = failed or e
+    if failed is not None:
+        raise failed
 
 
 @contextlib.contextmanager

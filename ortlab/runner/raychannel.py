@@ -23,20 +23,18 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
-from ortlab import cluster, safeio
-from ortlab.runfolder.rundir import TERMINAL, RunDir, RunStateError, read_metrics
+from ortlab import cluster
+from ortlab.runfolder.objstore import Store, StoreError
+from ortlab.runfolder.place import RunPlace, Storage, bring_home, place_at, place_in, storage_at
+from ortlab.runfolder.rundir import TERMINAL, RunDir, RunStateError, pause_step, read_metrics
 from ortlab.runner.launcher import RunError
-from ortlab.runner.objstore import Store, StoredRun, is_uri, jsonl_records
-from ortlab.runner.objsync import Mirror, node_folder
+from ortlab.runner.objsync import Mirror, folder_of, node_folder
 from ortlab.safeio import dumps
 from ortlab.spec import RunSpec
 
@@ -55,12 +53,10 @@ LOST_GRACE_S = 20.0
 # --- where a job's run folder is -------------------------------------------------------------------------------
 
 
-def storage_for(spec: Any) -> Path | Store:
-    """Where this spec's remote run folders live: a folder both sides mount, or an object store (`objstore`)."""
-    if spec.target.storage and is_uri(spec.target.storage):
-        return Store(spec.target.storage)
+def storage_for(spec: Any) -> Storage:
+    """Where this spec's remote run places live: a folder both sides mount, or an object store (`objstore`)."""
     if spec.target.storage:
-        return Path(spec.target.storage)
+        return storage_at(spec.target.storage)
     if spec.target.cluster == "local":
         return cluster.cluster_dir() / "storage"
     raise RunError(
@@ -69,33 +65,24 @@ def storage_for(spec: Any) -> Path | Store:
     )
 
 
-def recorded_storage(run: RunDir, spec: Any) -> RunDir | StoredRun:
-    """The remote run folder that `run`'s status records, if it is one this spec's launch could have made.
+def recorded_storage(run: RunDir, spec: Any) -> RunPlace:
+    """The remote run place that `run`'s status records, if it is one this spec's launch could have made.
 
     status.json is a file of the run folder, and a folder may come from anyone: a planted `launcher.storage` naming
     another folder would make a resume claim that folder (write its status, remove its control files) and the
-    monitor bring its files home. Only `<storage>/<run id>` or `<storage>/<run id>-<6 hex>` (what `start` creates),
-    a real folder directly inside the spec's storage, is accepted.
+    monitor bring its files home. Only `<storage>/<run id>` or `<storage>/<run id>-<6 hex>` (what `start` creates)
+    directly inside the spec's storage is accepted (`place.place_in`).
     """
     launcher = run.read_status().get("launcher")
     recorded = launcher.get("storage") if isinstance(launcher, dict) else None
     storage = storage_for(spec)
-    if isinstance(storage, Store):  # the same rule, on the URI: <storage URI>/<run id>[-<6 hex>], as `start` made it
-        name = urlsplit(recorded).path.rsplit("/", 1)[-1] if isinstance(recorded, str) else ""
-        if re.fullmatch(re.escape(run.id) + r"(-[0-9a-f]{6})?", name) and storage.child(name).uri == recorded:
-            return StoredRun(storage.child(name))
-        raise RunError(
-            f"run {run.id}: its status names the remote folder {recorded!r}, which is not {storage.child(run.id)} "
-            "(where its launch puts it); the run folder was edited or damaged, so ortlab will not use that folder"
-        )
-    name_ok = isinstance(recorded, str) and re.fullmatch(re.escape(run.id) + r"(-[0-9a-f]{6})?", Path(recorded).name)
-    path = Path(recorded) if name_ok else None
-    if path is None or path.is_symlink() or path.parent.resolve() != storage.resolve():
+    place = place_in(storage, run.id, recorded)
+    if place is None:
         raise RunError(
             f"run {run.id}: its status names the remote folder {recorded!r}, which is not {storage}/{run.id} "
             "(where its launch puts it); the run folder was edited or damaged, so ortlab will not use that folder"
         )
-    return RunDir(path)
+    return place
 
 
 # --- the job's side --------------------------------------------------------------------------------------------
@@ -154,13 +141,13 @@ def streamed(run: RunDir, body: Any) -> int:
 def worker_main(path: str, resume: bool) -> int:
     from ortlab.train.run import execute
 
-    if not is_uri(path):  # a folder both sides mount: train in it
-        run = RunDir(path)
+    place = place_at(path)
+    run = folder_of(place)
+    if run is not None:  # a folder both sides mount: train in it
         return streamed(run, lambda: execute(run, resume=resume, progress=False))
     # An object store: train in a node-local copy, kept in step with the store (objsync.Mirror). The results are
     # pushed before the final status is printed, so a monitor that sees the end finds them in the store.
-    stored = StoredRun(Store(path))
-    mirror = Mirror(stored, node_folder(stored))
+    mirror = Mirror(place, node_folder(place))
     mirror.pull(resume)
 
     def body() -> None:
@@ -183,7 +170,7 @@ def doctor_main(storage: str | None = None) -> int:
         try:
             Store(storage).probe()
             report["storage"] = "ok"
-        except RunError as e:
+        except StoreError as e:
             report["storage"] = str(e)
     try:
         import ray
@@ -235,10 +222,13 @@ class Monitor:
         self.problems: list[str] = []  # what went wrong in `finish`'s steps (each isolated, see `_step`)
         self.forwarded: tuple[bool, str | None] | None = None  # the stop/pause requests last passed on
         self.log = os.fdopen(self.run.open_log(), "a", encoding="utf-8")
+        # Every read starts at the log's beginning, so the run's log gets a line only past the most lines any
+        # read got to (re-reading after each reconnect once wrote one line 32 times).
+        self.line_no, self.logged = 0, 0
 
     def begin_read(self) -> None:
         """A new read of the job's log from its beginning."""
-        self.buffer, self.skipped = "", 0
+        self.buffer, self.skipped, self.line_no = "", 0, 0
 
     def feed(self, text: str) -> None:
         self.buffer += text
@@ -248,19 +238,24 @@ class Monitor:
             self.buffer = ""
         fresh = []
         for line in lines:
+            self.line_no += 1
+            new = self.line_no > self.logged  # (not written to the run's log by an earlier read)
+            self.logged = max(self.logged, self.line_no)
             # Another writer's partial line (a progress bar's "\r" without a newline) may precede a tag on the same
             # line of the job's log: the tag counts wherever it starts, what is before it goes to the run log.
             at = min((i for i in (line.find(t) for t in TAGS) if i >= 0), default=-1)
             if at > 0:
-                self.log.write(line[:at] + "\n")
+                if new:
+                    self.log.write(line[:at] + "\n")
                 line = line[at:]
             tag = next((t for t in TAGS if line.startswith(t)), None)
             if tag is None:
-                self.log.write(line + "\n")
+                if new:
+                    self.log.write(line + "\n")
                 continue
             value = _tagged(tag, line)
             if value is None:
-                self._skip(line)
+                self._skip(line, new)
             elif tag == METRIC_TAG:
                 if value["seq"] == self.have:
                     fresh.append(value["record"])
@@ -283,9 +278,11 @@ class Monitor:
             self.skipped_recorded = self.skipped_most
         self.log.flush()
 
-    def _skip(self, line: str) -> None:
+    def _skip(self, line: str, new: bool) -> None:
         self.skipped += 1
         self.skipped_most = max(self.skipped_most, self.skipped)
+        if not new:
+            return
         cut = line if len(line) <= 300 else f"{line[:300]}... ({len(line)} characters)"
         self.log.write(f"[ortlab monitor] skipped a tagged line that is not an ortlab record: {cut}\n")
 
@@ -310,7 +307,7 @@ class Monitor:
             if stop:
                 self.remote.request_stop()
             if pause is not None:
-                self.remote.request_pause(int(pause) if pause.isdigit() else None)
+                self.remote.request_pause(pause_step(pause))
             else:
                 self.remote.clear_pause()
             self.forwarded = wanted
@@ -396,16 +393,18 @@ class Monitor:
         if tagged:
             self.begin_read()
             self.feed("\n".join(ln for ln in tagged if ln.startswith((METRIC_TAG, FINAL_TAG))) + "\n")
-        # Last resort, the source of truth: records the log lost for good are in the storage's metrics.jsonl.
-        with contextlib.suppress(OSError):
-            if isinstance(self.remote, StoredRun):
-                missing = jsonl_records(self.remote.metrics_bytes())[self.have :]
-            else:
-                missing = self.remote.metrics()[self.have :]
-            if missing:
-                with self.run.metrics_path.open("a", encoding="utf-8") as f:
-                    f.write("".join(dumps(r) + "\n" for r in missing))
-                self.have += len(missing)
+        # Last resort, the source of truth: records the log lost for good are in the storage's metrics, read by the
+        # run folder's bounded reader and appended a piece at a time (memory stays flat whatever the stream's size).
+        with contextlib.suppress(OSError), self.run.metrics_path.open("a", encoding="utf-8") as f:
+            piece: list[str] = []
+            for index, record in enumerate(self.remote.records()):
+                if index >= self.have:
+                    piece.append(dumps(record) + "\n")
+                    if len(piece) >= 1000:
+                        f.write("".join(piece))
+                        self.have, piece = self.have + len(piece), []
+            f.write("".join(piece))
+            self.have += len(piece)
 
     def _step(self, what: str, fn: Any, *args: Any) -> None:
         """One step of `finish`, isolated: whatever it raises is logged, and the next steps still run."""
@@ -465,26 +464,10 @@ class Monitor:
             self.run.set_status("failed", error=error, step=self.run.last_step(), **self.skipped_fields())
 
     def bring_home(self) -> None:
-        """model/, result.json, tune.json and the last checkpoint: export, push and resume read them here."""
-        if isinstance(self.remote, StoredRun):  # the object store's client, into safeio writes (see objstore)
-            self.remote.bring_home(self.run)
-            return
-        # The storage is a folder others can write: only its regular files come home, never what a link in it
-        # points to (safeio.copy_files); what was left behind is said in the run's log.
-        src, skipped = self.remote, []
-        with contextlib.suppress(OSError):
-            for name in ("result.json", "tune.json"):
-                with contextlib.suppress(FileNotFoundError):
-                    safeio.write_bytes(self.run.path, name, safeio.read_bytes(src.path, name), durable=True)
-            if src.model_dir.is_dir():
-                shutil.rmtree(self.run.model_dir, ignore_errors=True)
-                skipped += safeio.copy_files(src.path, "model", self.run.model_dir)
-            last = src.last_checkpoint()
-            if last is not None:
-                shutil.rmtree(self.run.checkpoints, ignore_errors=True)
-                skipped += safeio.copy_files(src.path, f"checkpoints/{last.name}", self.run.checkpoints / last.name)
-        for item in skipped:
-            self.log.write(f"not brought home from the storage: {item}\n")
+        """model/, result.json, tune.json and the last checkpoint: export, push and resume read them here. Through
+        `place.bring_home`: staged, swapped in when whole, nothing local removed for a remote that has less."""
+        for item in bring_home(self.remote, self.run):
+            self.log.write(f"not brought home from {self.remote.path}: {item}\n")
         self.log.flush()
 
 

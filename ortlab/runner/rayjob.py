@@ -21,7 +21,6 @@ import json
 import os
 import secrets
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -30,10 +29,13 @@ from typing import Any
 from ortlab import cluster, safeio
 from ortlab.envvars import child_env, ortlab_path
 from ortlab.netutil import LOOPBACK_INTERFACE
-from ortlab.runfolder.rundir import RunDir, RunStateError, process_create_time
+from ortlab.runfolder.objstore import StoreError, is_uri
+from ortlab.runfolder.place import bring_home, new_place, probe_storage
+from ortlab.runfolder.rundir import RunDir, RunStateError, pause_step, process_create_time
 from ortlab.runner.launcher import Launcher, RunError, mix_problems
-from ortlab.runner.objstore import Store, StoredRun, is_uri
-from ortlab.runner.raychannel import DOCTOR_TAG, Monitor, recorded_storage, storage_for
+from ortlab.runner.raychannel import DOCTOR_TAG, recorded_storage, storage_for
+from ortlab.runner.trust import storage_gate
+from ortlab.spec import RunSpec
 
 DOCTOR_TIMEOUT_S = 180.0
 # A cluster's doctor answer is reused for this long in one process (a doctor job costs seconds; a notebook that
@@ -150,17 +152,17 @@ class RayJob(Launcher):
         """Check the spec against the cluster, before anything is created: reachable, authenticated, enough GPUs,
         and every acceleration asked for available there (the cluster's doctor, not this machine's)."""
         storage = storage_for(spec)
-        if isinstance(storage, Store):  # this machine's side of the storage (the doctor job checks the cluster's)
-            try:
-                storage.probe()
-            except RunError as e:
-                raise RunError(
-                    f"target.storage: this machine {e} (the monitor brings the results home through it; check "
-                    "this machine's credentials for the store, e.g. AWS_ACCESS_KEY_ID, and the bucket)"
-                ) from None
+        try:  # this machine's side of the storage (the doctor job checks the cluster's side of an object store)
+            probe_storage(storage)
+        except StoreError as e:
+            raise RunError(
+                f"target.storage: this machine {e} (the monitor brings the results home through it; check "
+                "this machine's access to it: for an object store its credentials, e.g. AWS_ACCESS_KEY_ID, and "
+                "the bucket)"
+            ) from None
         report = cluster_doctor(spec)
         problems = resource_problems(spec, report) + self.shape_problems(spec)
-        if isinstance(storage, Store) and report.get("storage") != "ok":
+        if is_uri(spec.target.storage) and report.get("storage") != "ok":
             problems.append(
                 f"target.storage: a job on the cluster {report.get('storage') or 'could not check the storage'} "
                 "(the workers write checkpoints and the model there; check the cluster's credentials for the store)"
@@ -215,31 +217,13 @@ class RayJob(Launcher):
             except (RunStateError, OSError) as e:
                 run.set_status("failed", error=f"the remote run folder cannot resume: {e}")
                 raise RunError(f"run {run.id} could not resume on the cluster: {e}") from None
-        elif isinstance(storage, Store):
-            remote = StoredRun(storage.child(run.id))
-            while remote.store.exists("spec.yaml"):  # (unique as below, by a suffix)
-                remote = StoredRun(storage.child(f"{run.id}-{secrets.token_hex(3)}"))
-            remote.create(safeio.read_bytes(run.path, "spec.yaml"))
         else:
-            # Run ids are unique in their runs folder, not in a storage that runs from several folders share.
-            storage.mkdir(parents=True, exist_ok=True)
-            remote = RunDir(storage / run.id)
-            while True:
-                try:
-                    remote.path.mkdir()
-                    break
-                except FileExistsError:
-                    remote = RunDir(storage / f"{run.id}-{secrets.token_hex(3)}")
-            (remote.path / "logs").mkdir()
-            (remote.path / "control").mkdir()
-            shutil.copy2(run.spec_path, remote.spec_path)
-            remote.set_status("pending")
+            remote = new_place(storage, run.id, safeio.read_bytes(run.path, "spec.yaml"))
         pause = run.read_pause()
         if pause is not None:  # a gate set before the start holds the remote run from its first step
-            remote.request_pause(int(pause) if pause.isdigit() else None)
+            remote.request_pause(pause_step(pause))
         python, runtime_env = _python_for(spec)
-        where = remote.path if isinstance(remote, StoredRun) else remote.path.resolve()
-        entry = f"{python} {self.entrypoint(spec, shlex.quote(str(where)))}"
+        entry = f"{python} {self.entrypoint(spec, shlex.quote(str(remote.path)))}"
         job_id = f"ortlab-{run.id}-{secrets.token_hex(4)}"
         try:
             client.submit_job(
@@ -280,4 +264,13 @@ class RayJob(Launcher):
         )
 
     def bring_home(self, run: RunDir) -> None:
-        Monitor(run.path, cluster="").bring_home()
+        spec = RunSpec.from_run(run)
+        storage_gate(run.id, spec)  # this machine's credentials sign the requests: only to a store the user listed
+        remote = recorded_storage(run, spec)
+        try:
+            left = bring_home(remote, run)
+        except StoreError as e:
+            raise RunError(f"run {run.id}: {e}") from None
+        if left:
+            with os.fdopen(run.open_log(), "a", encoding="utf-8") as log:
+                log.writelines(f"not brought home from {remote.path}: {item}\n" for item in left)

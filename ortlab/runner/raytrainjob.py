@@ -31,11 +31,10 @@ from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 from ray.train.v2.api.callback import UserCallback
 
-from ortlab import safeio
+from ortlab.runfolder.objstore import UPLOADED, StoredRun
+from ortlab.runfolder.place import RunPlace, place_at
 from ortlab.runfolder.rundir import TERMINAL, RunDir, RunStateError
-from ortlab.runfolder.stream import records
-from ortlab.runner.objstore import UPLOADED, Store, StoredRun, is_uri
-from ortlab.runner.objsync import LIVE_S, Follower, Mirror, jobs_dir, node_folder
+from ortlab.runner.objsync import LIVE_S, Follower, Mirror, folder_of, jobs_dir, node_folder
 from ortlab.runner.raychannel import streamed
 from ortlab.spec import RunSpec
 
@@ -44,26 +43,12 @@ FAILURES_FILE = "ray-failures.jsonl"  # one line per failure Ray Train saw: {tim
 MAX_REASON_CHARS = 500
 
 
-def _append(where: RunDir | Store, name: str, lines: list[dict[str, Any]]) -> None:
-    """JSON lines appended to a file of the run folder (opened without following a link), or of the stored run."""
-    if isinstance(where, Store):
-        where.append_records(name, lines)
-        return
-    fd = safeio.open_in(where.path, name, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    try:
-        os.write(fd, "".join(safeio.dumps(line) + "\n" for line in lines).encode())
-    finally:
-        os.close(fd)
-
-
-def _all(where: RunDir | Store, name: str) -> list[dict[str, Any]]:
-    """The file's records (read in bounded pieces; a bad line is passed over)."""
-    return where.records(name) if isinstance(where, Store) else list(records(where.path, name=name))
-
-
-def _last(where: RunDir | Store, name: str) -> dict[str, Any] | None:
-    found = _all(where, name)
-    return found[-1] if found else None
+def _last(place: RunPlace, name: str) -> dict[str, Any] | None:
+    """The last record of a JSON-lines file of the run place (read in bounded pieces; a bad line passed over)."""
+    last = None
+    for last in place.records(name):  # noqa: B007 (the last one is wanted)
+        pass
+    return last
 
 
 class Failures(UserCallback):
@@ -78,12 +63,7 @@ class Failures(UserCallback):
             str(rank): f"{type(e).__name__}: {e}".splitlines()[0][:MAX_REASON_CHARS]
             for rank, e in sorted(worker_exceptions.items())
         }
-        _append(_place(self.where), FAILURES_FILE, [{"time": time.time(), "workers": why}])
-
-
-def _place(where: str) -> RunDir | Store:
-    """Where the Ray Train records of a run are kept: its run folder, or its stored run in an object store."""
-    return Store(where) if is_uri(where) else RunDir(where)
+        place_at(self.where).append_records(FAILURES_FILE, [{"time": time.time(), "workers": why}])
 
 
 def _agree(resume: bool, attempt: int) -> tuple[bool, int]:
@@ -116,13 +96,14 @@ def train_loop(config: dict[str, Any]) -> None:
     nodes: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(nodes, node)
     leader = nodes.index(node) == rank
-    place = _place(config["run"])
+    place = place_at(config["run"])
     resume, attempt = bool(config["resume"]), 0
     if rank == 0:
         previous = _last(place, WORKERS_FILE)
         attempt = int(previous["attempt"]) + 1 if previous and config["job"] == previous.get("job") else 0
     resume, attempt = _agree(resume, attempt)
-    stored = StoredRun(place) if isinstance(place, Store) else None
+    folder = folder_of(place)
+    stored = place if folder is None else None
     if stored is not None:
         run = RunDir(jobs_dir() / f"{config['job']}-{node[:12]}" / stored.id)  # (one per node, for every group)
         mirror = Mirror(stored, run, checkpoints=False, metrics_every=LIVE_S)
@@ -130,7 +111,7 @@ def train_loop(config: dict[str, Any]) -> None:
             mirror.pull(resume or attempt > 0, controls=rank == 0)
         dist.barrier()
     else:
-        run = place
+        run = folder
     if rank == 0 and attempt:
         resume = _record_restart(run, place, attempt)
     resume, attempt = _agree(resume, attempt)
@@ -138,7 +119,7 @@ def train_loop(config: dict[str, Any]) -> None:
     everyone: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, who)
     if rank == 0:  # one writer (an object cannot be appended to by several)
-        _append(place, WORKERS_FILE, everyone)
+        place.append_records(WORKERS_FILE, everyone)
     if stored is None:
         execute(run, resume=resume, progress=False)
         return
@@ -173,7 +154,7 @@ def _upload_checkpoints(stored: StoredRun, run: RunDir, rank: int, leader: bool)
     return UploadCheckpoints()
 
 
-def _record_restart(run: RunDir, place: RunDir | Store, attempt: int) -> bool:
+def _record_restart(run: RunDir, place: RunPlace, attempt: int) -> bool:
     """Rank 0 of a restarted group: put the run back to running, write the `restart` record, and say whether there
     is a checkpoint to resume from (none: the group starts over, and steps already recorded are not written again)."""
     from ortlab.train.metrics import JsonLinesSink
@@ -212,7 +193,7 @@ def drive(run: RunDir, resume: bool, stored: StoredRun | None = None) -> None:
 
     spec = RunSpec.from_run(run)
     t = spec.target
-    place = stored.store if stored is not None else run
+    place: RunPlace = stored if stored is not None else run
     where = stored.path if stored is not None else str(run.path)
     ray.init(logging_level="ERROR")
     per_worker = {"CPU": t.cpus_per_process, **({"GPU": t.gpus_per_process} if t.gpus_per_process else {})}
@@ -239,7 +220,7 @@ def drive(run: RunDir, resume: bool, stored: StoredRun | None = None) -> None:
             error = f"{type(e).__name__}: {e}".strip().splitlines()[0][:MAX_REASON_CHARS]
     state = run.read_status().get("state")
     if error or state not in TERMINAL:
-        failures = _all(place, FAILURES_FILE)
+        failures = list(place.records(FAILURES_FILE))
         last = failures[-1].get("workers") if failures and isinstance(failures[-1].get("workers"), dict) else {}
         why = "; ".join(f"rank {rank}: {reason}" for rank, reason in last.items()) or error or "no final status"
         message = (
@@ -263,13 +244,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("run_dir", help="the storage run folder: a shared folder's path, or an object store URI")
     p.add_argument("--resume", action="store_true")
     a = p.parse_args(argv)
-    if not is_uri(a.run_dir):
-        run = RunDir(a.run_dir)
+    place = place_at(a.run_dir)
+    run = folder_of(place)
+    if run is not None:  # a folder both sides mount
         return streamed(run, lambda: drive(run, a.resume))
-    stored = StoredRun(Store(a.run_dir))
-    run = node_folder(stored)
-    Mirror(stored, run).pull(resume=False)  # the spec and status: the workers pull what they train from
-    code = streamed(run, lambda: drive(run, a.resume, stored))
+    run = node_folder(place)
+    Mirror(place, run).pull(resume=False)  # the spec and status: the workers pull what they train from
+    code = streamed(run, lambda: drive(run, a.resume, place))
     if code == 0:
         shutil.rmtree(run.path.parent, ignore_errors=True)
     return code

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import sys
 from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ortlab.addresses import storage_scheme
 from ortlab.cluster import ADDRESSES_ENV, is_configured
@@ -28,17 +29,48 @@ STORAGES_ENV = "ORTLAB_STORAGE_URIS"
 
 
 def storage_trusted(storage: str) -> bool:
-    """Is the object store `storage` one the user listed in $ORTLAB_STORAGE_URIS (the same URI, or a folder inside
-    a listed one with the same options)? A stored run's monitor signs its requests with this machine's credentials
+    """Is the object store `storage` one the user listed in $ORTLAB_STORAGE_URIS (the same place, or a folder inside
+    a listed one, with the same options)? A stored run's monitor signs its requests with this machine's credentials
     for the store, and the endpoint is part of the URI: a folder naming `?endpoint_override=` some server would
-    get requests signed with them sent there."""
-    base, _, options = storage.partition("?")  # the options (an endpoint) must be the listed ones, exactly
+    get requests signed with them sent there.
+
+    Compared after normalisation, segment by segment (`%2e%2e` is `..`, which the store's client resolves): a URI
+    whose path has an empty, `.` or `..` segment is never inside a listed one (`s3://allowed/runs/../../other/x`
+    once passed a prefix comparison and read another bucket)."""
+    given = _normalised(storage)
+    if given is None:
+        return False
     for listed in os.environ.get(STORAGES_ENV, "").split():
-        listed_base, _, listed_options = listed.partition("?")
-        listed_base = listed_base.rstrip("/")
-        if options == listed_options and (base == listed_base or base.startswith(listed_base + "/")):
+        allowed = _normalised(listed)
+        same_store = allowed is not None and given[0] == allowed[0] and given[2] == allowed[2]
+        if same_store and given[1][: len(allowed[1])] == allowed[1]:
             return True
     return False
+
+
+def _normalised(uri: str) -> tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]] | None:
+    """(scheme://bucket, path segments, sorted options) of a store URI, or None when its path does not say plainly
+    where it goes."""
+    parts = urlsplit(uri)
+    segments = tuple(unquote(s) for s in parts.path.strip("/").split("/")) if parts.path.strip("/") else ()
+    if any(s in ("", ".", "..") or "/" in s for s in segments) or "@" in parts.netloc:
+        return None
+    options = tuple(sorted(parse_qsl(parts.query, keep_blank_values=True)))
+    return f"{parts.scheme.lower()}://{parts.netloc}", segments, options
+
+
+def storage_gate(run_id: str, spec: Any) -> None:
+    """The one gate before anything of a run folder's object store is used with this machine's credentials
+    (resume, with or without a cluster named; bringing results home; the sidebar's actions, which go through
+    these): the store must be one the user listed. RunError saying how to allow it."""
+    storage = spec.target.storage
+    if storage and storage_scheme(storage) and not storage_trusted(storage):
+        raise RunError(
+            f"run {run_id}: its spec.yaml names the object store {storage!r} (target.storage), and ortlab "
+            "uses your credentials for a store only where you named it (a folder may come from anyone). If you "
+            f"trust it, list it in ${STORAGES_ENV} (URIs separated by spaces; for the Jupyter server, set it "
+            "before starting the server)"
+        )
 
 
 def python_trusted(python: str) -> bool:
@@ -66,6 +98,7 @@ def trusted_target(run_id: str, spec: Any, python: str | None = None, cluster: s
     Why here and not in RunSpec: a spec is the same value whoever wrote it; what differs is who named it.
     """
     target = spec.target
+    storage_gate(run_id, spec)  # naming the cluster (or the interpreter) is not naming the store
     if python is not None or cluster is not None:
         if python is not None and cluster is not None:
             raise RunError("resume: python and cluster exclude each other (a cluster run uses the cluster's python)")
@@ -94,12 +127,5 @@ def trusted_target(run_id: str, spec: Any, python: str | None = None, cluster: s
             f"${ADDRESSES_ENV}). If you trust it, name it yourself: `ortlab resume {run_id} --cluster ADDRESS` or "
             f"`Run.resume(cluster=ADDRESS)`, or list it in ${ADDRESSES_ENV} (for the Jupyter server, set it before "
             "starting the server)"
-        )
-    if target.cluster and target.storage and storage_scheme(target.storage) and not storage_trusted(target.storage):
-        raise RunError(
-            f"run {run_id}: its spec.yaml names the object store {target.storage!r} (target.storage), and ortlab "
-            "uses your credentials for a store only where you named it (a folder may come from anyone). If you "
-            f"trust it, list it in ${STORAGES_ENV} (URIs separated by spaces; for the Jupyter server, set it "
-            "before starting the server)"
         )
     return spec

@@ -26,21 +26,27 @@ import contextlib
 import json
 import os
 import secrets
-import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from ortlab import safeio
 from ortlab.addresses import storage_scheme
-from ortlab.runfolder.rundir import TRANSITIONS, RunDir, RunStateError
-from ortlab.runner.launcher import RunError
+from ortlab.errors import OrtlabError
+from ortlab.runfolder.rundir import DAMAGED, RESUMABLE, STATES, TRANSITIONS, RunStateError, pause_step
+from ortlab.runfolder.stream import METRICS_FILE, MetricsStream
 
 UPLOADED = ".ortlab-uploaded"  # written last into a stored checkpoint: the checkpoint is whole
 PIECE = 8 * 1024 * 1024  # bytes per read or write when a file is copied (models are large; memory stays flat)
 SMALL = ("spec.yaml", "status.json", "tune.json", "result.json")
 MAX_STREAM_BYTES = 1 << 30  # a stored metrics.jsonl read whole (a long run's is a few MB)
+
+
+class StoreError(OrtlabError, RuntimeError):
+    """An object store cannot be used as asked (no client library, an option it does not know, a write that does
+    not read back, a stored run that is not there): the message says which store and why."""
 
 
 def is_uri(storage: str | os.PathLike | None) -> bool:
@@ -57,11 +63,11 @@ class Store:
             try:
                 from pyarrow import fs as pafs
             except ImportError:
-                raise RunError(f"target.storage {uri}: an object store needs pyarrow (pip install pyarrow)") from None
+                raise StoreError(f"target.storage {uri}: an object store needs pyarrow (pip install pyarrow)") from None
             try:
                 _fs, _root = pafs.FileSystem.from_uri(uri)
             except Exception as e:  # an option pyarrow does not know, a scheme this pyarrow was built without
-                raise RunError(f"target.storage {uri}: {type(e).__name__}: {e}") from None
+                raise StoreError(f"target.storage {uri}: {type(e).__name__}: {e}") from None
         self.fs, self.root = _fs, (_root or "").rstrip("/")
 
     def __str__(self) -> str:
@@ -97,7 +103,7 @@ class Store:
         except FileNotFoundError:
             raise
         except OSError as e:
-            if "not exist" in str(e).lower() or "not found" in str(e).lower():
+            if _absent(e):
                 raise FileNotFoundError(key) from None
             raise
         if len(data) > limit:
@@ -160,12 +166,28 @@ class Store:
             copied += size
         return copied
 
-    def records(self, rel: str) -> list[dict[str, Any]]:
-        """The records of a small JSON-lines object (none when it is absent)."""
+    def records(self, rel: str) -> Iterator[dict[str, Any]]:
+        """The records of a JSON-lines object, read by the run folder's one bounded reader (`MetricsStream`): in
+        pieces, a line that is not a record passed over, a last line without its newline not counted. None when
+        the object is absent; memory stays flat whatever its size."""
         try:
-            return jsonl_records(self.read_bytes(rel))
+            f = self.fs.open_input_file(self.key(rel))
         except FileNotFoundError:
-            return []
+            return
+        except OSError as e:
+            if _absent(e):
+                return
+            raise
+        with f:
+            yield from MetricsStream(self.uri, name=rel).records_from(f.read_at, f.size(), max_bytes=None)
+
+    def put(self, folder: Path, rel: str) -> None:
+        """One local file (`folder/rel`, opened without following a link) copied here in pieces: a stream of any
+        size is pushed with flat memory, where reading it whole would need a bound it may pass."""
+        fd = safeio.open_in(folder, rel)
+        with os.fdopen(fd, "rb") as src, self.fs.open_output_stream(self.key(rel)) as dst:
+            while piece := src.read(PIECE):
+                dst.write(piece)
 
     def append_records(self, rel: str, records: list[dict[str, Any]]) -> None:
         """Records appended to a small JSON-lines object (read, extended, written: objects cannot be appended to,
@@ -177,7 +199,7 @@ class Store:
         self.write_bytes(rel, data + "".join(safeio.dumps(r) + "\n" for r in records).encode())
 
     def probe(self) -> None:
-        """Write, read back and remove a small object: RunError with the reason when any of it fails."""
+        """Write, read back and remove a small object: StoreError with the reason when any of it fails."""
         rel = f".ortlab-probe-{secrets.token_hex(6)}"
         data = secrets.token_bytes(32)
         try:
@@ -187,9 +209,11 @@ class Store:
             finally:
                 self.remove(rel)
         except Exception as e:
-            raise RunError(f"cannot write and read {self.uri}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+            raise StoreError(
+                f"cannot write and read {self.uri}: {type(e).__name__}: {str(e).splitlines()[0]}"
+            ) from None
         if back != data:
-            raise RunError(f"{self.uri}: an object written there read back different")
+            raise StoreError(f"{self.uri}: an object written there read back different")
 
 
 def read_limit(name: str) -> int:
@@ -197,16 +221,9 @@ def read_limit(name: str) -> int:
     return MAX_STREAM_BYTES if name == "metrics.jsonl" else safeio.MAX_JSON_BYTES
 
 
-def jsonl_records(data: bytes) -> list[dict[str, Any]]:
-    """The records of JSON-lines bytes: a line that is not a JSON object is passed over (as the local reader
-    does), and a last line without its newline was cut and is not counted."""
-    found = []
-    for line in data.split(b"\n")[:-1]:
-        with contextlib.suppress(ValueError):
-            record = json.loads(line)
-            if isinstance(record, dict):
-                found.append(record)
-    return found
+def _absent(e: OSError) -> bool:
+    """Is `e` the store's way of saying a key is not there? (pyarrow raises OSError with the service's words.)"""
+    return "not exist" in str(e).lower() or "not found" in str(e).lower()
 
 
 def _key_parts(rel: str) -> tuple[str, ...]:
@@ -220,8 +237,12 @@ def _key_parts(rel: str) -> tuple[str, ...]:
 
 
 class StoredRun:
-    """A run folder in an object store: what `RayJob` and the monitor do with a remote run folder (create it,
-    claim it for a resume, pass stop and pause on, bring the results home), where there is no folder to open."""
+    """A run folder in an object store, behind the same `RunPlace` interface as a local `RunDir` (see `place`):
+    what `RayJob`, the monitor and the job do with a run folder (create it, claim it for a resume, pass stop and
+    pause on, append records, fetch checkpoints and results), where there is no folder to open.
+
+    Every file is read as a run folder's is: bounded, parsed defensively; a status that cannot be read is
+    `damaged` with the reason, never an exception."""
 
     def __init__(self, store: Store):
         self.store = store
@@ -229,16 +250,24 @@ class StoredRun:
     path = property(lambda self: self.store.uri)  # what status.json records, and what the job is given
     id = property(lambda self: self.store.name)
 
+    def __str__(self) -> str:
+        return self.store.uri
+
     def create(self, spec_yaml: bytes) -> None:
         self.store.write_bytes("spec.yaml", spec_yaml)
         self.write_status({"state": "pending", "updated": time.time()})
 
     def read_status(self) -> dict[str, Any]:
+        """status.json as stored: `missing`, or `damaged` with the reason when it is not a run status."""
         try:
             status = json.loads(self.store.read_bytes("status.json"))
         except FileNotFoundError:
             return {"state": "missing"}
-        return status if isinstance(status, dict) else {"state": "damaged"}
+        except (OSError, ValueError, RecursionError) as e:  # TooLarge, a read that failed, not JSON
+            return {"state": DAMAGED, DAMAGED: f"the stored status.json cannot be read: {type(e).__name__}: {e}"}
+        if not isinstance(status, dict) or status.get("state") not in STATES:
+            return {"state": DAMAGED, DAMAGED: "the stored status.json is not a run status"}
+        return status
 
     def write_status(self, status: dict[str, Any]) -> None:
         self.store.write_bytes("status.json", safeio.dumps(status, indent=2).encode())
@@ -246,15 +275,19 @@ class StoredRun:
     def set_status(self, state: str, **fields: Any) -> None:
         current = self.read_status()
         if state not in TRANSITIONS.get(current.get("state"), frozenset()):
-            raise RunStateError(f"the stored run {self.store.uri} is {current.get('state')}: it cannot become {state}")
+            why = f": {current[DAMAGED]}" if current.get("state") == DAMAGED else ""
+            raise RunStateError(
+                f"the stored run {self.store.uri} is {current.get('state')}{why}: it cannot become {state}"
+            )
         self.write_status({**current, **fields, "state": state, "updated": time.time()})
 
     def claim(self, **fields: Any) -> None:
         """For a resume: a stopped or failed stored run becomes pending, its stop and pause requests cleared
         first. The job that ran it has ended (the launcher checked), so nothing else writes its status now."""
-        state = self.read_status().get("state")
-        if state not in ("stopped", "failed"):
-            raise RunStateError(f"the stored run {self.store.uri} is {state}")
+        status = self.read_status()
+        if status.get("state") not in RESUMABLE:
+            why = f": {status[DAMAGED]}" if status.get("state") == DAMAGED else ""
+            raise RunStateError(f"the stored run {self.store.uri} is {status.get('state')}{why}")
         self.clear_stop()
         self.clear_pause()
         self.set_status("pending", **fields)
@@ -262,44 +295,59 @@ class StoredRun:
     def request_stop(self) -> None:
         self.store.write_bytes("control/stop", str(time.time()).encode())
 
+    def stop_requested(self) -> bool:
+        return self.store.exists("control/stop")
+
     def clear_stop(self) -> None:
         self.store.remove("control/stop")
 
     def request_pause(self, at_step: int | None = None) -> None:
         self.store.write_bytes("control/pause", b"" if at_step is None else str(int(at_step)).encode())
 
+    def read_pause(self) -> str | None:
+        """As `RunDir.read_pause`: None, "" (now) or the step's digits; anything else stored there means now."""
+        try:
+            text = self.store.read_bytes("control/pause", limit=64).decode("ascii", errors="replace").strip()
+        except FileNotFoundError:
+            return None
+        except OSError:  # too long, unreadable: its presence is the ask
+            return ""
+        return text if pause_step(text) is not None else ""
+
     def clear_pause(self) -> None:
         self.store.remove("control/pause")
 
-    def metrics_bytes(self) -> bytes:
-        """The stored metrics.jsonl (the job pushes it while it trains and when it ends)."""
-        try:
-            return self.store.read_bytes("metrics.jsonl", limit=MAX_STREAM_BYTES)
-        except FileNotFoundError:
-            return b""
+    def records(self, name: str = METRICS_FILE) -> Iterator[dict[str, Any]]:
+        return self.store.records(name)
 
-    def last_checkpoint(self) -> str | None:
+    def append_records(self, name: str, records: list[dict[str, Any]]) -> None:
+        self.store.append_records(name, records)
+
+    def read_small(self, name: str) -> bytes:
+        """A small file of the run (result.json, ...), bounded; FileNotFoundError when absent."""
+        return self.store.read_bytes(name)
+
+    def has(self, rel: str) -> bool:
+        """Is there a file at or below `rel`? (An empty "folder" is nothing: a store's client may leave folder
+        markers behind when the files are deleted.)"""
+        from pyarrow import fs as pafs
+
+        return self.store.fs.get_file_info(self.store.key(rel)).type == pafs.FileType.File or bool(
+            self.store.files(rel)
+        )
+
+    def last_checkpoint_name(self) -> str | None:
         """The newest stored checkpoint whose upload finished (its marker is there), e.g. `checkpoint-10`."""
         names = {name.split("/")[0] for name in self.store.files("checkpoints") if name.endswith("/" + UPLOADED)}
         numbered = [n for n in names if n.startswith("checkpoint-") and n.split("-")[-1].isdigit()]
         return max(numbered, key=lambda n: int(n.split("-")[-1]), default=None)
 
-    def bring_home(self, run: RunDir) -> None:
-        """model/, result.json, tune.json and the last finished checkpoint, into the local run folder."""
-        for name in ("result.json", "tune.json"):
-            with contextlib.suppress(FileNotFoundError):
-                safeio.write_bytes(run.path, name, self.store.read_bytes(name), durable=True)
-        if self.store.files("model"):
-            shutil.rmtree(run.model_dir, ignore_errors=True)
-            self.store.download("model", run.path)
-        shutil.rmtree(run.checkpoints, ignore_errors=True)
-        self.fetch_last_checkpoint(run)
+    last_checkpoint = last_checkpoint_name
 
-    def fetch_last_checkpoint(self, run: RunDir) -> str | None:
-        """The newest whole stored checkpoint, downloaded into `run`'s checkpoints/ (without its marker: locally,
-        trainer_state.json says a checkpoint is whole); its name, or None when there is none."""
-        last = self.last_checkpoint()
-        if last is not None:
-            self.store.download(f"checkpoints/{last}", run.path)
-            safeio.remove(run.path, f"checkpoints/{last}/{UPLOADED}")
-        return last
+    def fetch(self, rel: str, folder: Path, dest: str) -> list[str]:
+        """Every object below `rel` into local `folder/dest` (through safeio); what was left out, as "x (why)"
+        (nothing: a key that is not a plain relative path is never listed). The marker of a stored checkpoint
+        stays behind: locally, trainer_state.json says a checkpoint is whole."""
+        self.store.download(rel, folder, dest)
+        safeio.remove(folder, f"{dest}/{UPLOADED}")
+        return []

@@ -1,0 +1,208 @@
+"""A run place: where a run's folder lives, behind one interface, whatever the kind.
+
+    RunDir       a folder on a disk this process opens (the local run folder; a folder both sides mount)
+    StoredRun    a folder in an object store (`objstore`), where there is no folder to open
+
+Launchers, the monitor and the job talk to a `RunPlace` and never ask which kind they hold: status with its
+state machine, the claim of a resume, stop and pause requests, JSON-lines records by name, the last whole
+checkpoint, small files and fetching a folder home. Only this module tells the kinds apart: `place_at` turns what a
+status or a job's command line records (a path, or a URI) into a place, `new_place` creates one in a storage, and
+`place_in` finds an existing one there. `bring_home` copies a finished run's results from any place into the local
+run folder, and loses nothing on the way (see its docstring).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+from ortlab import safeio
+from ortlab.runfolder.objstore import Store, StoredRun, StoreError, is_uri
+from ortlab.runfolder.rundir import RunDir, _checkpoint_complete
+
+
+class RunPlace(Protocol):
+    """What every kind of run place offers (RunDir and StoredRun both implement it)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def path(self) -> Any: ...  # where it is: a Path, or a URI (what status.json records and a job is given)
+
+    def read_status(self) -> dict[str, Any]: ...
+    def set_status(self, state: str, **fields: Any) -> Any: ...
+    def claim(self, **fields: Any) -> Any: ...
+    def request_stop(self) -> None: ...
+    def stop_requested(self) -> bool: ...
+    def clear_stop(self) -> None: ...
+    def request_pause(self, at_step: int | None = None) -> None: ...
+    def read_pause(self) -> str | None: ...
+    def clear_pause(self) -> None: ...
+    def records(self, name: str = ...) -> Iterator[dict[str, Any]]: ...
+    def append_records(self, name: str, records: list[dict[str, Any]]) -> None: ...
+    def read_small(self, name: str) -> bytes: ...
+    def has(self, rel: str) -> bool: ...
+    def last_checkpoint_name(self) -> str | None: ...
+    def fetch(self, rel: str, folder: Path, dest: str) -> list[str]: ...
+
+
+Storage = Path | Store  # where a launcher keeps the remote run places of its runs
+
+
+def storage_at(storage: str | os.PathLike) -> Storage:
+    """A storage as a spec names it: an object store's URI, or a folder."""
+    return Store(str(storage)) if is_uri(storage) else Path(storage)
+
+
+def probe_storage(storage: Storage) -> None:
+    """Can this process use `storage`? An object store: an object written, read back and removed. A folder:
+    created (with its parents) and a file written in it and removed. StoreError saying why, before a run is
+    created there (a folder that cannot be created once gave a traceback and left a `pending` run behind)."""
+    if isinstance(storage, Store):
+        storage.probe()
+        return
+    try:
+        storage.mkdir(parents=True, exist_ok=True)
+        probe = f".ortlab-probe-{secrets.token_hex(6)}"
+        safeio.write_bytes(storage, probe, b"")
+        safeio.remove(storage, probe)
+    except OSError as e:
+        raise StoreError(f"cannot create and write the storage folder {storage}: {e.strerror or e}") from None
+
+
+def place_at(where: str | os.PathLike) -> RunPlace:
+    """The run place a path or URI names (what a job's command line or a status records)."""
+    return StoredRun(Store(str(where))) if is_uri(where) else RunDir(where)
+
+
+def new_place(storage: Storage, run_id: str, spec_yaml: bytes) -> RunPlace:
+    """A new run place for `run_id` in `storage`, holding the spec and a `pending` status: `<storage>/<run id>`,
+    or `<run id>-<6 hex>` when that is taken (run ids are unique in their runs folder, not in a storage that runs
+    from several folders share)."""
+    if isinstance(storage, Store):
+        stored = StoredRun(storage.child(run_id))
+        while stored.store.exists("spec.yaml"):
+            stored = StoredRun(storage.child(f"{run_id}-{secrets.token_hex(3)}"))
+        stored.create(spec_yaml)
+        return stored
+    storage = storage.resolve()  # (what the job is given, and what `place_in` compares with)
+    storage.mkdir(parents=True, exist_ok=True)
+    remote = RunDir(storage / run_id)
+    while True:
+        try:
+            remote.path.mkdir()
+            break
+        except FileExistsError:
+            remote = RunDir(storage / f"{run_id}-{secrets.token_hex(3)}")
+    (remote.path / "logs").mkdir()
+    (remote.path / "control").mkdir()
+    safeio.write_bytes(remote.path, "spec.yaml", spec_yaml)
+    remote.set_status("pending")
+    return remote
+
+
+def place_in(storage: Storage, run_id: str, recorded: Any) -> RunPlace | None:
+    """The run place `recorded` names, if it is one `new_place` could have made for `run_id` in `storage`, else
+    None. A status is a file of the run folder, and a folder may come from anyone: a planted path naming another
+    folder would have a resume claim it and the monitor bring its files home."""
+    if not isinstance(recorded, str):
+        return None
+    if isinstance(storage, Store):
+        name = recorded.split("?")[0].rstrip("/").rsplit("/", 1)[-1]
+        if _made_for(run_id, name) and storage.child(name).uri == recorded:
+            return StoredRun(storage.child(name))
+        return None
+    path = Path(recorded)
+    if not _made_for(run_id, path.name) or path.is_symlink() or path.parent.resolve() != storage.resolve():
+        return None
+    return RunDir(path)
+
+
+def _made_for(run_id: str, name: str) -> bool:
+    return re.fullmatch(re.escape(run_id) + r"(-[0-9a-f]{6})?", name) is not None
+
+
+# --- bringing a run home -----------------------------------------------------------------------------------------
+
+
+class NothingThere(StoreError):
+    """The run place holds no run any more (its bucket or prefix deleted, its folder removed)."""
+
+
+def bring_home(remote: RunPlace, run: RunDir) -> list[str]:
+    """model/, result.json, tune.json and the last whole checkpoint, from `remote` into the local run folder.
+    Returns what was left behind, as "what (why)", for the caller's log.
+
+    Nothing is lost on the way. A folder is downloaded into a staging folder inside the run folder and swapped in
+    only when whole; a checkpoint only when its trainer_state.json parses. A local checkpoint or model is never
+    removed because the remote has none, an empty one, or failed half-way. A remote that holds no run at all (a
+    deleted bucket or prefix) raises NothingThere, the local folder unchanged. Each part is on its own: an odd
+    result.json does not keep the model from coming home.
+    """
+    if remote.read_status().get("state") == "missing" and not remote.has("model"):
+        raise NothingThere(
+            f"{remote.path} holds no run any more (no status.json, no model: its bucket, prefix or folder was "
+            f"deleted?); nothing was brought home and {run.path} is unchanged"
+        )
+    left: list[str] = []
+    for name in ("result.json", "tune.json"):
+        try:
+            data = remote.read_small(name)
+        except FileNotFoundError:
+            continue
+        except OSError as e:  # TooLarge, a link in a shared folder, a read that failed
+            left.append(f"{name} ({type(e).__name__}: {e})")
+            continue
+        safeio.write_bytes(run.path, name, data, durable=True)
+    if remote.has("model"):
+        left += _fetch_whole(remote, "model", run, "model", lambda staged: any(staged.iterdir()))
+    last = remote.last_checkpoint_name()
+    if last is not None:
+        where = f"checkpoints/{last}"
+        left += _fetch_whole(remote, where, run, where, _checkpoint_complete)
+        if run.last_checkpoint_name() == last:  # the newest is here, whole: older ones are not needed for a resume
+            for old in run.checkpoints.iterdir():
+                if old.name != last and not old.is_symlink():
+                    shutil.rmtree(old, ignore_errors=True)
+    return left
+
+
+def _fetch_whole(remote: RunPlace, rel: str, run: RunDir, dest: str, whole: Any) -> list[str]:
+    """`remote`'s `rel` into `run.path/dest`, through a staging folder: swapped in when `whole(staged)` says it is,
+    else left out (and said)."""
+    staging = f".incoming-{secrets.token_hex(4)}"
+    staged = run.path / staging / "part"
+    try:
+        try:
+            left = remote.fetch(rel, run.path, f"{staging}/part")
+        except Exception as e:  # a download cut half-way, a vanished object
+            return [f"{rel} (the download failed: {type(e).__name__}: {e}; the local copy is kept)"]
+        if not staged.is_dir() or not whole(staged):
+            return [f"{rel} (not whole where it is stored; the local copy is kept)"]
+        _swap_in(staged, run.path / dest)
+        return left
+    finally:
+        shutil.rmtree(run.path / staging, ignore_errors=True)
+
+
+def _swap_in(staged: Path, final: Path) -> None:
+    """`staged` becomes `final`; what was at `final` (a folder, or a link: moved, never followed) is removed
+    only after that."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    old = final.with_name(f".{final.name}.old-{secrets.token_hex(4)}")
+    had = os.path.lexists(final)
+    if had:
+        os.rename(final, old)
+    os.rename(staged, final)
+    if had:
+        if old.is_symlink() or not old.is_dir():
+            with contextlib.suppress(OSError):
+                old.unlink()
+        else:
+            shutil.rmtree(old, ignore_errors=True)
