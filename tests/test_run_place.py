@@ -89,7 +89,7 @@ def test_stored_files_are_read_like_run_folder_files(s3_store, tmp_path):
     stored.store.write_bytes("status.json", b"{not json")
     status = stored.read_status()
     assert status["state"] == "damaged" and "not" in status["damaged"], status
-    with pytest.raises(RunStateError, match="is damaged: the stored status.json cannot be read"):
+    with pytest.raises(RunStateError, match=r"is damaged: the stored status\.json cannot be read"):
         stored.claim()
     stored.store.write_bytes("status.json", b'{"state": "exploded"}')
     assert stored.read_status()["state"] == "damaged"
