@@ -65,8 +65,8 @@ def run_once(ortlab, spec: dict, name: str, target: dict) -> dict:
 
 def killed_worker(ortlab, spec: dict, target: dict, save_steps: int) -> dict:
     """Kill rank 1 once a checkpoint exists; time the restart record and the next step written after it."""
+    from ortlab.job.raytrain import WORKERS_FILE as WORKERS
     from ortlab.runfolder.place import place_at
-    from ortlab.runner.raytrainjob import WORKERS_FILE as WORKERS
 
     run = ortlab.launch(
         {**spec, "name": "killed", "hyper": {**spec["hyper"], "save_steps": save_steps}, "target": target}

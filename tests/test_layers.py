@@ -100,3 +100,14 @@ def test_every_module_is_in_a_layer():
         if not any(module == e or module.startswith(e + ".") for e in entries):
             missing.append(module)
     assert missing == [], f"modules in no layer of pyproject.toml's import-linter contract: {missing}"
+
+
+def test_each_runner_and_job_module_says_which_side_it_runs_on():
+    """The driver (the user's machine: launch, follow, bring home) and the job (a cluster node) are two processes;
+    a module's first docstring line says which, so nobody has to find out by reading it."""
+    import ast
+
+    for package, side in (("runner", "Driver side:"), ("job", "Job side:")):
+        for path in sorted((ROOT / "ortlab" / package).glob("*.py")):
+            doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+            assert doc.startswith(side), f"{path.relative_to(ROOT)}: its docstring should start with {side!r}"

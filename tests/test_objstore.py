@@ -15,11 +15,11 @@ import time
 import pytest
 from gates import launch_gated, wait_paused
 
+from ortlab.job.mirror import Mirror, jobs_dir
 from ortlab.runfolder.objstore import UPLOADED, Store, StoredRun, StoreError
 from ortlab.runfolder.place import bring_home
 from ortlab.runfolder.rundir import RunDir, RunStateError
 from ortlab.runner import RunError
-from ortlab.runner.objsync import Mirror, jobs_dir
 from ortlab.runner.rayjob import RayJob
 from ortlab.runner.raytrain import RayTrain
 from ortlab.runner.trust import STORAGES_ENV
@@ -111,7 +111,7 @@ def test_the_live_stream_is_pushed_often_while_short_and_seldom_once_long(s3_sto
     """A Ray Train rank 0 pushes a grown stream every LIVE_S, rewritten whole (an object cannot be appended to);
     a long stream waits its turn (8 MiB: 8 s), so a long run does not re-upload megabytes four times a second.
     The driver's follower reads only the part it has not got."""
-    from ortlab.runner.objsync import LIVE_S, Follower
+    from ortlab.job.mirror import LIVE_S, Follower
 
     stored = StoredRun(Store(s3_store).child("live"))
     stored.create(b"name: live\n")

@@ -19,12 +19,12 @@ import pytest
 from gates import launch_gated, wait_paused
 
 import ortlab
+from ortlab.job.mirror import jobs_dir
+from ortlab.job.raytrain import FAILURES_FILE, WORKERS_FILE
 from ortlab.runfolder.compare import row_for, worker_throughput
 from ortlab.runfolder.objstore import UPLOADED, Store, StoredRun
 from ortlab.runfolder.rundir import RunDir
 from ortlab.runner import RunError
-from ortlab.runner.objsync import jobs_dir
-from ortlab.runner.raytrainjob import FAILURES_FILE, WORKERS_FILE
 from ortlab.runner.trust import STORAGES_ENV
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.xdist_group("ray-cluster")]

@@ -24,9 +24,11 @@ from gates import launch_gated, wait_paused
 import ortlab
 from ortlab import cluster
 from ortlab.cluster import head as cluster_head
+from ortlab.job import channel
 from ortlab.runfolder.compare import row_for
 from ortlab.runfolder.rundir import RunDir, process_alive
-from ortlab.runner import RunError, raychannel
+from ortlab.runner import RunError
+from ortlab.runner import monitor as raymonitor
 from ortlab.spec import RunSpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.xdist_group("ray-cluster")]
@@ -193,7 +195,7 @@ def test_a_remote_run_streams_live_completes_and_comes_home(head, make_spec, cap
     job_id = run.status()["launcher"]["job_id"]
     driver_log = next(Path(head["temp_dir"]).glob(f"**/session_*/logs/job-driver-{job_id}.log"))
     with driver_log.open("a") as f:  # (the job writes it in append mode too)
-        f.write(raychannel.METRIC_TAG + '{"seq": 3, "record": {"ev\n' + raychannel.METRIC_TAG + "not json\n")
+        f.write(channel.METRIC_TAG + '{"seq": 3, "record": {"ev\n' + channel.METRIC_TAG + "not json\n")
     # A second handle (a restarted kernel) follows from the start, with nothing twice.
     other = ortlab.attach(run.id, root=run.path.parent)
     run.unpause()
@@ -365,7 +367,7 @@ def _monitor(tmp_path: Path):
     local.status_path.write_text(json.dumps({"state": "running", "launcher": launcher}))
     spec = ortlab.RunSpec(target={"cluster": "local", "storage": str(tmp_path / "storage")})
     local.spec_path.write_text(spec.to_yaml())
-    return raychannel.Monitor(local.path, "local"), local
+    return raymonitor.Monitor(local.path, "local"), local
 
 
 def test_bring_home_copies_a_finished_jobs_results_when_its_monitor_could_not(tmp_path):
@@ -384,7 +386,7 @@ def test_a_remote_folder_the_status_names_is_used_only_where_the_launch_puts_it(
     """status.json is the folder's: a planted `launcher.storage` naming another folder made resume claim that
     folder (its status rewritten, its control files removed) and the monitor bring its files home."""
     _, local = _monitor(tmp_path)
-    assert raychannel.recorded_storage(local, RunSpec.from_run(local)).path == tmp_path / "storage" / "local"
+    assert raymonitor.recorded_storage(local, RunSpec.from_run(local)).path == tmp_path / "storage" / "local"
     victim = tmp_path / "victim" / "local"  # the run's own name, but outside the spec's storage
     (victim / "control").mkdir(parents=True)
     (victim / "control" / "stop").write_text("theirs")
@@ -396,9 +398,9 @@ def test_a_remote_folder_the_status_names_is_used_only_where_the_launch_puts_it(
         status["launcher"]["storage"] = planted if planted == 7 else str(planted)
         local.status_path.write_text(json.dumps(status))
         with pytest.raises(RunError, match="will not use that folder"):
-            raychannel.recorded_storage(local, RunSpec.from_run(local))
+            raymonitor.recorded_storage(local, RunSpec.from_run(local))
         with pytest.raises(RunError, match="will not use that folder"):
-            raychannel.Monitor(local.path, "local")
+            raymonitor.Monitor(local.path, "local")
     assert (victim / "control" / "stop").read_text() == "theirs"
 
 
@@ -419,17 +421,17 @@ def test_the_monitor_skips_bad_tagged_lines_and_still_brings_the_results_home(tm
     """A line with the metric tag that is not ortlab's record (cut, garbled, printed by other code) used to raise
     out of feed: the monitor re-read the log in a loop and a job that succeeded ended failed, with no model."""
     monitor, local = _monitor(tmp_path)
-    tag = raychannel.METRIC_TAG
+    tag = channel.METRIC_TAG
     good = [tag + json.dumps({"seq": i, "record": {"event": "step", "step": i + 1}}) for i in range(3)]
     bad = [
-        raychannel.METRIC_TAG + '{"seq": 0, "record": {"event": "st',  # cut short
-        raychannel.METRIC_TAG + "print('hello')",  # another program's output
-        raychannel.METRIC_TAG + '{"seq": "0", "record": "step"}',  # JSON, not ortlab's shape
-        raychannel.METRIC_TAG + "[1, 2]",
-        raychannel.PAUSED_TAG + '"maybe"',
-        raychannel.METRIC_TAG + "1" * 5000,  # a number Python will not convert
+        channel.METRIC_TAG + '{"seq": 0, "record": {"event": "st',  # cut short
+        channel.METRIC_TAG + "print('hello')",  # another program's output
+        channel.METRIC_TAG + '{"seq": "0", "record": "step"}',  # JSON, not ortlab's shape
+        channel.METRIC_TAG + "[1, 2]",
+        channel.PAUSED_TAG + '"maybe"',
+        channel.METRIC_TAG + "1" * 5000,  # a number Python will not convert
     ]
-    final = raychannel.FINAL_TAG + json.dumps({"state": "completed", "step": 3})
+    final = channel.FINAL_TAG + json.dumps({"state": "completed", "step": 3})
     log = "\n".join([*bad[:2], good[0], *bad[2:], *good[1:], final]) + "\n"
     monitor.begin_read()
     monitor.feed(log)
@@ -447,21 +449,21 @@ def test_the_monitor_skips_bad_tagged_lines_and_still_brings_the_results_home(tm
 
 def test_one_failing_step_of_the_monitors_end_does_not_keep_the_model_away(tmp_path, monkeypatch):
     monitor, local = _monitor(tmp_path)
-    monitor.feed(raychannel.FINAL_TAG + json.dumps({"state": "completed", "step": 3}) + "\n")
+    monitor.feed(channel.FINAL_TAG + json.dumps({"state": "completed", "step": 3}) + "\n")
 
     def broken(self, client):
         raise OSError("disk full")
 
-    monkeypatch.setattr(raychannel.Monitor, "catch_up", broken)
+    monkeypatch.setattr(raymonitor.Monitor, "catch_up", broken)
     monitor.finish("SUCCEEDED", _EndedJob(""), "")
     status = local.read_status()
     assert status["state"] == "completed" and (local.model_dir / "config.json").is_file(), status
     assert "disk full" in status["monitor_problems"][0]
     # A monitor that fails outright says so in the status, with what to do, and brings home what is there.
     monitor, local = _monitor(tmp_path / "again")
-    monkeypatch.setattr(raychannel.Monitor, "follow", lambda self: 1 / 0)
-    monkeypatch.setattr(raychannel, "Monitor", lambda path, cluster: monitor)
-    assert raychannel.monitor_main(str(local.path), "local") == 1
+    monkeypatch.setattr(raymonitor.Monitor, "follow", lambda self: 1 / 0)
+    monkeypatch.setattr(raymonitor, "Monitor", lambda path, cluster: monitor)
+    assert raymonitor.monitor_main(str(local.path), "local") == 1
     status = local.read_status()
     assert status["state"] == "failed" and "ZeroDivisionError" in status["error"], status
     assert "ray job stop job-1" in status["error"] and (local.model_dir / "config.json").is_file()
@@ -471,8 +473,8 @@ def test_the_monitor_finds_a_tag_behind_another_writers_partial_line(tmp_path):
     """Seen in the benchmark: a progress bar's '\\r' line without a newline ran into a metric line of the job's log."""
     monitor, local = _monitor(tmp_path)
     line = '{"seq": %d, "record": {"event": "step", "step": %d}}'
-    monitor.feed("Writing model shards:   0%|  | 0/1\r" + raychannel.METRIC_TAG + line % (0, 1) + "\n")
-    monitor.feed(raychannel.METRIC_TAG + line % (0, 1) + "\n" + raychannel.METRIC_TAG + (line % (1, 2))[:20])
+    monitor.feed("Writing model shards:   0%|  | 0/1\r" + channel.METRIC_TAG + line % (0, 1) + "\n")
+    monitor.feed(channel.METRIC_TAG + line % (0, 1) + "\n" + channel.METRIC_TAG + (line % (1, 2))[:20])
     monitor.feed((line % (1, 2))[20:] + "\n")
     monitor.log.close()
     assert [r["step"] for r in local.metrics()] == [1, 2], "each record once, in order"

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from ortlab import safeio
+from ortlab.job.mirror import Follower, Mirror
 from ortlab.runfolder.objstore import UPLOADED, Store, StoredRun, StoreError
 from ortlab.runfolder.place import NothingThere, bring_home, new_place, place_in, probe_storage
 from ortlab.runfolder.rundir import RunDir, RunStateError
 from ortlab.runner import RunError
-from ortlab.runner.objsync import Follower, Mirror
 from ortlab.runner.trust import STORAGES_ENV, storage_trusted, trusted_target
 from ortlab.spec import RunSpec
 
@@ -191,7 +191,8 @@ def test_run_places_are_found_only_where_their_launch_puts_them(tmp_path):
 
 
 def test_the_monitor_writes_each_line_of_the_jobs_log_once_however_often_it_reads_it(tmp_path):
-    from ortlab.runner.raychannel import METRIC_TAG, Monitor
+    from ortlab.job.channel import METRIC_TAG
+    from ortlab.runner.monitor import Monitor
 
     spec = RunSpec.parse({"target": {"cluster": "local", "storage": str(tmp_path / "shared")}})
     run = RunDir.create(tmp_path / "runs", spec)

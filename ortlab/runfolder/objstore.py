@@ -3,13 +3,13 @@
 KubeRay, Anyscale or a lab's Ray on VMs share no disk with a laptop, so the run folder cannot be one folder that
 both sides open. With `target.storage` a URI, the run folder lives in three places:
 
-    this machine          the local run folder, as for every run (the monitor fills it, see `raychannel`)
+    this machine          the local run folder, as for every run (the monitor fills it, see `ortlab.runner.monitor`)
     the object store      <storage>/<run id>/: spec.yaml, status.json, control/, metrics.jsonl, checkpoints
                           (each with an `.ortlab-uploaded` marker written last), model/, result.json
-    the job's node        a node-local run folder the job trains in (`objsync.Mirror`), pulled from the store at
+    the job's node        a node-local run folder the job trains in (`ortlab.job.mirror`), pulled from the store at
                           the start and pushed back while it trains and when it ends
 
-The live records still come home through the job's log (`raychannel`); the store is for what must survive the
+The live records still come home through the job's log (`ortlab.job.channel`); the store is for what must survive the
 job: the spec it starts from, the checkpoints a resume needs, the results `export` and `push` read, and the stop
 and pause requests on their way in. Files go through pyarrow's file systems (installed with `datasets`), which
 take credentials from each side's own environment (AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL, a GCP service account):

@@ -1,4 +1,4 @@
-"""Runs: training in its own process, watched through its run folder.
+"""Driver side: runs, each training in its own process and watched through its run folder.
 
     run = ortlab.launch(spec)              # returns at once; the kernel stays free
     for record in run.follow(): ...        # the history, then live records until the run ends

@@ -1,4 +1,4 @@
-"""The launcher interface: how a run is started, and ended the hard way, on one kind of target.
+"""Driver side: the launcher interface: how a run is started, and ended the hard way, on one kind of target.
 
     target                                   launcher                    where it lives
     this machine, one process                Local                       ortlab/runner/local.py

@@ -1,4 +1,4 @@
-"""The local launcher: a run as a process on this machine, in its own session, writing its run folder itself.
+"""Driver side: the local launcher: a run as a process on this machine, in its own session, writing its folder.
 
 Three things vary, and only in the command line and the check before it:
 

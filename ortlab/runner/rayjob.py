@@ -1,11 +1,11 @@
-"""The Ray Jobs launcher: a run as a Ray job on a cluster (`target.cluster`), mirrored into its local run folder.
+"""Driver side: the Ray Jobs launcher: a run as a Ray job on a cluster (`target.cluster`), mirrored home.
 
     check      the cluster's own doctor, run there as a short job (reachable, token accepted, ortlab installed,
                enough CPUs and GPUs, every acceleration asked for available there): not this machine's; an
                object store is probed from both sides (an object written, read back, removed)
     start      a copy of the run folder in the storage (`<storage>/<run id>`: a shared folder, or an object store,
                see `objstore`), a job whose entrypoint trains there, and a local monitor that brings the job's
-               stream and results home (`ortlab.runner.raychannel`)
+               stream and results home (`ortlab.runner.monitor`)
     terminate  not done from here: it names `ray job stop`, which ends the job on the cluster
     bring_home model/, result.json, tune.json and the last checkpoint, copied from the storage (the monitor does
                this when the job ends; calling it again copies what is there now)
@@ -28,12 +28,13 @@ from typing import Any
 
 from ortlab import cluster, safeio
 from ortlab.envvars import child_env, ortlab_path
+from ortlab.job.channel import DOCTOR_TAG
 from ortlab.netutil import LOOPBACK_INTERFACE
 from ortlab.runfolder.objstore import StoreError, is_uri
 from ortlab.runfolder.place import bring_home, new_place, probe_storage
 from ortlab.runfolder.rundir import RunDir, RunStateError, pause_step, process_create_time
 from ortlab.runner.launcher import Launcher, RunError, mix_problems
-from ortlab.runner.raychannel import DOCTOR_TAG, recorded_storage, storage_for
+from ortlab.runner.monitor import recorded_storage, storage_for
 from ortlab.runner.trust import storage_gate
 from ortlab.spec import RunSpec
 
@@ -42,7 +43,8 @@ DOCTOR_TIMEOUT_S = 180.0
 # launches several runs in a row asks the same cluster the same question).
 DOCTOR_TTL_S = 300.0
 _doctors: dict[tuple[str, str], tuple[float, dict[str, Any]]] = {}
-CHANNEL = "ortlab.runner.rayentry"  # both ends of the channel (`ortlab.runner.raychannel`) start from here
+JOB = "ortlab.job"  # what a job runs on the cluster (`python -m ortlab.job worker|doctor|raytrain ...`)
+MONITOR = "ortlab.runner.rayentry"  # the local monitor's process (`ortlab.runner.monitor`)
 
 
 def _client(spec: Any) -> Any:
@@ -114,7 +116,7 @@ def cluster_doctor(spec: Any) -> dict[str, Any]:
     if cached is not None and time.monotonic() - cached[0] < DOCTOR_TTL_S:
         return cached[1]
     job = client.submit_job(
-        entrypoint=f"{python} -m {CHANNEL} doctor" + (f" --storage {shlex.quote(probe)}" if probe else ""),
+        entrypoint=f"{python} -m {JOB} doctor" + (f" --storage {shlex.quote(probe)}" if probe else ""),
         submission_id=f"ortlab-doctor-{secrets.token_hex(4)}",
         runtime_env=runtime_env,
         entrypoint_num_cpus=0,
@@ -185,7 +187,7 @@ class RayJob(Launcher):
 
     def entrypoint(self, spec: Any, remote: str) -> str:
         """The job's command after the interpreter (`remote`: the storage run folder, shell-quoted)."""
-        return f"-m {CHANNEL} worker {remote}"
+        return f"-m {JOB} worker {remote}"
 
     def job_resources(self, spec: Any) -> dict[str, Any]:
         """What the job's entrypoint reserves on the cluster: here, the one training process's CPUs and GPUs."""
@@ -243,7 +245,7 @@ class RayJob(Launcher):
             log.flush()
             proc = subprocess.Popen(
                 [
-                    *(sys.executable, "-m", CHANNEL, "monitor", str(run.path.resolve())),
+                    *(sys.executable, "-m", MONITOR, "monitor", str(run.path.resolve())),
                     *("--cluster", spec.target.cluster),
                 ],
                 stdout=log,

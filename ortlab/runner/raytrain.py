@@ -1,8 +1,8 @@
-"""The Ray Train launcher: one run across several workers of a Ray cluster (`target.cluster` and `processes > 1`).
+"""Driver side: the Ray Train launcher: one run across several workers of a Ray cluster (`processes > 1`).
 
 A Ray Train run is a Ray job like any other cluster run (`RayJob`: the cluster's doctor, a run folder in the
 storage, a local monitor that mirrors it home), but the job's entrypoint is a Ray Train driver
-(`python -m ortlab.runner.raytrainjob STORAGE_RUN`) instead of one training process. The driver starts
+(`python -m ortlab.job raytrain RUN_PLACE`, in `ortlab.job.raytrain`) instead of one training process. The driver starts
 `target.processes` workers through Ray Train's `TorchTrainer` (the process group over gloo on CPUs, NCCL on GPUs;
 DeepSpeed's ZeRO-1 joins it), each training the spec with `ortlab.train.run.execute` as a torchrun rank would;
 rank 0 writes the run folder. When a worker dies, Ray Train restarts the whole group, up to `target.max_failures`
@@ -19,9 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ortlab.runner.rayjob import RayJob
-
-JOB = "ortlab.runner.raytrainjob"
+from ortlab.runner.rayjob import JOB, RayJob
 
 
 class RayTrain(RayJob):
@@ -32,7 +30,7 @@ class RayTrain(RayJob):
 
     def entrypoint(self, spec: Any, remote: str) -> str:
         # The driver reads the workers, their resources and max_failures from the storage folder's spec.yaml.
-        return f"-m {JOB} {remote}"
+        return f"-m {JOB} raytrain {remote}"
 
     def job_resources(self, spec: Any) -> dict[str, Any]:
         # The driver only waits for Ray Train; reserving a worker's CPU for it would leave a worker unplaced.

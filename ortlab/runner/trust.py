@@ -1,4 +1,4 @@
-"""Which interpreter and which Ray address a run folder may name: the user's, never the folder's own say-so.
+"""Driver side: which interpreter, Ray address and store a run folder may name: the user's, never the folder's.
 
 A spec given to `launch` is the user's own: its target.python and target.cluster are used as given. The spec in
 a run folder may come from anyone (copied, cloned, unpacked, planted in the server's runs root), and resuming it

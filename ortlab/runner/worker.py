@@ -1,4 +1,4 @@
-"""Entry point of a launched run process: `python -m ortlab.runner.worker RUN_DIR [--resume]`."""
+"""Driver side: entry point of a launched run process: `python -m ortlab.runner.worker RUN_DIR [--resume]`."""
 
 import sys
 

@@ -1,4 +1,4 @@
-"""The job's side of a run on object storage (`objstore`): node-local copies of the run kept in step with the store.
+"""Job side: a node-local copy of a run whose place is an object store (`objstore`), kept in step with the store.
 
 A job trains in a folder on its node (`node_folder`), never in the store: `Mirror` pulls the run from the store at
 the start, then a thread pushes status, stream and whole checkpoints out and pulls stop and pause in while it
@@ -59,7 +59,7 @@ class Mirror:
         self, stored: StoredRun, local: RunDir, checkpoints: bool = True, metrics_every: float = METRICS_SYNC_S
     ):
         """`checkpoints`: push each whole checkpoint from here (a Ray Train run uploads them from every node
-        instead, see `raytrainjob`); `metrics_every`: seconds between pushes of metrics.jsonl (a Ray Train
+        instead, see `ortlab.job.raytrain`); `metrics_every`: seconds between pushes of metrics.jsonl (a Ray Train
         driver reads it from the store, so its rank 0 pushes it every LIVE_S)."""
         self.stored, self.local = stored, local
         self.checkpoints, self.metrics_every = checkpoints, metrics_every

@@ -1,9 +1,9 @@
-"""The cluster side of a Ray Train run: the job's driver, its workers' training loop, and the failure record.
+"""Job side: a Ray Train run: the job's driver, its workers' training loop, and the failure record.
 
-    python -m ortlab.runner.raytrainjob STORAGE_RUN [--resume]      (the job's entrypoint; see `raytrain`)
+    python -m ortlab.job raytrain RUN_PLACE [--resume]      (the job's entrypoint; see `ortlab.runner.raytrain`)
 
 The driver reads the spec from the storage run folder, starts `target.processes` workers with Ray Train's
-`TorchTrainer` and prints the run's records for the local monitor while they train (`raychannel.streamed`).
+`TorchTrainer` and prints the run's records for the local monitor while they train (`ortlab.job.channel.streamed`).
 
 Ray Train restarts, ortlab resumes. When a worker dies, Ray Train tears the group down and starts a new one (up to
 `target.max_failures` times) by itself; ortlab writes no restart loop. What a new group trains from is the run
@@ -18,12 +18,10 @@ This module imports Ray at the top: only the job (and the workers, which unpickl
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import secrets
 import shutil
-import sys
 import time
 from typing import Any
 
@@ -31,11 +29,11 @@ from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 from ray.train.v2.api.callback import UserCallback
 
+from ortlab.job.channel import streamed
+from ortlab.job.mirror import LIVE_S, Follower, Mirror, folder_of, jobs_dir, node_folder
 from ortlab.runfolder.objstore import UPLOADED, StoredRun
 from ortlab.runfolder.place import RunPlace, place_at
 from ortlab.runfolder.rundir import TERMINAL, RunDir, RunStateError
-from ortlab.runner.objsync import LIVE_S, Follower, Mirror, folder_of, jobs_dir, node_folder
-from ortlab.runner.raychannel import streamed
 from ortlab.spec import RunSpec
 
 WORKERS_FILE = "ray-workers.jsonl"  # one line per rank and attempt: {attempt, rank, pid, node, time}
@@ -82,7 +80,7 @@ def train_loop(config: dict[str, Any]) -> None:
     agree, train.
 
     With a shared storage folder every rank trains in it. With an object store each node has its own copy (the
-    node's first rank pulls it from the store; see `objsync.Mirror`), rank 0 keeps the store in step with its
+    node's first rank pulls it from the store; see `ortlab.job.mirror.Mirror`), rank 0 keeps the store in step with its
     stream and status, and every node uploads its part of each checkpoint (`UploadCheckpoints`)."""
     import ray.train
     import torch.distributed as dist
@@ -187,7 +185,7 @@ def drive(run: RunDir, resume: bool, stored: StoredRun | None = None) -> None:
     """Train `run` on `target.processes` Ray Train workers; end its status `failed` if they could not finish.
 
     `stored`: the run's stored copy when the storage is an object store; `run` is then this node's copy, which
-    follows the store while the workers train (`objsync.Follower`), and the end this driver decides is pushed
+    follows the store while the workers train (`ortlab.job.mirror.Follower`), and the end this driver decides is pushed
     back to the store."""
     import ray
 
@@ -239,22 +237,16 @@ def drive(run: RunDir, resume: bool, stored: StoredRun | None = None) -> None:
         raise RuntimeError(run.read_status().get("error", "the run failed"))
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog=f"python -m {__name__}")
-    p.add_argument("run_dir", help="the storage run folder: a shared folder's path, or an object store URI")
-    p.add_argument("--resume", action="store_true")
-    a = p.parse_args(argv)
-    place = place_at(a.run_dir)
+def main(where: str, resume: bool) -> int:
+    """The job's entrypoint (`python -m ortlab.job raytrain RUN_PLACE [--resume]`): drive the workers, printing the
+    run's records for the monitor from the place's folder, or from a node-local copy following the store."""
+    place = place_at(where)
     run = folder_of(place)
     if run is not None:  # a folder both sides mount
-        return streamed(run, lambda: drive(run, a.resume))
+        return streamed(run, lambda: drive(run, resume))
     run = node_folder(place)
     Mirror(place, run).pull(resume=False)  # the spec and status: the workers pull what they train from
-    code = streamed(run, lambda: drive(run, a.resume, place))
+    code = streamed(run, lambda: drive(run, resume, place))
     if code == 0:
         shutil.rmtree(run.path.parent, ignore_errors=True)
     return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,21 +1,17 @@
-"""Both ends of a Ray job's channel home: what the job prints, and the local monitor that reads it.
+"""Driver side: the local monitor of a Ray job: reads the job's log, mirrors the run into its local run folder.
 
-    local run folder (what Run, follow, export, the workbench read)       storage (both sides read and write it)
-      spec.yaml, status.json  <- mirrored by the monitor                    <storage>/<run id>/  a whole run folder,
-      metrics.jsonl           <- appended by the monitor, in order,         written by the worker as a local run's
-                                 each record once (by sequence number)       (the source of truth)
-      model/, result.json, checkpoints/  <- copied home when the job ends
-      control/stop, control/pause  -> forwarded to the storage folder
+    local run folder (what Run, follow, export, the workbench read)       the run place (both sides use it)
+      spec.yaml, status.json  <- mirrored by the monitor                    <storage>/<run id>/: a shared folder
+      metrics.jsonl           <- appended by the monitor, in order,         or a stored run (`runfolder.place`),
+                                 each record once (by sequence number)       written by the job (the source of truth)
+      model/, result.json, checkpoints/  <- brought home when the job ends
+      control/stop, control/pause  -> forwarded to the run place
 
-The job's entrypoint on the cluster (`python -m ortlab.runner.rayentry worker STORAGE_RUN`) trains exactly as a
-local worker does (`ortlab.train.run.execute`) and, beside it, prints every record its metrics.jsonl receives as
-one tagged line with its sequence number, and at the end the final status. The local *monitor* (`python -m
-ortlab.runner.rayentry monitor RUN --cluster ADDRESS`, detached, its PID recorded in status.json like a local
-worker's) tails the job's log stream, appends the records it has not got yet, mirrors the job's state, forwards
-stop and pause, and brings the results home. The job's log stream is the one channel every Ray cluster offers the
-client (Ray Jobs has no file download), so metrics arrive live even where the storage is slow to sync. The
-launcher that submits the job and starts the monitor is `ortlab.runner.rayjob`. Where the storage is an object
-store, the job trains in a node-local copy and the monitor reads the store through its client (`objstore`).
+The monitor (`python -m ortlab.runner.rayentry monitor RUN --cluster ADDRESS`, detached, its PID recorded in
+status.json like a local worker's) tails the job's log stream for the lines the job's end prints
+(`ortlab.job.channel`), appends the records it has not got yet, mirrors the job's state, forwards stop and pause,
+and brings the results home (`runfolder.place.bring_home`). The launcher that submits the job and starts the
+monitor is `ortlab.runner.rayjob`.
 """
 
 from __future__ import annotations
@@ -23,26 +19,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
-import sys
-import threading
 import time
 from typing import Any
 
 from ortlab import cluster
-from ortlab.runfolder.objstore import Store, StoreError
-from ortlab.runfolder.place import RunPlace, Storage, bring_home, place_at, place_in, storage_at
+from ortlab.job.channel import FINAL_TAG, METRIC_TAG, PAUSED_TAG, TAGS
+from ortlab.runfolder.place import RunPlace, Storage, bring_home, place_in, storage_at
 from ortlab.runfolder.rundir import TERMINAL, RunDir, RunStateError, pause_step, read_metrics
 from ortlab.runner.launcher import RunError
-from ortlab.runner.objsync import Mirror, folder_of, node_folder
 from ortlab.safeio import dumps
 from ortlab.spec import RunSpec
 
-METRIC_TAG = "@@ortlab-metric "
-FINAL_TAG = "@@ortlab-final "
-DOCTOR_TAG = "@@ortlab-doctor "
-PAUSED_TAG = "@@ortlab-paused "
-TAGS = (METRIC_TAG, FINAL_TAG, PAUSED_TAG)
 # A tagged line longer than this is not one ortlab printed (a record is a few KiB, the final status with its
 # traceback tens); a partial line longer than this is cut, so a writer that never ends its line cannot fill memory.
 MAX_LINE_CHARS = 4 * 1024 * 1024
@@ -83,110 +70,6 @@ def recorded_storage(run: RunDir, spec: Any) -> RunPlace:
             "(where its launch puts it); the run folder was edited or damaged, so ortlab will not use that folder"
         )
     return place
-
-
-# --- the job's side --------------------------------------------------------------------------------------------
-
-
-def print_tagged(tag: str, data: Any) -> None:
-    sys.stdout.write(tag + json.dumps(data, default=str) + "\n")
-    sys.stdout.flush()
-
-
-class Streamer(threading.Thread):
-    """Prints every record of the remote metrics.jsonl as a tagged line, with its sequence number (its index
-    among the file's records), from the first one: a monitor skips what it already has."""
-
-    def __init__(self, run: RunDir):
-        super().__init__(daemon=True)
-        self.folder, self.offset, self.seq, self.done = run, 0, 0, threading.Event()
-        self.paused: bool | None = None
-
-    def flush(self) -> None:
-        records, self.offset = read_metrics(self.folder.metrics_path, self.offset)
-        for record in records:
-            print_tagged(METRIC_TAG, {"seq": self.seq, "record": record})
-            self.seq += 1
-        paused = bool(self.folder.read_status().get("paused"))  # a pause gate is held: the status says so
-        if paused != self.paused:
-            self.paused = paused
-            print_tagged(PAUSED_TAG, paused)
-
-    def run(self) -> None:
-        while not self.done.wait(0.1):
-            self.flush()
-
-
-def streamed(run: RunDir, body: Any) -> int:
-    """Run `body()` (which trains `run`) while its records are printed for the monitor, then the final status.
-    Returns the job's exit code: 1 if `body` raised."""
-    streamer = Streamer(run)
-    streamer.start()
-    code = 0
-    try:
-        body()
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-        code = 1
-    finally:
-        streamer.done.set()
-        streamer.join()
-        streamer.flush()
-        print_tagged(FINAL_TAG, run.read_status())
-    return code
-
-
-def worker_main(path: str, resume: bool) -> int:
-    from ortlab.train.run import execute
-
-    place = place_at(path)
-    run = folder_of(place)
-    if run is not None:  # a folder both sides mount: train in it
-        return streamed(run, lambda: execute(run, resume=resume, progress=False))
-    # An object store: train in a node-local copy, kept in step with the store (objsync.Mirror). The results are
-    # pushed before the final status is printed, so a monitor that sees the end finds them in the store.
-    mirror = Mirror(place, node_folder(place))
-    mirror.pull(resume)
-
-    def body() -> None:
-        with mirror.syncing():
-            execute(mirror.local, resume=resume, progress=False)
-
-    code = streamed(mirror.local, body)
-    if code == 0:  # everything is in the store; a node's disk is not a place to keep checkpoints of past jobs
-        shutil.rmtree(mirror.local.path.parent, ignore_errors=True)
-    else:
-        print(f"[ortlab storage] the job's copy of the run is kept on this node: {mirror.local.path}", flush=True)
-    return code
-
-
-def doctor_main(storage: str | None = None) -> int:
-    from ortlab.probe import doctor
-
-    report = doctor().to_dict()
-    if storage:  # the cluster's side of the storage check: can a job here write and read it?
-        try:
-            Store(storage).probe()
-            report["storage"] = "ok"
-        except StoreError as e:
-            report["storage"] = str(e)
-    try:
-        import ray
-
-        ray.init(logging_level="ERROR", log_to_driver=False)
-        report["resources"] = {k: float(v) for k, v in ray.cluster_resources().items() if k in ("CPU", "GPU")}
-        report["nodes"] = [
-            {k: float(v) for k, v in node.get("Resources", {}).items() if k in ("CPU", "GPU")}
-            for node in ray.nodes()
-            if node.get("Alive")
-        ]
-        ray.shutdown()
-    except Exception as e:  # the resources are a check's input: say why they are missing
-        report["resources_error"] = f"{type(e).__name__}: {e}"
-    print_tagged(DOCTOR_TAG, report)
-    return 0
 
 
 # --- the local monitor -----------------------------------------------------------------------------------------
@@ -512,17 +395,8 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m ortlab.runner.rayentry")
     sub = p.add_subparsers(dest="command", required=True)
-    w = sub.add_parser("worker")
-    w.add_argument("run_dir")
-    w.add_argument("--resume", action="store_true")
     m = sub.add_parser("monitor")
     m.add_argument("run_dir")
     m.add_argument("--cluster", required=True, help="the address the launcher was given (not the folder's)")
-    d = sub.add_parser("doctor")
-    d.add_argument("--storage", help="an object store URI to write and read a probe object in")
     a = p.parse_args(argv)
-    if a.command == "worker":
-        return worker_main(a.run_dir, a.resume)
-    if a.command == "monitor":
-        return monitor_main(a.run_dir, a.cluster)
-    return doctor_main(a.storage)
+    return monitor_main(a.run_dir, a.cluster)
