@@ -275,6 +275,14 @@ class TargetSpec(_Strict):
         description="Cluster runs with several processes: how many times Ray Train restarts the workers from the "
         "run's last checkpoint after one of them fails, before the run ends failed.",
     )
+    start_timeout_s: float = Field(
+        300,
+        gt=0,
+        le=86400,
+        description="Cluster runs: how long the job, or a group of its Ray Train workers, may wait for the CPUs and "
+        "GPUs it asks for before the run ends failed, saying which are missing (an autoscaling cluster may need "
+        "minutes to add a node).",
+    )
 
     @field_validator("cluster")
     @classmethod

@@ -14,6 +14,7 @@ from ortlab.cluster.connect import (
     configured_addresses,
     connect,
     is_configured,
+    ray_command,
     resolve_address,
     token_for,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "dashboard_is_ours",
     "is_configured",
     "listeners",
+    "ray_command",
     "resolve_address",
     "start",
     "status",

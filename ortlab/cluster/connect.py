@@ -73,6 +73,18 @@ def token_for(cluster: str, trusted: bool = False) -> tuple[str | None, str]:
     return None, "none found ($RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)"
 
 
+def ray_command(cluster: str, *args: str) -> str:
+    """A `ray` CLI command for `cluster` that works as printed: with the address (the CLI has no 'local'), and for
+    the local head the path of its token file (Ray's CLI reads $RAY_AUTH_TOKEN_PATH). Only printed for the user."""
+    import shlex
+
+    words = ["ray", *args[:2], "--address", resolve_address(cluster), *args[2:]]
+    command = " ".join(shlex.quote(w) for w in words)
+    if cluster == LOCAL:
+        command = f"RAY_AUTH_TOKEN_PATH={shlex.quote(str(token_path()))} {command}"
+    return command
+
+
 def check_transport(address: str) -> None:
     """Refuse to send a token over plain http to another machine unless the user opted in ($ORTLAB_RAY_ALLOW_HTTP=1).
 

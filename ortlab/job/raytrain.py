@@ -53,26 +53,52 @@ class Failures(UserCallback):
     """Ray Train's controller calls this when workers fail: which ranks, and why, go to the run folder, where the
     next group's rank 0 reads them into its `restart` record."""
 
-    def __init__(self, where: str):
+    def __init__(self, where: str, job: str):
         self.where = where  # the run folder's path, or the stored run's URI
+        self.job = job  # this driver's mark: a resumed run's earlier jobs' failures are not this job's
 
     def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
         why = {
             str(rank): f"{type(e).__name__}: {e}".splitlines()[0][:MAX_REASON_CHARS]
             for rank, e in sorted(worker_exceptions.items())
         }
-        place_at(self.where).append_records(FAILURES_FILE, [{"time": time.time(), "workers": why}])
+        record = {"time": time.time(), "job": self.job, "workers": why}
+        place_at(self.where).append_records(FAILURES_FILE, [record])
 
 
-def _agree(resume: bool, attempt: int) -> tuple[bool, int]:
-    """Rank 0's decision, on every rank (one small broadcast over the group Ray Train set up)."""
+def _agree(*flags: int) -> tuple[int, ...]:
+    """Rank 0's decisions (small integers), on every rank (one small broadcast over the group Ray Train set up)."""
     import torch
     import torch.distributed as dist
 
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-    flags = torch.tensor([int(resume), attempt], dtype=torch.int64, device=device)
-    dist.broadcast(flags, src=0)
-    return bool(flags[0].item()), int(flags[1].item())
+    values = torch.tensor([int(f) for f in flags], dtype=torch.int64, device=device)
+    dist.broadcast(values, src=0)
+    return tuple(int(v) for v in values.tolist())
+
+
+def _same_failure_without_a_step(place: RunPlace, run: RunDir, job: str, attempt: int) -> str | None:
+    """Why a restarted group should not train again, or None: this job's last two groups failed with the same
+    reasons and trained no step between them (a missing model, a bad spec: a deterministic error that every restart
+    repeats, up to target.max_failures times, about half a minute each)."""
+    if attempt < 2:
+        return None
+    failures = [f for f in place.records(FAILURES_FILE) if f.get("job") == job]
+    starts = {
+        w.get("attempt"): w.get("step")
+        for w in place.records(WORKERS_FILE)
+        if w.get("job") == job and w.get("rank") == 0
+    }
+    if len(failures) < 2 or failures[-1].get("workers") != failures[-2].get("workers"):
+        return None
+    if starts.get(attempt - 2) != run.last_step():  # (steps only grow: none since two groups ago)
+        return None
+    why = "; ".join(f"rank {r}: {reason}" for r, reason in (failures[-1].get("workers") or {}).items())
+    return (
+        f"the Ray Train workers failed twice in a row with the same error and trained no step in between, so they "
+        f"are not restarted again (target.max_failures would allow more; a restart repeats a deterministic error): "
+        f"{why}"
+    )
 
 
 def train_loop(config: dict[str, Any]) -> None:
@@ -99,7 +125,8 @@ def train_loop(config: dict[str, Any]) -> None:
     if rank == 0:
         previous = _last(place, WORKERS_FILE)
         attempt = int(previous["attempt"]) + 1 if previous and config["job"] == previous.get("job") else 0
-    resume, attempt = _agree(resume, attempt)
+    wanted, attempt = _agree(resume, attempt)
+    resume = bool(wanted)
     folder = folder_of(place)
     stored = place if folder is None else None
     if stored is not None:
@@ -110,10 +137,22 @@ def train_loop(config: dict[str, Any]) -> None:
         dist.barrier()
     else:
         run = folder
+    give_up = None
     if rank == 0 and attempt:
-        resume = _record_restart(run, place, attempt)
-    resume, attempt = _agree(resume, attempt)
+        give_up = _same_failure_without_a_step(place, run, config["job"], attempt)
+        if give_up is None:
+            resume = _record_restart(run, place, attempt)
+        else:
+            _end_failed(run, give_up)
+            if stored is not None:
+                mirror.push_small(("status.json",))
+    wanted, attempt, stop = _agree(resume, attempt, give_up is not None)
+    resume = bool(wanted)
+    if stop:  # every rank returns: the group ends without an error, and the driver reads the run's end
+        return
     who = {"job": config["job"], "attempt": attempt, "rank": rank, "pid": os.getpid(), "node": context.get_node_rank()}
+    if rank == 0:  # where this group starts: a later group that finds no step since knows it made none
+        who["step"] = run.last_step()
     everyone: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, who)
     if rank == 0:  # one writer (an object cannot be appended to by several)
@@ -150,6 +189,14 @@ def _upload_checkpoints(stored: StoredRun, run: RunDir, rank: int, leader: bool)
                 stored.store.write_bytes(f"{rel}/{UPLOADED}", b"")
 
     return UploadCheckpoints()
+
+
+def _end_failed(run: RunDir, error: str) -> None:
+    """The run ends `failed` with `error` (it may already be `failed`: the old rank 0 saw its group break)."""
+    try:
+        run.set_status("failed", error=error, step=run.last_step())
+    except RunStateError:
+        run.update_status(error=error, step=run.last_step())
 
 
 def _record_restart(run: RunDir, place: RunPlace, attempt: int) -> bool:
@@ -195,10 +242,10 @@ def drive(run: RunDir, resume: bool, stored: StoredRun | None = None) -> None:
     where = stored.path if stored is not None else str(run.path)
     ray.init(logging_level="ERROR")
     per_worker = {"CPU": t.cpus_per_process, **({"GPU": t.gpus_per_process} if t.gpus_per_process else {})}
+    job = secrets.token_hex(6)  # this driver's own mark: attempts and failures are counted per job
     trainer = TorchTrainer(
         train_loop,
-        # `job`: this driver's own mark, so attempts are counted per job (a resumed run's new job starts at 0).
-        train_loop_config={"run": where, "resume": resume, "job": secrets.token_hex(6)},
+        train_loop_config={"run": where, "resume": resume, "job": job},
         scaling_config=ScalingConfig(
             num_workers=t.processes, use_gpu=bool(t.gpus_per_process), resources_per_worker=per_worker
         ),
@@ -206,8 +253,11 @@ def drive(run: RunDir, resume: bool, stored: StoredRun | None = None) -> None:
         run_config=RunConfig(
             name="ray-train",
             storage_path=str(run.path / "ray"),  # (Ray Train's own records: ortlab reports no checkpoints to it)
-            failure_config=FailureConfig(max_failures=t.max_failures),
-            callbacks=[Failures(where)],
+            # A group that cannot be placed within target.start_timeout_s (the job's environment sets Ray Train's
+            # RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S from it) is not retried: Ray Train's default retries it for
+            # ever, and a run whose lost node is not replaced showed `running` for good.
+            failure_config=FailureConfig(max_failures=t.max_failures, controller_failure_limit=0),
+            callbacks=[Failures(where, job)],
         ),
     )
     error = None
@@ -216,17 +266,22 @@ def drive(run: RunDir, resume: bool, stored: StoredRun | None = None) -> None:
             trainer.fit()
         except Exception as e:  # Ray Train gave up: the failures ran out, or the group could not start
             error = f"{type(e).__name__}: {e}".strip().splitlines()[0][:MAX_REASON_CHARS]
+            if _startup_timed_out(e):
+                error = _unplaced(t, per_worker)
     state = run.read_status().get("state")
     if error or state not in TERMINAL:
-        failures = list(place.records(FAILURES_FILE))
+        failures = [f for f in place.records(FAILURES_FILE) if f.get("job") == job]
         last = failures[-1].get("workers") if failures and isinstance(failures[-1].get("workers"), dict) else {}
         why = "; ".join(f"rank {rank}: {reason}" for rank, reason in last.items()) or error or "no final status"
-        message = (
-            f"the Ray Train workers failed {len(failures)} time(s), more than target.max_failures "
-            f"({t.max_failures}) allows; last: {why}"
-            if failures
-            else f"the Ray Train run could not finish: {why}"
-        )
+        if error and error.startswith(UNPLACED):
+            message = error
+        elif failures:
+            message = (
+                f"the Ray Train workers failed {len(failures)} time(s), more than target.max_failures "
+                f"({t.max_failures}) allows; last: {why}"
+            )
+        else:
+            message = f"the Ray Train run could not finish: {why}"
         if state == "failed":  # rank 0 said why its own process ended; the group's reason says more
             run.update_status(error=message, step=run.last_step())
         elif state not in TERMINAL:  # (a completed or stopped run keeps its end)
@@ -235,6 +290,42 @@ def drive(run: RunDir, resume: bool, stored: StoredRun | None = None) -> None:
             stored.write_status(run.read_status())
     if run.read_status().get("state") == "failed":
         raise RuntimeError(run.read_status().get("error", "the run failed"))
+
+
+UNPLACED = "the cluster could not place"
+
+
+def _startup_timed_out(error: BaseException) -> bool:
+    """Did Ray Train give up because its worker group could not start in time (found anywhere in the chain of
+    causes, and in the controller's own failure, which Ray Train wraps)?"""
+    seen: set[int] = set()
+    todo: list[Any] = [error]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if type(e).__name__ == "WorkerGroupStartupTimeoutError":
+            return True
+        todo += [e.__cause__, e.__context__, getattr(e, "controller_failure", None)]
+    return False
+
+
+def _unplaced(t: Any, per_worker: dict[str, float]) -> str:
+    """Why the workers could not start, in the user's terms: what they ask for, what the cluster has free now."""
+    import ray
+
+    ask = ", ".join(f"{v:g} {k}" for k, v in per_worker.items())
+    try:
+        free = {k: v for k, v in ray.available_resources().items() if k in ("CPU", "GPU")}
+        has = ", ".join(f"{v:g} {k}" for k, v in sorted(free.items())) or "no CPU or GPU"
+    except Exception:
+        has = "unknown (the cluster did not say)"
+    return (
+        f"{UNPLACED} {t.processes} Ray Train worker(s) of {ask} each within target.start_timeout_s "
+        f"({t.start_timeout_s:g} s); free on the cluster now: {has} (a node was lost and not replaced, or other jobs "
+        "hold the resources; raise target.start_timeout_s where the cluster adds nodes on demand)"
+    )
 
 
 def main(where: str, resume: bool) -> int:

@@ -92,7 +92,9 @@ class Monitor:
         status = self.run.read_status()
         self.launcher = status["launcher"]
         self.cluster = cluster
-        self.remote = recorded_storage(self.run, RunSpec.from_run(self.run))
+        self.spec = RunSpec.from_run(self.run)
+        self.remote = recorded_storage(self.run, self.spec)
+        self.pending_since: float | None = None
         self.job_id = self.launcher["job_id"]
         # Records already here are skipped (a monitor restarted, a resumed run's job re-sends the history).
         self.have = len(read_metrics(self.run.metrics_path)[0])
@@ -205,6 +207,27 @@ class Monitor:
         # The address came from the user through the launcher (see the class docstring), so the token may go there.
         return cluster.connect(self.cluster, trusted=True)
 
+    def while_pending(self, client: Any) -> str | None:
+        """A job the cluster has not started yet: a stop asked for now stops it (nothing inside it could see the
+        request yet); one still waiting after target.start_timeout_s is stopped, and the reason returned (which
+        resources it asks for)."""
+        self.pending_since = self.pending_since or time.monotonic()
+        if self.run.stop_requested():
+            with contextlib.suppress(Exception):
+                client.stop_job(self.job_id)  # (the job then shows STOPPED, and the run ends `stopped`)
+            return None
+        t = self.spec.target
+        if time.monotonic() - self.pending_since <= t.start_timeout_s:
+            return None
+        with contextlib.suppress(Exception):
+            client.stop_job(self.job_id)
+        gpus = f" and {t.gpus_per_process:g} GPU(s)" if t.gpus_per_process else ""
+        return (
+            f"the cluster {self.cluster} could not start the job within target.start_timeout_s "
+            f"({t.start_timeout_s:g} s): it asks for {t.cpus_per_process:g} CPU(s){gpus}, which no node had free "
+            "(other jobs hold them, or a node was lost); the job was stopped"
+        )
+
     def follow(self) -> None:
         import asyncio
 
@@ -231,6 +254,9 @@ class Monitor:
                 time.sleep(1.0)
                 continue
             if state == "PENDING":
+                ended = self.while_pending(client)
+                if ended is not None:
+                    return self.finish("FAILED", None, ended)
                 time.sleep(0.3)
                 continue
             if state == "RUNNING" and self.run.read_status().get("state") == "pending":
@@ -336,13 +362,16 @@ class Monitor:
             self.run.set_status(state, job_state=job_state, **fields)
 
     def give_up(self, why: str) -> None:
-        """The monitor itself failed (a bug, a full disk): bring home what is there and say so in the status,
-        rather than leave a `running` run whose monitor is gone. The job may still run on the cluster."""
+        """The monitor itself failed (a bug, a full disk): bring home what is there, stop the job (nothing would
+        follow it any more) and say so in the status, rather than leave a `running` run whose monitor is gone."""
         self._step("bringing the results home", self.bring_home)
-        error = (
-            f"the monitor of the Ray job {self.job_id} failed ({why}); the job may still be running on "
-            f"{self.cluster}: see {self.run.log_path}, stop it with `ray job stop {self.job_id}` or resume the run"
-        )
+        try:
+            self.connect().stop_job(self.job_id)
+            job = f"the Ray job {self.job_id} was stopped"
+        except Exception as e:
+            command = cluster.ray_command(self.cluster, "job", "stop", self.job_id)
+            job = f"the Ray job {self.job_id} could not be stopped ({type(e).__name__}); stop it with `{command}`"
+        error = f"the monitor of the run failed ({why}); {job}; see {self.run.log_path}, and resume the run to go on"
         with contextlib.suppress(RunStateError):
             self.run.set_status("failed", error=error, step=self.run.last_step(), **self.skipped_fields())
 

@@ -6,7 +6,7 @@
     start      a copy of the run folder in the storage (`<storage>/<run id>`: a shared folder, or an object store,
                see `objstore`), a job whose entrypoint trains there, and a local monitor that brings the job's
                stream and results home (`ortlab.runner.monitor`)
-    terminate  not done from here: it names `ray job stop`, which ends the job on the cluster
+    terminate  the job stopped on the cluster, through its client (a hung job, or one never started)
     bring_home model/, result.json, tune.json and the last checkpoint, copied from the storage (the monitor does
                this when the job ends; calling it again copies what is there now)
 
@@ -59,13 +59,15 @@ def _client(spec: Any) -> Any:
 def _python_for(spec: Any) -> tuple[str, dict[str, Any]]:
     """(python command, runtime_env) for the job. On the local head: this interpreter and this ortlab source.
     Elsewhere: `python` on the cluster, which must have ortlab installed (the doctor job checks it)."""
+    # How long Ray Train waits for a worker group's resources: the spec's bound (see ortlab.job.raytrain.drive).
+    start = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": f"{spec.target.start_timeout_s:g}"}
     if spec.target.cluster == "local":
-        env = {"PYTHONPATH": ortlab_path(), "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+        env = {"PYTHONPATH": ortlab_path(), "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1", **start}
         # The local head is on loopback only: so are the process groups of its Ray Train workers (gloo would
         # otherwise bind to the address the host name resolves to).
         env["GLOO_SOCKET_IFNAME"] = LOOPBACK_INTERFACE
         return shlex.quote(sys.executable), {"env_vars": env}
-    return "python", {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}}
+    return "python", {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1", **start}}
 
 
 def _resources(spec: Any) -> dict[str, Any]:
@@ -206,9 +208,10 @@ class RayJob(Launcher):
                 previous = "GONE"
             if previous not in ("SUCCEEDED", "FAILED", "STOPPED", "GONE"):
                 run.set_status("failed", error=f"the previous job {launcher['job_id']} is still {previous}")
+                command = cluster.ray_command(spec.target.cluster, "job", "stop", launcher["job_id"])
                 raise RunError(
                     f"run {run.id} could not resume: its previous job {launcher['job_id']} is still {previous} on the "
-                    f"cluster; stop it first (ray job stop {launcher['job_id']})"
+                    f"cluster; stop it first: {command}"
                 )
             try:
                 if remote.read_status().get("state") in ("pending", "running"):  # its worker was killed: say so
@@ -258,12 +261,24 @@ class RayJob(Launcher):
         return proc
 
     def terminate(self, run: RunDir, status: dict[str, Any]) -> None:
+        """The run did not stop when asked (its job is hung, or never started): stop its Ray job on the cluster,
+        through the job ortlab submitted; its monitor then records the end. Only on a cluster the user named on this
+        machine ('local', or one in $ORTLAB_RAY_ADDRESSES): the address comes from the run folder."""
         launcher = status.get("launcher") if isinstance(status.get("launcher"), dict) else {}
-        job = launcher.get("job_id", "JOB_ID")
-        raise RunError(
-            f"run {run.id} did not stop when asked: its Ray job may still be running. Stop it on the cluster with "
-            f"`ray job stop {job}`; its monitor then records the end"
-        )
+        job = launcher.get("job_id")
+        address = launcher.get("cluster")
+        if not isinstance(job, str) or not isinstance(address, str):
+            raise RunError(f"run {run.id} did not stop when asked, and its status names no Ray job to stop")
+        if not cluster.is_configured(address):
+            raise RunError(
+                f"run {run.id} did not stop when asked: its Ray job {job} is on {address}, an address you have not "
+                f"named on this machine, so ortlab sends it no token; list it in ${cluster.ADDRESSES_ENV} to stop it"
+            )
+        try:
+            cluster.connect(address, trusted=True).stop_job(job)
+        except Exception as e:
+            command = cluster.ray_command(address, "job", "stop", job)
+            raise RunError(f"run {run.id}: its Ray job {job} could not be stopped ({e}); try `{command}`") from None
 
     def bring_home(self, run: RunDir) -> None:
         spec = RunSpec.from_run(run)

@@ -12,7 +12,7 @@ times; each new group resumes from the run's last complete checkpoint and says s
                enough CPUs and GPUs in all and on some node for one worker (a worker runs on one node)
     start      as RayJob; the driver reserves nothing (it waits), the workers reserve `cpus_per_process` and
                `gpus_per_process` each
-    terminate  as RayJob: `ray job stop` ends the driver and, with it, the workers
+    terminate  as RayJob: the job is stopped, and with its driver the workers
 """
 
 from __future__ import annotations
