@@ -57,15 +57,17 @@ def test_a_job_the_cluster_cannot_place_is_stopped_in_every_way(ray_head, remote
     assert status["state"] == "stopped", status
     assert time.monotonic() - began < 30, "the stop did not wait for the job's start"
 
-    # 3. The Ray command ortlab prints works as printed on the local head (address and token included).
+    # 3. The Ray commands ortlab prints work as printed on the local head (its address and token file included).
     run = started(remote_spec("stopped-by-hand", **gpu))
     while "job_id" not in (run.status().get("launcher") or {}):
         time.sleep(0.2)
-    command = cluster.ray_command("local", "job", "stop", run.status()["launcher"]["job_id"], "--no-wait")
+    job = run.status()["launcher"]["job_id"]
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    done = subprocess.run(command, shell=True, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, (command, done.stdout, done.stderr)
-    assert ended(run, timeout=60)["state"] == "stopped"
+    for args, says in ((("job", "status", job), "PENDING"), (("job", "stop", job, "--no-wait"), job)):
+        command = cluster.ray_command("local", *args)
+        done = subprocess.run(command, shell=True, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and says in done.stdout + done.stderr, (command, done.stdout, done.stderr)
+    assert run.stop(timeout=60)["state"] == "stopped"
 
 
 def test_a_ray_train_group_that_cannot_start_ends_the_run_with_the_reason(ray_head, remote_spec):

@@ -75,13 +75,14 @@ def token_for(cluster: str, trusted: bool = False) -> tuple[str | None, str]:
 
 def ray_command(cluster: str, *args: str) -> str:
     """A `ray` CLI command for `cluster` that works as printed: with the address (the CLI has no 'local'), and for
-    the local head the path of its token file (Ray's CLI reads $RAY_AUTH_TOKEN_PATH). Only printed for the user."""
+    the local head its token file and token mode (Ray's CLI sends a token only with $RAY_AUTH_MODE=token, and reads
+    it from $RAY_AUTH_TOKEN_PATH). Only printed for the user; the test runs it as printed."""
     import shlex
 
     words = ["ray", *args[:2], "--address", resolve_address(cluster), *args[2:]]
     command = " ".join(shlex.quote(w) for w in words)
     if cluster == LOCAL:
-        command = f"RAY_AUTH_TOKEN_PATH={shlex.quote(str(token_path()))} {command}"
+        command = f"RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH={shlex.quote(str(token_path()))} {command}"
     return command
 
 

@@ -207,26 +207,33 @@ class Monitor:
         # The address came from the user through the launcher (see the class docstring), so the token may go there.
         return cluster.connect(self.cluster, trusted=True)
 
-    def while_pending(self, client: Any) -> str | None:
+    def while_pending(self, client: Any) -> tuple[str, str] | None:
         """A job the cluster has not started yet: a stop asked for now stops it (nothing inside it could see the
-        request yet); one still waiting after target.start_timeout_s is stopped, and the reason returned (which
-        resources it asks for)."""
+        request yet); one still waiting after target.start_timeout_s is stopped too, with the reason (which
+        resources it asks for). Returns the job's end as (Ray's state, why) once it is stopped, else None.
+
+        Ray 2.60 keeps a job stopped while it waited listed as PENDING (its supervisor, which never ran, is killed;
+        the job fails by Ray's own start timeout much later): the monitor ends the run itself, not waiting for that."""
         self.pending_since = self.pending_since or time.monotonic()
-        if self.run.stop_requested():
-            with contextlib.suppress(Exception):
-                client.stop_job(self.job_id)  # (the job then shows STOPPED, and the run ends `stopped`)
-            return None
         t = self.spec.target
-        if time.monotonic() - self.pending_since <= t.start_timeout_s:
+        if self.run.stop_requested():
+            end = ("STOPPED", "stopped before the cluster started the job")
+        elif time.monotonic() - self.pending_since > t.start_timeout_s:
+            gpus = f" and {t.gpus_per_process:g} GPU(s)" if t.gpus_per_process else ""
+            end = (
+                "FAILED",
+                f"the cluster {self.cluster} could not start the job within target.start_timeout_s "
+                f"({t.start_timeout_s:g} s): it asks for {t.cpus_per_process:g} CPU(s){gpus}, which no node had free "
+                "(other jobs hold them, or a node was lost); the job was stopped",
+            )
+        else:
             return None
-        with contextlib.suppress(Exception):
+        try:
             client.stop_job(self.job_id)
-        gpus = f" and {t.gpus_per_process:g} GPU(s)" if t.gpus_per_process else ""
-        return (
-            f"the cluster {self.cluster} could not start the job within target.start_timeout_s "
-            f"({t.start_timeout_s:g} s): it asks for {t.cpus_per_process:g} CPU(s){gpus}, which no node had free "
-            "(other jobs hold them, or a node was lost); the job was stopped"
-        )
+        except Exception as e:  # it keeps waiting on the cluster: say so, with the command that stops it
+            command = cluster.ray_command(self.cluster, "job", "stop", self.job_id)
+            end = ("FAILED", f"{end[1]}; but stopping it failed ({type(e).__name__}: {e}): stop it with `{command}`")
+        return end
 
     def follow(self) -> None:
         import asyncio
@@ -256,9 +263,13 @@ class Monitor:
             if state == "PENDING":
                 ended = self.while_pending(client)
                 if ended is not None:
-                    return self.finish("FAILED", None, ended)
+                    return self.finish(ended[0], None, ended[1])
                 time.sleep(0.3)
                 continue
+            if state in ("SUCCEEDED", "FAILED", "STOPPED") and self.pending_since is not None:
+                # Ended before it ever ran (stopped while it waited): its log has nothing to tail, and a tail of it
+                # never returns; the catch-up reads what there is.
+                return self.finish(state, client, reason)
             if state == "RUNNING" and self.run.read_status().get("state") == "pending":
                 with contextlib.suppress(RunStateError):
                     self.run.set_status("running", started=time.time(), **self.skipped_fields())
