@@ -1,0 +1,106 @@
+"""The local cluster's lifecycle: one head per cluster folder, `stop` ends every process the head started whichever
+died first, and the node-local copies of runs stay private to their user.
+
+One real head, in a folder of the test's own (never `ray stop`, which ends every Ray process on the machine): in the
+cluster's xdist group, so that it does not start beside the session's cluster on the same cores.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+
+from ortlab import cluster
+from ortlab.cluster import head as cluster_head
+
+
+def heads_of(folder: Path) -> list[psutil.Process]:
+    """Every GCS server of this user started for `folder` (one per head: it runs with the folder's token file),
+    read from the processes themselves rather than from ortlab's record."""
+    token = str(folder / "auth_token")
+    found = []
+    for proc in psutil.process_iter(["name", "uids"]):
+        if proc.info["name"] != "gcs_server" or proc.info["uids"].real != os.getuid():
+            continue
+        try:
+            if proc.environ().get("RAY_AUTH_TOKEN_PATH") == token and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.xdist_group("ray-cluster")
+def test_one_head_per_folder_and_stop_ends_everything_after_ray_start_was_killed(tmp_path, monkeypatch):
+    """Two starts at the same moment: the first, past its look for a running head, is held there until the second
+    has been answered; the second is refused, and one head runs. Then its `ray start` is killed (SIGKILL): Ray's
+    agents outlive it, with their listeners; `status` names them and `stop` ends every process of the head."""
+    folder = tmp_path / "cluster"
+    inside, answered = threading.Event(), threading.Event()
+    real = cluster_head._ray_program
+
+    def held(*args):
+        if threading.current_thread() is first:
+            inside.set()
+            answered.wait()
+        return real(*args)
+
+    monkeypatch.setattr(cluster_head, "_ray_program", held)
+    started: dict = {}
+    first = threading.Thread(target=lambda: started.update(cluster.start(folder, num_cpus=1, timeout=120)))
+    first.start()
+    try:
+        assert inside.wait(120), "the first start reached the launch"
+        with pytest.raises(cluster.ClusterError, match=rf"another `ortlab cluster start` \(pid {os.getpid()}\)"):
+            cluster.start(folder, num_cpus=1, timeout=120)
+        answered.set()
+        first.join()
+        assert started.get("running"), "the first start made the head"
+        gcs = heads_of(folder)
+        assert len(gcs) == 1, f"one head for the folder, not {len(gcs)}"
+        assert gcs[0].pid in {p.pid for p in psutil.Process(started["pid"]).children(recursive=True)}
+
+        root = psutil.Process(started["pid"])
+        family = [root, *root.children(recursive=True)]
+        ports = {c.laddr.port for p in family for c in p.net_connections(kind="inet") if c.status == "LISTEN"}
+        assert ports
+        os.kill(root.pid, signal.SIGKILL)
+        root.wait(30)  # (a child of this process: reaped here)
+
+        record = cluster.status(folder)
+        assert not record["running"]
+        left = set(record["leftovers"])
+        assert left and left <= {p.pid for p in family}, "status names the processes the head left running"
+        from typer.testing import CliRunner
+
+        from ortlab.cli import app
+
+        monkeypatch.setenv("ORTLAB_CLUSTER_DIR", str(folder))
+        out = CliRunner().invoke(app, ["cluster", "status"])
+        assert out.exit_code == 1 and "still running" in out.output and "ortlab cluster stop" in out.output
+
+        assert cluster.stop(folder), "what was left of the head was running"
+        survivors = [(p.pid, p.name()) for p in family if alive(p)]
+        assert not survivors, survivors
+        listening = {c.laddr.port for c in psutil.net_connections(kind="inet") if c.status == "LISTEN"}
+        assert not ports & listening, "no listener of the head is left"
+        assert cluster.status(folder)["leftovers"] == [] and not cluster.stop(folder)
+        assert not Path(started["temp_dir"]).exists()
+    finally:
+        answered.set()
+        first.join()
+        cluster.stop(folder)
