@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
+import tempfile
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import pytest
 
-from ortlab import cluster
+from ortlab import cluster, safeio
 from ortlab.cluster import head as cluster_head
+from ortlab.runner import objsync
 
 
 def heads_of(folder: Path) -> list[psutil.Process]:
@@ -104,3 +108,53 @@ def test_one_head_per_folder_and_stop_ends_everything_after_ray_start_was_killed
         answered.set()
         first.join()
         cluster.stop(folder)
+
+
+def test_node_local_copies_are_private_and_a_planted_parent_is_refused(tmp_path, monkeypatch):
+    """A job's node-local copy of a run lives in this user's 0700 folder under the temp folder: made so, fixed to
+    0700 where nobody else could write into it, and refused when it is a link, another user's, or writable by
+    others (each of which let another local user read or replace the copies)."""
+    me = os.getuid()
+
+    def temp(name: str) -> Path:
+        place = tmp_path / name
+        place.mkdir()
+        monkeypatch.setattr(tempfile, "tempdir", str(place))
+        return place / f"ortlab-jobs-{me}"
+
+    top = temp("fresh")
+    run = objsync.node_folder(SimpleNamespace(id="run-1"))
+    info = top.lstat()
+    assert objsync.jobs_dir() == top and stat.S_ISDIR(info.st_mode) and info.st_uid == me
+    assert stat.S_IMODE(info.st_mode) == 0o700, oct(info.st_mode)
+    assert run.path.parent.parent == top and stat.S_IMODE(run.path.parent.stat().st_mode) == 0o700
+
+    top = temp("readable")  # ours, readable by others, writable by nobody else: made private
+    top.mkdir(mode=0o755)
+    os.chmod(top, 0o755)
+    assert objsync.jobs_dir() == top and stat.S_IMODE(top.stat().st_mode) == 0o700
+
+    top = temp("writable")  # anyone could have put links of theirs in it
+    top.mkdir()
+    os.chmod(top, 0o777)
+    with pytest.raises(safeio.UnsafePath, match=r"can be written by other users \(mode 777\)"):
+        objsync.node_folder(SimpleNamespace(id="run-1"))
+    assert stat.S_IMODE(top.stat().st_mode) == 0o777 and not list(top.iterdir())
+
+    top = temp("linked")
+    target = tmp_path / "someone-elses"
+    target.mkdir(mode=0o755)
+    top.symlink_to(target)
+    with pytest.raises(safeio.UnsafePath, match=r"is a link or not a folder"):
+        objsync.jobs_dir()
+    assert not list(target.iterdir()) and stat.S_IMODE(target.stat().st_mode) == 0o755
+
+    top = temp("theirs")
+    if me == 0:
+        top.mkdir(mode=0o700)
+        os.chown(top, 65534, 65534)
+    else:  # (only root can give a folder away: here this user's folder is looked at as another user's)
+        monkeypatch.setattr(os, "getuid", lambda: me + 1)
+        (top.parent / f"ortlab-jobs-{me + 1}").mkdir(mode=0o700)
+    with pytest.raises(safeio.UnsafePath, match=r"belongs to another user"):
+        objsync.jobs_dir()
