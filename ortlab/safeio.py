@@ -249,6 +249,41 @@ def is_regular(path: str | os.PathLike) -> bool:
         return False
 
 
+_ELSE = ": remove it (or, for a temporary folder, set TMPDIR to a folder of your own)"
+
+
+def private_folder(path: str | os.PathLike) -> Path:
+    """`path`, a folder only this user can enter (mode 0700): created so, or, if it is already there, used only when
+    it is a real folder (not a link) of this user's that nobody else could write into (it is then made 0700).
+
+    For a folder with a known name in a place every user shares (/tmp): another user may have made it first, or
+    planted a link there, or a folder that they can write to; any of those raises UnsafePath (naming the path, to
+    remove) rather than putting this user's files where others can read or replace them."""
+    path = Path(path)
+    with suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    try:
+        fd = os.open(path, _DIR_FLAGS)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise UnsafePath(e.errno, f"{path} is a link or not a folder, so it is not used{_ELSE}") from None
+        raise
+    try:
+        info = os.fstat(fd)
+        why = None
+        if info.st_uid != os.getuid():
+            why = f"belongs to another user (uid {info.st_uid})"
+        elif info.st_mode & 0o022:  # others could have put links or files of theirs in it
+            why = f"can be written by other users (mode {stat.S_IMODE(info.st_mode):o})"
+        if why is not None:
+            raise UnsafePath(errno.EPERM, f"{path} {why}, so it is not used{_ELSE}")
+        if stat.S_IMODE(info.st_mode) != 0o700:
+            os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
+    return path
+
+
 def regular_files(folder: str | os.PathLike) -> Iterator[Path]:
     """Every regular file below `folder`, never descending into a linked folder; links and special files skipped.
 

@@ -206,6 +206,12 @@ def cluster_status() -> None:
     from ortlab import cluster
 
     record = cluster.status()
+    left = record["leftovers"]
+    if left:  # a head or node that ended left processes of its own running (listeners included)
+        typer.echo(
+            f"{len(left)} process(es) of an ended head or worker node are still running (pid "
+            f"{', '.join(map(str, left))}): end them with `ortlab cluster stop`"
+        )
     if not record["running"]:
         typer.echo("no local Ray head is running (start one with `ortlab cluster start`)")
         raise typer.Exit(1)
@@ -220,7 +226,7 @@ def cluster_status() -> None:
 
 @cluster_app.command("stop")
 def cluster_stop() -> None:
-    """Stop the local Ray head that `ortlab cluster start` started (only its own processes)."""
+    """Stop the local Ray head that `ortlab cluster start` started: every process it started, none other."""
     from ortlab import cluster
 
     typer.echo("local Ray head stopped" if cluster.stop() else "no local Ray head was running")

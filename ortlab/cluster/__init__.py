@@ -2,7 +2,8 @@
 
 ortlab/cluster/head.py     `ortlab cluster start | stop`: the local head (and its worker nodes) on loopback,
                            with token authentication, found and stopped by the PIDs it recorded
-ortlab/cluster/record.py   where the local head keeps its record and token; its status
+ortlab/cluster/record.py   where the local head keeps its record and token; its status; one start at a time
+ortlab/cluster/procs.py    every process the local head and its nodes started (their sessions): ended by `stop`
 ortlab/cluster/connect.py  which addresses the user's Ray token may go to, and `connect`, whose errors say what
                            to do (unreachable, refused token, Ray not installed)
 """

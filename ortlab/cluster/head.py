@@ -20,24 +20,24 @@ head is refused (stopped, with an error) if any of its processes listens beyond 
 live in a fresh 0700 folder under /tmp (unpredictable name; Ray makes its own folders 0777, so the private one is
 their parent).
 
-The head runs in its own process group; its PID, create time and address are recorded in `head.json`.
-`status` checks that recorded process (never a process found by name) and `stop` ends only that group:
-`ray stop` would end every Ray process on the machine, other people's included.
+The head runs in its own session; its PID, create time and address are recorded in `head.json`. `status` checks
+that recorded process (never a process found by name) and `stop` ends the head's session and those of its worker
+nodes, whichever process in them died first (`ortlab.cluster.procs`), and nothing else: `ray stop` would end every
+Ray process on the machine, other people's included. A lock in the folder (`record.locked`) keeps to one start at
+a time: two at the same moment made two heads, one of them unrecorded and left running.
 
 Several nodes on this one machine (`nodes=K`, what Ray's own tests do to try multi-node behaviour): after the head,
 K-1 worker nodes join it (`python -m ortlab.cluster.node GCS`, the GCS address from the head's session folder; why
 not `ray start --address`: see that module), each with its own CPUs and GPUs, the same token, loopback only, each
-in its own process group with its PID recorded in `head.json` beside the head's; `stop` ends them first.
+in its own session with its PID recorded in `head.json` beside the head's; `stop` ends them first.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import secrets
 import shutil
-import signal
 import socket
 import stat
 import subprocess
@@ -51,8 +51,18 @@ from pathlib import Path
 from typing import Any
 
 from ortlab import safeio
+from ortlab.cluster import procs
 from ortlab.cluster.connect import connect
-from ortlab.cluster.record import INSTALL_HINT, ClusterError, cluster_dir, record_path, status, token_path
+from ortlab.cluster.record import (
+    INSTALL_HINT,
+    ClusterError,
+    cluster_dir,
+    locked,
+    record_path,
+    roots,
+    status,
+    token_path,
+)
 from ortlab.envvars import child_env
 
 # Nodes on this one machine: each is a raylet and its agents (~300 MiB); more than a few only share the same CPUs.
@@ -163,12 +173,21 @@ def start(
     `num_cpus`, `num_gpus`: what each node offers (default: Ray's count of this machine's). `nodes`: how many
     nodes in all, the head included (default 1; for a running head, None accepts whatever it has).
     `new_token` replaces the token first (a leaked one stops working on the new head); it is refused while a
-    head runs, since that head keeps the token it started with."""
-    from ortlab.runfolder.rundir import process_create_time, write_json
-
+    head runs, since that head keeps the token it started with. One start at a time per folder: another one
+    under way is refused (`ClusterError`)."""
     folder = folder or cluster_dir()
     if nodes is not None and not 1 <= nodes <= MAX_NODES:
         raise ClusterError(f"nodes: give 1 to {MAX_NODES} nodes (the head and its worker nodes), not {nodes}")
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with locked(folder, wait=False):
+        return _start(folder, num_cpus, num_gpus, timeout, new_token, nodes)
+
+
+def _start(
+    folder: Path, num_cpus: int | None, num_gpus: int | None, timeout: float, new_token: bool, nodes: int | None
+) -> dict[str, Any]:
+    from ortlab.runfolder.rundir import process_create_time, write_json
+
     current = status(folder)
     if current["running"]:
         if new_token:
@@ -189,7 +208,7 @@ def start(
                 f"cluster stop`), then start one with {nodes}"
             )
         return current
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _stop(folder, 5.0)  # what is left of an ended head (a killed `ray start` leaves Ray's agents running)
     token = _ensure_token(folder, new=new_token)
     ray = _ray_program()
     dashboard, client = _free_ports(2)
@@ -260,14 +279,14 @@ def start(
                 _wait_nodes(record, folder, index + 1, timeout)
         _refuse_exposed(record, folder)
     except BaseException:
-        stop(folder)
+        _stop(folder, 5.0)
         raise
     return {**record, "running": True}
 
 
 def _start_node(gcs: str, private: Path, env: dict[str, str], log: Path, each: dict[str, int | None]) -> dict:
     """One worker node joining the head at `gcs` (Ray's GCS address, from the head's session folder), through
-    `ortlab.cluster.node`: loopback only, the head's token and session folder, its own process group. Returns its
+    `ortlab.cluster.node`: loopback only, the head's token and session folder, its own session. Returns its
     record (pid, create time, log)."""
     from ortlab.runfolder.rundir import process_create_time
 
@@ -368,46 +387,25 @@ def _wait_ready(record: dict[str, Any], folder: Path, proc: subprocess.Popen, ti
 
 
 def stop(folder: Path | None = None, timeout: float = 5.0) -> bool:
-    """Stop the local head this folder recorded: its process group and its descendants (Ray's workers start
-    their own sessions), nothing else. True if one was running."""
+    """Stop the local head this folder recorded and every process it started: the sessions of the head and of its
+    worker nodes (see `ortlab.cluster.procs`), whichever of them died first; nothing else. Waits for a start under
+    way to finish first. True if anything was running."""
     folder = folder or cluster_dir()
-    record = status(folder)
-    # The worker nodes first (each checked by `status` to be the recorded process, by pid and create time).
-    for node in record["nodes"]:
-        if node["running"]:
-            _end_group(node["pid"], node.get("create_time"), timeout)
-    if not record["running"]:  # ended by itself (a failed start): its session folder is left to remove
-        record_path(folder).unlink(missing_ok=True)
-        _remove_private_temp(record.get("temp_dir"))
+    if not folder.is_dir():
         return False
-    _end_group(record["pid"], record.get("create_time"), timeout)
+    with locked(folder, wait=True):
+        return _stop(folder, timeout)
+
+
+def _stop(folder: Path, timeout: float) -> bool:
+    record = status(folder)
+    if "pid" not in record:
+        return False
+    running = record["running"] or any(n["running"] for n in record["nodes"]) or bool(record["leftovers"])
+    procs.end(roots(record), timeout)  # the worker nodes first, then the head
     record_path(folder).unlink(missing_ok=True)
     _remove_private_temp(record.get("temp_dir"))
-    return True
-
-
-def _end_group(pid: int, create_time: Any, timeout: float) -> None:
-    """End a `ray start --block` process that ortlab started in its own process group, and its descendants (Ray's
-    workers start their own sessions): SIGTERM, then after `timeout` SIGKILL for what is left."""
-    import psutil
-
-    from ortlab.runfolder.rundir import process_alive
-
-    try:
-        family = psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        family = []
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while process_alive(pid, create_time) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-    for child in family:  # psutil checks that each is still the same process (pid and create time)
-        with contextlib.suppress(psutil.Error):
-            child.kill()
-    psutil.wait_procs(family, timeout=5)
+    return running
 
 
 def _remove_private_temp(path: Any) -> None:

@@ -33,8 +33,9 @@ STREAM_PUSH_BYTES_PER_S = 1 << 20
 
 
 def jobs_dir() -> Path:
-    """Where jobs keep their node-local copies of runs on a node (each removed when its job ends cleanly)."""
-    return Path(tempfile.gettempdir()) / "ortlab-jobs"
+    """Where jobs keep their node-local copies of runs on a node (each removed when its job ends cleanly): this
+    user's own 0700 folder (one shared by all users let them read the copies, and its first maker own it)."""
+    return safeio.private_folder(Path(tempfile.gettempdir()) / f"ortlab-jobs-{os.getuid()}")
 
 
 def folder_of(place: RunPlace) -> RunDir | None:
@@ -45,9 +46,7 @@ def folder_of(place: RunPlace) -> RunDir | None:
 
 def node_folder(stored: StoredRun) -> RunDir:
     """A fresh node-local folder for the job's copy of the run (named after the run, so logs read naturally)."""
-    top = jobs_dir()
-    top.mkdir(parents=True, exist_ok=True)
-    return RunDir(Path(tempfile.mkdtemp(prefix=f"{secrets.token_hex(3)}-", dir=top)) / stored.id)
+    return RunDir(Path(tempfile.mkdtemp(prefix=f"{secrets.token_hex(3)}-", dir=jobs_dir())) / stored.id)
 
 
 class Mirror:
