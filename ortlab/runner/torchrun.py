@@ -1,0 +1,89 @@
+"""torchrun with its rendezvous store on loopback: `python -m ortlab.runner.torchrun <torchrun's arguments>`.
+
+A run of several processes on this machine starts under torchrun. torchrun's agent hosts the rendezvous store, a
+TCPStore that the workers' process group shares too (`TORCHELASTIC_USE_AGENT_STORE`). torch binds that store to
+every interface, whatever address it is given (`--master_addr=127.0.0.1` included; torch 2.6 and 2.13, libuv and
+legacy backends alike), and the store has no authentication: anyone who reaches the machine could read and write
+its keys, and so join or derail the group. A TCPStore also accepts a socket that is already listening
+(`master_listen_fd`), and torchrun takes rendezvous backends of other names (`rendezvous_handler_registry`): this
+module registers `ortlab-loopback`, torch's static rendezvous with its store on a socket bound here to 127.0.0.1, on
+a port the OS picks at bind time (no window between picking a port and binding it), then runs torchrun itself.
+
+torch 2.6's libuv store cannot start from a socket (NotImplementedError), so the store is the legacy one: it only
+carries the rendezvous and the process group's set-up, never the tensors (gloo's own sockets do, pinned to the
+loopback interface by `GLOO_SOCKET_IFNAME`, see `ortlab.envvars.child_env`). One machine only: there is no second
+node to reach a loopback store, so the backend refuses any other node count.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from typing import Any
+
+from ortlab.netutil import LOOPBACK
+
+BACKEND = "ortlab-loopback"
+
+
+def loopback_store(world_size: int, timeout: Any) -> tuple[Any, int]:
+    """A TCPStore server listening on 127.0.0.1 only, on a port picked at bind time. Returns (store, port)."""
+    from torch.distributed import TCPStore
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((LOOPBACK, 0))
+    sock.listen(128)
+    port = sock.getsockname()[1]
+    # The store owns the socket from here (detach): were Python to close it while the store polls it, the store's
+    # thread would abort the process.
+    store = TCPStore(
+        LOOPBACK,
+        port,
+        world_size,
+        True,
+        timeout,
+        multi_tenant=True,
+        master_listen_fd=sock.detach(),
+        use_libuv=False,
+    )
+    return store, port
+
+
+def _create_handler(params: Any) -> Any:
+    """torchrun's rendezvous handler for `--rdzv-backend=ortlab-loopback`: the static one, its store on loopback."""
+    from torch.distributed import PrefixStore
+    from torch.distributed.elastic.rendezvous import RendezvousInfo, RendezvousStoreInfo
+    from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
+
+    if params.min_nodes != 1 or params.max_nodes != 1:
+        raise ValueError(f"the {BACKEND} rendezvous serves one machine only (--nnodes=1)")
+
+    class LoopbackRendezvous(StaticTCPRendezvous):
+        def get_backend(self) -> str:
+            return BACKEND
+
+        def next_rendezvous(self) -> Any:
+            if self.loopback is None:
+                self.loopback = loopback_store(self.world_size, self.timeout)
+            store, port = self.loopback
+            return RendezvousInfo(
+                PrefixStore(self.run_id, store), self.rank, self.world_size, RendezvousStoreInfo(LOOPBACK, port)
+            )
+
+    timeout = int(params.config.get("timeout", 600))
+    handler = LoopbackRendezvous(LOOPBACK, 0, 0, 1, params.run_id, timeout)
+    handler.loopback = None
+    return handler
+
+
+def main(argv: list[str]) -> None:
+    """Run torchrun with `argv`, its rendezvous on the `ortlab-loopback` backend."""
+    from torch.distributed import run
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+
+    rendezvous_handler_registry.register(BACKEND, _create_handler)
+    run.main([f"--rdzv-backend={BACKEND}", f"--rdzv-endpoint={LOOPBACK}:0", *argv])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
