@@ -57,8 +57,8 @@ def _python_for(spec: Any) -> tuple[str, dict[str, Any]]:
     Elsewhere: `python` on the cluster, which must have ortlab installed (the doctor job checks it)."""
     if spec.target.cluster == "local":
         env = {"PYTHONPATH": ortlab_path(), "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
-        # The local head is on loopback only: so are the process groups of its Ray Train workers (gloo would
-        # otherwise bind to the address the host name resolves to).
+        # The local head is on loopback only: so are the process groups of its Ray Train workers (their store:
+        # `ortlab.runner.raygroup`; gloo would otherwise bind to the address the host name resolves to).
         env["GLOO_SOCKET_IFNAME"] = LOOPBACK_INTERFACE
         return shlex.quote(sys.executable), {"env_vars": env}
     return "python", {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}}

@@ -28,7 +28,7 @@ import time
 from typing import Any
 
 from ray.train import FailureConfig, RunConfig, ScalingConfig
-from ray.train.torch import TorchConfig, TorchTrainer
+from ray.train.torch import TorchTrainer
 from ray.train.v2.api.callback import UserCallback
 
 from ortlab import safeio
@@ -37,6 +37,7 @@ from ortlab.runfolder.stream import records
 from ortlab.runner.objstore import UPLOADED, Store, StoredRun, is_uri
 from ortlab.runner.objsync import LIVE_S, Follower, Mirror, jobs_dir, node_folder
 from ortlab.runner.raychannel import streamed
+from ortlab.runner.raygroup import BoundTorchConfig
 from ortlab.spec import RunSpec
 
 WORKERS_FILE = "ray-workers.jsonl"  # one line per rank and attempt: {attempt, rank, pid, node, time}
@@ -223,7 +224,8 @@ def drive(run: RunDir, resume: bool, stored: StoredRun | None = None) -> None:
         scaling_config=ScalingConfig(
             num_workers=t.processes, use_gpu=bool(t.gpus_per_process), resources_per_worker=per_worker
         ),
-        torch_config=TorchConfig(backend="nccl" if t.gpus_per_process else "gloo"),
+        # The group's store on loopback (one machine) or rank 0's cluster address, not on every interface.
+        torch_config=BoundTorchConfig(backend="nccl" if t.gpus_per_process else "gloo"),
         run_config=RunConfig(
             name="ray-train",
             storage_path=str(run.path / "ray"),  # (Ray Train's own records: ortlab reports no checkpoints to it)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import socket
 import sys
+from datetime import timedelta
 from typing import Any
 
 from ortlab.netutil import LOOPBACK
@@ -26,22 +27,24 @@ from ortlab.netutil import LOOPBACK
 BACKEND = "ortlab-loopback"
 
 
-def loopback_store(world_size: int, timeout: Any) -> tuple[Any, int]:
-    """A TCPStore server listening on 127.0.0.1 only, on a port picked at bind time. Returns (store, port)."""
+def bound_store(host: str, world_size: int, timeout: timedelta) -> tuple[Any, int]:
+    """A TCPStore server listening on `host` only (an IP address), on a port picked at bind time. Returns (store,
+    port). Also the store of a Ray Train group (`ortlab.runner.raygroup`)."""
     from torch.distributed import TCPStore
 
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind((LOOPBACK, 0))
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((host, 0))
     sock.listen(128)
     port = sock.getsockname()[1]
     # The store owns the socket from here (detach): were Python to close it while the store polls it, the store's
-    # thread would abort the process.
+    # thread would abort the process. It returns at once (wait_for_workers): the others connect once it exists.
     store = TCPStore(
-        LOOPBACK,
+        host,
         port,
         world_size,
         True,
         timeout,
+        wait_for_workers=False,
         multi_tenant=True,
         master_listen_fd=sock.detach(),
         use_libuv=False,
@@ -64,7 +67,7 @@ def _create_handler(params: Any) -> Any:
 
         def next_rendezvous(self) -> Any:
             if self.loopback is None:
-                self.loopback = loopback_store(self.world_size, self.timeout)
+                self.loopback = bound_store(LOOPBACK, self.world_size, self.timeout)
             store, port = self.loopback
             return RendezvousInfo(
                 PrefixStore(self.run_id, store), self.rank, self.world_size, RendezvousStoreInfo(LOOPBACK, port)
