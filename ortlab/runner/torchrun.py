@@ -62,6 +62,8 @@ def _create_handler(params: Any) -> Any:
         raise ValueError(f"the {BACKEND} rendezvous serves one machine only (--nnodes=1)")
 
     class LoopbackRendezvous(StaticTCPRendezvous):
+        loopback: tuple[Any, int] | None = None  # (store, port), made at the first rendezvous
+
         def get_backend(self) -> str:
             return BACKEND
 
@@ -74,9 +76,7 @@ def _create_handler(params: Any) -> Any:
             )
 
     timeout = int(params.config.get("timeout", 600))
-    handler = LoopbackRendezvous(LOOPBACK, 0, 0, 1, params.run_id, timeout)
-    handler.loopback = None
-    return handler
+    return LoopbackRendezvous(LOOPBACK, 0, 0, 1, params.run_id, timeout)
 
 
 def main(argv: list[str]) -> None:
