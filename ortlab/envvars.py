@@ -67,7 +67,7 @@ def child_env() -> dict[str, str]:
     # The run process imports this ortlab, whichever interpreter runs it (another runtime included).
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [ortlab_path(), env.get("PYTHONPATH")]))
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # Runs start on this machine: their gloo traffic stays on the loopback interface (torchrun's rendezvous store
-    # is on 127.0.0.1 too).
+    # Runs start on this machine: their gloo sockets are bound to the loopback interface (torchrun's rendezvous
+    # store is on 127.0.0.1 too: `ortlab.runner.torchrun`).
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     return env

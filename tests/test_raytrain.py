@@ -17,6 +17,7 @@ import time
 import psutil
 import pytest
 from gates import launch_gated, wait_paused
+from listening import beyond_loopback, listening
 
 import ortlab
 from ortlab.job.mirror import jobs_dir
@@ -158,15 +159,24 @@ def test_two_workers_with_zero1_survive_a_removed_node(three_nodes, remote_spec,
 
 
 def test_a_killed_worker_with_no_failures_left_ends_the_run_failed(ray_head, remote_spec):
+    """Also: while the two workers train (on two nodes of this machine), nothing of the cluster listens beyond
+    loopback: not the process group's rendezvous store (which Ray Train's own set-up binds to every interface),
+    not gloo, not DeepSpeed."""
     run = launch_gated(zero_spec(remote_spec, "no-failures-left", max_steps=20, max_failures=0), at_step=2)
     wait_paused(run, timeout=300)
     storage = RunDir(run.status()["launcher"]["storage"])
-    os.kill(workers_of(storage, attempt=0)[1]["pid"], signal.SIGKILL)
+    ranks = workers_of(storage, attempt=0)
+    trees = [ray_head["pid"], *(node["pid"] for node in ray_head["nodes"])]
+    found = [f for root in trees for f in listening(root)]
+    store = listening(ranks[0]["pid"])  # (rank 0 hosts the group's store; its process is in one of those trees)
+    os.kill(ranks[1]["pid"], signal.SIGKILL)  # (before any assertion: a run left paused would hold the cluster)
     final = run.wait(timeout=240)
     assert final["state"] == "failed", final
     assert "target.max_failures (0)" in final["error"] and "rank 1" in final["error"], final["error"]
     assert steps_of(run) == [1, 2], "every metric received is kept"
     assert not any(r["event"] == "restart" for r in run.metrics())
+    assert not beyond_loopback(found), f"a Ray Train run listens beyond loopback: {found}"
+    assert store and not beyond_loopback(store), store
 
 
 def test_a_run_the_cluster_cannot_hold_is_refused_before_anything_is_created(ray_head, remote_spec, tmp_path):

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from gates import launch_gated, wait_paused
+from listening import beyond_loopback, listening
 
 import ortlab
 from ortlab import cluster
@@ -49,30 +50,11 @@ def steps_of(run) -> list[int]:
     return [r["step"] for r in run.metrics() if r["event"] == "step"]
 
 
-def head_listeners(pid: int) -> list[tuple[str, str, int]]:
-    """(process name, ip, port) of every listening TCP socket and unconnected UDP socket of the head's whole tree
-    (read here with psutil, not with ortlab's own `cluster.listeners`)."""
-    import psutil
-
-    root = psutil.Process(pid)
-    found = []
-    for proc in [root, *root.children(recursive=True)]:
-        try:
-            name, conns = proc.name(), proc.net_connections(kind="inet")
-        except psutil.NoSuchProcess:
-            continue
-        for c in conns:
-            if c.status == psutil.CONN_LISTEN or (c.type == socket.SOCK_DGRAM and not c.raddr):
-                found.append((name, c.laddr.ip, c.laddr.port))
-    return found
-
-
 def assert_loopback_only(head) -> list[tuple[str, str, int]]:
     """Every listener of the head's and of each worker node's process tree is on loopback; returns the head's."""
-    found = head_listeners(head["pid"])
+    found = listening(head["pid"])
     for root in [head["pid"], *(node["pid"] for node in head.get("nodes") or [])]:
-        listening = head_listeners(root)
-        exposed = [f for f in listening if f[1] not in ("127.0.0.1", "::1", "::ffff:127.0.0.1")]
+        exposed = beyond_loopback(listening(root))
         assert not exposed, f"the cluster (pid {root}) listens beyond loopback: {exposed}"
     return found
 
@@ -116,7 +98,7 @@ def test_the_heads_session_folder_is_private_and_unpredictable(head):
     assert (temp / "ray" / "session_latest" / "sockets").is_dir(), "Ray's files are inside the private folder"
     assert temp.parent == Path("/tmp") and temp.name.startswith("ortlab-ray-")
     suffix = temp.name.removeprefix("ortlab-ray-")
-    ports = {str(port) for _, _, port in head_listeners(head["pid"])}
+    ports = {str(port) for _, _, port in listening(head["pid"])}
     assert suffix not in ports and str(os.getuid()) not in suffix.split("-"), "the name says nothing guessable"
 
 
@@ -128,7 +110,7 @@ def test_every_listener_of_the_head_is_on_loopback(head):
     assert {"gcs_server", "raylet", "ray::DashboardAgent", "ray::RuntimeEnvAgent"} <= names, names
     assert int(head["address"].rsplit(":", 1)[1]) in {port for _, _, port in found}
     (node,) = head["nodes"]  # the worker node: a raylet and its agents of its own, on loopback too
-    assert {"raylet", "ray::DashboardAgent"} <= {name for name, _, _ in head_listeners(node["pid"])}
+    assert {"raylet", "ray::DashboardAgent"} <= {name for name, _, _ in listening(node["pid"])}
     assert cluster_head.alive_nodes(head, cluster.cluster_dir()) == 2, "the head counts both nodes alive"
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import PYTHON
 from gates import launch_gated, wait_paused
+from listening import beyond_loopback, listening
 
 import ortlab
 from ortlab.runner import RunError
@@ -243,10 +244,19 @@ def test_run_in_another_python_environment(make_spec, tmp_path):
 
 
 def test_two_processes_zero1_through_the_launcher(make_spec):
+    """Two processes under torchrun with ZeRO-1 train as one run; while they train, nothing of the run (torchrun's
+    agent, its rendezvous store, gloo, DeepSpeed, the workers) listens beyond loopback."""
     spec = make_spec("zero1-x2", max_steps=8)
     spec["target"] = {"processes": 2}
     spec["accel"]["zero_stage"] = 1
-    run = ortlab.launch(spec)
+    run = launch_gated(spec, at_step=2)
+    try:
+        wait_paused(run)
+        found = listening(run.status()["pid"])
+    finally:
+        run.unpause()
+    assert found, "the run's rendezvous store listens (on loopback): the listing sees the run's sockets"
+    assert not beyond_loopback(found), f"the run listens beyond loopback: {found}"
     status = run.wait(timeout=400)
     assert status["state"] == "completed", run.dir.log_path.read_text()[-4000:]
     assert status["world_size"] == 2

@@ -7,7 +7,6 @@ run is cached per mix so the parity and metrics tests reuse the runs the mix tes
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import textwrap
 from pathlib import Path
@@ -26,11 +25,8 @@ def _results(stdout: str) -> list[dict]:
 
 def train(out: Path, mix: str, *extra: str, procs: int = 1, check: bool = True) -> subprocess.CompletedProcess:
     cmd = [PYTHON, str(HELPER), "--mix", mix, "--steps", str(STEPS), "--out", str(out), *extra]
-    if procs > 1:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        cmd = [PYTHON, "-m", "torch.distributed.run", f"--nproc_per_node={procs}", f"--master_port={port}", *cmd[1:]]
+    if procs > 1:  # (torchrun with its store on loopback, as the launcher starts it)
+        cmd = [PYTHON, "-m", "ortlab.runner.torchrun", f"--nproc_per_node={procs}", *cmd[1:]]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     if check and proc.returncode != 0:
         raise AssertionError(f"training failed ({proc.returncode}):\n{proc.stderr[-4000:]}")

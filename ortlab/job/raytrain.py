@@ -26,11 +26,12 @@ import time
 from typing import Any
 
 from ray.train import FailureConfig, RunConfig, ScalingConfig
-from ray.train.torch import TorchConfig, TorchTrainer
+from ray.train.torch import TorchTrainer
 from ray.train.v2.api.callback import UserCallback
 
 from ortlab.job.channel import streamed
 from ortlab.job.mirror import LIVE_S, Follower, Mirror, folder_of, jobs_dir, node_folder
+from ortlab.job.raygroup import BoundTorchConfig
 from ortlab.runfolder.objstore import UPLOADED, StoredRun
 from ortlab.runfolder.place import RunPlace, place_at
 from ortlab.runfolder.rundir import TERMINAL, RunDir, RunStateError
@@ -249,7 +250,8 @@ def drive(run: RunDir, resume: bool, stored: StoredRun | None = None) -> None:
         scaling_config=ScalingConfig(
             num_workers=t.processes, use_gpu=bool(t.gpus_per_process), resources_per_worker=per_worker
         ),
-        torch_config=TorchConfig(backend="nccl" if t.gpus_per_process else "gloo"),
+        # The group's store on loopback (one machine) or rank 0's cluster address, not on every interface.
+        torch_config=BoundTorchConfig(backend="nccl" if t.gpus_per_process else "gloo"),
         run_config=RunConfig(
             name="ray-train",
             storage_path=str(run.path / "ray"),  # (Ray Train's own records: ortlab reports no checkpoints to it)

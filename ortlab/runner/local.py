@@ -5,7 +5,8 @@ Three things vary, and only in the command line and the check before it:
     interpreter   this one; ortlab's compile runtime when the mix needs torch >= 2.7 (torch_compile in the ORT
                   runtime); or the one the spec names (`target.python`), checked first by running it
     processes     one: `python -m ortlab.runner.worker RUN`; several: the same under torchrun
-                  (`python -m torch.distributed.run --nproc_per_node N`), its rendezvous on loopback
+                  (`python -m ortlab.runner.torchrun --nproc_per_node N`: torchrun, its rendezvous store on a
+                  socket bound to loopback, since torch's own binds every interface whatever address it is given)
 
 Torchrun and another Python are not launchers of their own: they share every operation but the command line and
 the pre-check, so a class each would only copy `start` and `terminate`.
@@ -28,7 +29,6 @@ from typing import Any
 
 from ortlab.adapters import AdapterError, check_installed
 from ortlab.envvars import child_env
-from ortlab.netutil import LOOPBACK, free_port
 from ortlab.probe import doctor
 from ortlab.runfolder.rundir import RunDir, process_create_time
 from ortlab.runner.launcher import Launcher, RunError, mix_problems
@@ -38,6 +38,7 @@ from ortlab.trackers import not_installed
 # How long a named interpreter may take to import torch, transformers and ortlab before it is refused.
 PYTHON_CHECK_TIMEOUT_S = 120
 WORKER = "ortlab.runner.worker"
+TORCHRUN = "ortlab.runner.torchrun"
 
 
 class Local(Launcher):
@@ -93,10 +94,8 @@ class Local(Launcher):
         return [
             python,
             "-m",
-            "torch.distributed.run",
+            TORCHRUN,  # torchrun, its rendezvous store on loopback only (torch's own binds every interface)
             f"--nproc_per_node={spec.target.processes}",
-            f"--master_addr={LOOPBACK}",  # one machine: rendezvous on loopback only
-            f"--master_port={free_port()}",
             *worker,
         ], runtime
 

@@ -63,8 +63,8 @@ def _python_for(spec: Any) -> tuple[str, dict[str, Any]]:
     start = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": f"{spec.target.start_timeout_s:g}"}
     if spec.target.cluster == "local":
         env = {"PYTHONPATH": ortlab_path(), "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1", **start}
-        # The local head is on loopback only: so are the process groups of its Ray Train workers (gloo would
-        # otherwise bind to the address the host name resolves to).
+        # The local head is on loopback only: so are the process groups of its Ray Train workers (their store:
+        # `ortlab.job.raygroup`; gloo would otherwise bind to the address the host name resolves to).
         env["GLOO_SOCKET_IFNAME"] = LOOPBACK_INTERFACE
         return shlex.quote(sys.executable), {"env_vars": env}
     return "python", {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1", **start}}
