@@ -33,6 +33,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ortlab import cluster, safeio
+from ortlab.runfolder import events
 from ortlab.runfolder.rundir import TERMINAL, RunDir, RunStateError, read_metrics
 from ortlab.runner.launcher import RunError
 from ortlab.runner.objstore import Store, StoredRun, is_uri, jsonl_records
@@ -272,7 +273,7 @@ class Monitor:
         if fresh:
             with self.run.metrics_path.open("a", encoding="utf-8") as f:
                 f.write("".join(dumps(r) + "\n" for r in fresh))
-            steps = [r["step"] for r in fresh if r.get("event") == "step" and _is_int(r.get("step"))]
+            steps = [r["step"] for r in fresh if r.get("event") == events.STEP and _is_int(r.get("step"))]
             if self.run.read_status().get("state") == "pending":
                 with contextlib.suppress(RunStateError):
                     self.run.set_status("running", started=time.time(), **self.skipped_fields())

@@ -32,6 +32,7 @@ from ray.train.torch import TorchConfig, TorchTrainer
 from ray.train.v2.api.callback import UserCallback
 
 from ortlab import safeio
+from ortlab.runfolder import events
 from ortlab.runfolder.rundir import TERMINAL, RunDir, RunStateError
 from ortlab.runfolder.stream import records
 from ortlab.runner.objstore import UPLOADED, Store, StoredRun, is_uri
@@ -190,7 +191,7 @@ def _record_restart(run: RunDir, place: RunDir | Store, attempt: int) -> bool:
     sink = JsonLinesSink(run.metrics_path)
     sink(
         {
-            "event": "restart",
+            "event": events.RESTART,
             "attempt": attempt,
             "failed_workers": sorted(int(k) for k in workers if k.isdigit()),
             "reason": "; ".join(f"rank {r}: {why}" for r, why in workers.items())
