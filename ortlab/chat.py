@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ortlab.errors import OrtlabError
+from ortlab.runfolder import events
 
 IGNORE = -100  # label of a token the loss leaves out (transformers' convention)
 ROLES = ("system", "user", "assistant", "tool")
@@ -296,7 +297,7 @@ def generations_callback(run_path: Path, asked: list, references: list, shown: i
                     f.write(json.dumps({"step": state.global_step, "phase": phase, **item}) + "\n")
             self.sink(
                 {
-                    "event": "generations",
+                    "event": events.GENERATIONS,
                     "step": state.global_step,
                     "phase": phase,
                     "exact_match": em,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ortlab.errors import OrtlabError
+from ortlab.toggles import requested
 
 Precision = Literal["fp32", "fp16", "bf16"]
 
@@ -36,15 +37,9 @@ class Mix:
     lora: bool = False
 
     def requested(self) -> dict[str, bool]:
-        return {
-            "ort": self.ort,
-            "fused_adam": self.fused_adam,
-            "zero1": self.zero_stage > 0,
-            "fp16": self.precision == "fp16",
-            "bf16": self.precision == "bf16",
-            "tf32": self.tf32,
-            "torch_compile": self.torch_compile,
-        }
+        """Which accelerations this mix asks for, by the names the doctor and a run's record use
+        (`ortlab.toggles`: ZeRO at any stage is "zero1", a precision is its own name)."""
+        return requested(self)
 
 
 class MixError(OrtlabError, ValueError):

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ortlab.spec import RunSpec
+from ortlab.toggles import form_toggles
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,9 @@ def defaults() -> dict[str, Any]:
 
 
 def form() -> dict[str, Any]:
-    """What a form needs to draw the spec: the schema and the defaults (the server's `GET ortlab/api/spec`)."""
-    return {"schema": schema(), "defaults": defaults()}
+    """What a form needs to draw the spec (the server's `GET ortlab/api/spec`): the schema, the defaults, and
+    the acceleration toggles with the fields they set (`ortlab.toggles`: the sidebar keeps no copy of them)."""
+    return {"schema": schema(), "defaults": defaults(), "toggles": [t.to_dict() for t in form_toggles()]}
 
 
 class SpecFields:

@@ -22,7 +22,9 @@ import pytest
 from conftest import PYTHON, ROOT
 from fake_runs import append, make_fake_run, step_record
 
+from ortlab.runfolder import events
 from ortlab.runfolder.rundir import RunDir, read_metrics
+from ortlab.toggles import NAMES
 
 MiB = 2**20
 
@@ -239,6 +241,9 @@ def test_the_summary_equals_the_old_folds_on_a_real_run(trained_run):
     run = RunDir(trained_run)
     records = [json.loads(line) for line in (trained_run / "metrics.jsonl").read_text().splitlines()]
     assert {"train_begin", "step", "eval", "verified", "train_end"} <= {r["event"] for r in records}
+    # the one vocabulary: every event a real run writes is named in `events`, every acceleration in `toggles`
+    assert {r["event"] for r in records} <= set(events.EVENTS)
+    assert [list(r["accelerations"]) for r in records if r["event"] in events.WITH_ACCELERATIONS] == [list(NAMES)] * 3
     summary = summary_of(trained_run)
     assert summary.records == len(records) and summary.skipped == 0
 

@@ -26,6 +26,7 @@ from pytest_jupyter.jupyter_server import *  # noqa: F403 (fixtures, for this mo
 import ortlab
 from ortlab.runfolder.rundir import RunDir, process_create_time
 from ortlab.spec import TASKS, HyperSpec, RunSpec
+from ortlab.toggles import form_toggles
 
 # Every route, with a run id that exists in the `runs` fixture (a running run).
 ROUTES = [
@@ -124,6 +125,7 @@ def test_every_route_answers_with_the_token(api, runs, runs_root):
     code, body, _ = api("GET", "spec")
     assert code == 200 and body["schema"] == RunSpec.json_schema(), body
     assert body["defaults"] == RunSpec.parse({}).model_dump(mode="json")
+    assert body["toggles"] == [t.to_dict() for t in form_toggles()], "the sidebar's toggles are the one list"
 
     code, body, _ = api("POST", "runs/live/stop")
     assert (code, body) == (202, {"id": "live", "state": "running", "stop_requested": True})

@@ -26,8 +26,9 @@ from fake_runs import append, make_fake_run
 from lab_server import start_lab
 from test_browser import CHROMIUM, _wait_for
 
-from ortlab.runfolder.rundir import write_json
+from ortlab.runfolder.rundir import RunDir, write_json
 from ortlab.spec import TASKS, HyperSpec, RunSpec
+from ortlab.toggles import field_values, form_toggles
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -190,6 +191,11 @@ def test_sidebar_launches_watches_and_stops_a_run(lab_with_ortlab, tiny_bert):
             assert form.locator('input[name="batch_size"]').input_value() == str(HyperSpec().batch_size)
             tip = form.locator("label.ortlab-Field", has=page.locator('select[name="task"]')).get_attribute("title")
             assert tip == RunSpec.model_fields["task"].description, tip
+            # The mix toggles are the server's one list (ortlab.toggles), names and labels, after 'auto'.
+            shown = form.locator("fieldset.ortlab-Mix input[type=checkbox]").evaluate_all(
+                "els => els.map(e => [e.name, e.parentElement.querySelector('span').textContent])"
+            )
+            assert shown[1:] == [[t.name, t.label] for t in form_toggles()], shown
             _fill_form(page, str(tiny_bert), "0")
             problems = page.locator("form.ortlab-NewRun .ortlab-Problems li")
             problems.first.wait_for(timeout=60_000)
@@ -205,10 +211,14 @@ def test_sidebar_launches_watches_and_stops_a_run(lab_with_ortlab, tiny_bert):
 
             # A tiny run with far more steps than the test waits for: it is running whenever the checks look.
             launched_at = time.time()
+            off = field_values(set())
             _fill_form(page, str(tiny_bert), "100000")
             page.wait_for_selector("form.ortlab-NewRun .ortlab-Ok", timeout=120_000)
             page.locator("form.ortlab-NewRun button.jp-mod-reject").click()  # close the form
             _run_card(page).wait_for(timeout=60_000)
+            # No toggle ticked: every field the toggles set is sent, each at its 'off' (plain PyTorch, fp32).
+            accel = RunSpec.from_run(RunDir(run_dir)).accel
+            assert {f"accel.{k}": v for k, v in accel.model_dump().items() if f"accel.{k}" in off} == off
             _wait_for(lambda: _state_shown(page) == "running", 300, "the sidebar to show the run running")
             assert _run_card(page).locator(".ortlab-Run-workers").count() == 0, "one process: no workers count"
             # Record when each step is drawn (page clock, epoch seconds) to compare with the metrics' times.

@@ -81,6 +81,33 @@ def test_toggles_show_what_the_doctor_says(workbench):
     assert workbench.toggles["ort"].disabled is False  # available in the development environment
 
 
+def test_the_mix_toggles_are_the_one_vocabulary(workbench):
+    """The toggles, their labels and how they write the spec come from `ortlab.toggles`; fp16 and bf16 (one field)
+    exclude each other, as in the sidebar; "measure the fastest" sets the fields a measurement decides."""
+    from ortlab.toggles import form_toggles
+    from ortlab.tune import TuneResult
+
+    t = workbench.toggles
+    assert [(n, box.description) for n, box in t.items()] == [(x.name, x.label) for x in form_toggles()]
+    t["bf16"].value, t["fp16"].value = False, False
+    t["fp16"].value = True
+    t["bf16"].value = True  # unticks fp16 (the old workbench kept both, and fp16 won)
+    assert (t["fp16"].value, workbench.spec().accel.precision) == (False, "bf16")
+    t["fp16"].value = True
+    assert (t["bf16"].value, workbench.spec().accel.precision) == (False, "fp16")
+    t["fp16"].value = False
+    t["torch_compile"].value, t["ort"].value = True, False
+    spec = workbench.spec()
+    assert spec.accel.precision == "fp32"
+    assert {n for n, on in spec.asked_mix().requested().items() if on} == {n for n, box in t.items() if box.value}
+    choice = {"ort": True, "fused_adam": False, "precision": "bf16", "torch_compile": False}
+    result = TuneResult("ort+bf16", choice, [], 1, 1, 1.0, "key", {}, {})
+    workbench.apply_tuned(result)
+    assert t["ort"].value is not t["ort"].disabled and t["bf16"].value is not t["bf16"].disabled
+    assert (t["fused_adam"].value, t["fp16"].value) == (False, False)
+    assert t["torch_compile"].value is True, "a compiled mix needs its own runtime: the measurement leaves it"
+
+
 def recorded_run(tmp_path, steps: int = 200, name: str = "recorded", extra: dict | None = None) -> Run:
     """A run folder holding a recorded metrics stream (as a finished ORT + fused Adam run writes it on a CPU;
     `extra` adds numbers to each step, e.g. a GPU's)."""

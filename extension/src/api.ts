@@ -69,10 +69,26 @@ export interface ISchemaNode {
   properties?: { [name: string]: ISchemaNode };
 }
 
-/** `GET spec`: RunSpec's JSON schema and a default spec, from which the New run form is built. */
+/**
+ * One acceleration toggle (ortlab.toggles): the doctor's name for it, its label, and the spec field it sets
+ * (`path`): `on` when ticked, `off` when no toggle of that field is.
+ */
+export interface IToggle {
+  name: string;
+  label: string;
+  path: string;
+  on: unknown;
+  off: unknown;
+}
+
+/**
+ * `GET spec`: RunSpec's JSON schema, a default spec and the acceleration toggles, from which the New run form
+ * is built.
+ */
 export interface ISpecForm {
   schema: ISchemaNode & { $defs?: { [name: string]: ISchemaNode } };
   defaults: { [name: string]: unknown };
+  toggles: IToggle[];
 }
 
 export interface ILaunched {

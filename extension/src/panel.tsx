@@ -18,7 +18,14 @@ import * as React from 'react';
 
 import { ApiError, IDoctor, IRunRow, ISpecForm } from './api';
 import { describe, LIVE_STATES, RunsModel } from './model';
-import { choices, defaultText, description } from './specform';
+import {
+  choices,
+  defaultText,
+  description,
+  exclusiveWith,
+  setPath,
+  toggleValues
+} from './specform';
 import { Sparkline } from './sparkline';
 
 /** What the panel asks the application to do. */
@@ -338,34 +345,10 @@ function DoctorSummary(props: { doctor: IDoctor | null; trans: TranslationBundle
   );
 }
 
-/** Mix toggles: the doctor's name, and what it sets in the RunSpec's `accel`. */
-const TOGGLES: { name: string; label: string }[] = [
-  { name: 'ort', label: 'ONNX Runtime (ORTModule)' },
-  { name: 'fused_adam', label: 'fused AdamW' },
-  { name: 'zero1', label: 'DeepSpeed ZeRO-1' },
-  { name: 'bf16', label: 'bf16' },
-  { name: 'fp16', label: 'fp16' },
-  { name: 'torch_compile', label: 'torch.compile' }
-];
-
-/** The RunSpec `accel` section for the ticked toggles; `auto` leaves every choice to ortlab's measurement. */
-export function accelFor(auto: boolean, ticked: Set<string>): Record<string, unknown> {
-  if (auto) {
-    return {};
-  }
-  const precision = ticked.has('bf16') ? 'bf16' : ticked.has('fp16') ? 'fp16' : 'fp32';
-  return {
-    ort: ticked.has('ort'),
-    fused_adam: ticked.has('fused_adam'),
-    zero_stage: ticked.has('zero1') ? 1 : 0,
-    precision,
-    torch_compile: ticked.has('torch_compile')
-  };
-}
-
 /**
  * The New run form. Its choices (every task), starting values and tooltips come from RunSpec's schema and
- * defaults as the server sends them (`GET spec`), so the form offers what this ortlab accepts.
+ * defaults as the server sends them (`GET spec`), and so do the acceleration toggles and the fields they set
+ * (ortlab.toggles), so the form offers what this ortlab accepts.
  */
 function NewRunForm(props: {
   model: RunsModel;
@@ -393,9 +376,10 @@ function NewRunForm(props: {
     const next = new Set(ticked);
     if (on) {
       next.add(toggleName);
-      // one precision at a time
-      if (toggleName === 'bf16') next.delete('fp16');
-      if (toggleName === 'fp16') next.delete('bf16');
+      // toggles of one spec field exclude each other (one precision at a time)
+      for (const other of exclusiveWith(form.toggles, toggleName)) {
+        next.delete(other);
+      }
     } else {
       next.delete(toggleName);
     }
@@ -411,8 +395,14 @@ function NewRunForm(props: {
       task,
       model: { name: modelName.trim() },
       data: { source: source.trim() },
-      accel: accelFor(auto, ticked)
+      accel: {}
     };
+    if (!auto) {
+      // an explicit mix: each toggle's spec field; `auto` leaves every choice to ortlab's measurement
+      for (const [path, value] of toggleValues(form.toggles, ticked)) {
+        setPath(spec, path, value);
+      }
+    }
     if (name.trim()) {
       spec.name = name.trim();
     }
@@ -517,7 +507,7 @@ function NewRunForm(props: {
           />
           <span>{trans.__('auto (what measured fastest here)')}</span>
         </label>
-        {TOGGLES.map(t => {
+        {form.toggles.map(t => {
           const a = doctor?.accelerations[t.name];
           const unavailable = a !== undefined && !a.available;
           return (

@@ -3,7 +3,7 @@
  * choices of a field (every task the spec knows, seq2seq included), its default and its description come from
  * ortlab's own RunSpec, never from a copy here that would lag it.
  */
-import { ISchemaNode, ISpecForm } from './api';
+import { ISchemaNode, ISpecForm, IToggle } from './api';
 
 /** The schema node of a dotted field path ("hyper.batch_size"), or null when the spec has no such field. */
 export function fieldNode(form: ISpecForm, path: string): ISchemaNode | null {
@@ -65,4 +65,44 @@ export function defaultOf(form: ISpecForm, path: string): unknown {
 export function defaultText(form: ISpecForm, path: string): string {
   const value = defaultOf(form, path);
   return value === null || value === undefined ? '' : String(value);
+}
+
+/** Set a dotted path of a spec object, making the sections on the way. */
+export function setPath(spec: { [name: string]: unknown }, path: string, value: unknown): void {
+  const parts = path.split('.');
+  const last = parts.pop() ?? '';
+  let node = spec;
+  for (const part of parts) {
+    const next = node[part];
+    if (next === null || typeof next !== 'object' || Array.isArray(next)) {
+      node[part] = {};
+    }
+    node = node[part] as { [name: string]: unknown };
+  }
+  node[last] = value;
+}
+
+/**
+ * The spec fields (by dotted path) the acceleration toggles say when the toggles named in `ticked` are ticked:
+ * each field the `on` of its first ticked toggle, else its `off` (ortlab.toggles.field_values, the same rule).
+ */
+export function toggleValues(toggles: IToggle[], ticked: Set<string>): Map<string, unknown> {
+  const values = new Map<string, unknown>();
+  for (const t of toggles) {
+    if (ticked.has(t.name) && !values.has(t.path)) {
+      values.set(t.path, t.on);
+    }
+  }
+  for (const t of toggles) {
+    if (!values.has(t.path)) {
+      values.set(t.path, t.off);
+    }
+  }
+  return values;
+}
+
+/** The toggles that ticking `name` unticks: the others that set the same spec field (fp16 and bf16). */
+export function exclusiveWith(toggles: IToggle[], name: string): string[] {
+  const path = toggles.find(t => t.name === name)?.path;
+  return toggles.filter(t => t.path === path && t.name !== name).map(t => t.name);
 }

@@ -18,7 +18,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-ACCELERATIONS = ("ort", "fused_adam", "zero1", "fp16", "bf16", "tf32", "torch_compile")
+from ortlab.toggles import NAMES
+
+# The doctor's rows, by the one vocabulary of acceleration names (`ortlab.toggles`).
+ACCELERATIONS = NAMES
 # Ends the reason of a check that passed on static facts only (versions, files) and was not tried for real; views
 # that say so once for all rows (the workbench) take it off each row.
 NOT_PROBED = " (not probed)"

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from ortlab.cli.common import RootOption, RunArgument, attach, num, reported
+from ortlab.runfolder import events
 
 
 def list_runs(root: RootOption = None) -> None:
@@ -45,19 +46,19 @@ def _follow_lines(run: Any, json_out: bool) -> None:
     for r in run.follow():
         if json_out:
             print(json.dumps(r), flush=True)
-        elif r.get("event") == "step":
+        elif r.get("event") == events.STEP:
             print(
                 f"step {r.get('step', '?'):>6}  loss {num(r.get('loss'), '.4f')}  "
                 f"{num(r.get('samples_per_s'), '.1f')} samples/s  {num(r.get('step_time_s'), '.2f')} s/step  "
                 f"peak {num(r.get('peak_mem_mb'), '.0f')} MB",
                 flush=True,
             )
-        elif r.get("event") == "eval":
+        elif r.get("event") == events.EVAL:
             scores = format_scores(r)
             print(f"eval {r.get('phase', '')} (step {r.get('step')}): {scores}", flush=True)
-        elif r.get("event") in ("acceleration", "stopped", "resume"):
+        elif r.get("event") in (events.ACCELERATION, events.STOPPED, events.RESUME):
             print(f"{r['event']}: {r.get('message') or r.get('checkpoint', '')}", flush=True)
-        elif r.get("event") == "generations":
+        elif r.get("event") == events.GENERATIONS:
             from ortlab.chat import generation_lines
 
             for line in generation_lines(r):

@@ -32,6 +32,7 @@ from ray.train.v2.api.callback import UserCallback
 from ortlab.job.channel import streamed
 from ortlab.job.mirror import LIVE_S, Follower, Mirror, folder_of, jobs_dir, node_folder
 from ortlab.job.raygroup import BoundTorchConfig
+from ortlab.runfolder import events
 from ortlab.runfolder.objstore import UPLOADED, StoredRun
 from ortlab.runfolder.place import RunPlace, place_at
 from ortlab.runfolder.rundir import TERMINAL, RunDir, RunStateError
@@ -217,7 +218,7 @@ def _record_restart(run: RunDir, place: RunPlace, attempt: int) -> bool:
     sink = JsonLinesSink(run.metrics_path)
     sink(
         {
-            "event": "restart",
+            "event": events.RESTART,
             "attempt": attempt,
             "failed_workers": sorted(int(k) for k in workers if k.isdigit()),
             "reason": "; ".join(f"rank {r}: {why}" for r, why in workers.items())

@@ -2,6 +2,7 @@
 
     rundir.py    the folder itself: its files, the status machine, control requests (stop, pause), checkpoints
     stream.py    the metrics stream (metrics.jsonl): one bounded incremental reader and one fold (RunSummary)
+    events.py    the stream's event names, which its writers and readers share
     compare.py   runs side by side, from their summaries
 
 A run folder may come from anyone (copied, unpacked, planted), so everything here reads it through

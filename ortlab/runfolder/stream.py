@@ -19,11 +19,11 @@ could not be read" instead of going quiet. The file is opened without following 
 a regular file is read (a FIFO would block, a device never ends). Numbers JSON cannot hold (`NaN`, `Infinity`,
 `1e999`) are read as None, so a record read here can always be sent on as JSON.
 
-`RunSummary` is the one fold of the record vocabulary that `ortlab.train.metrics` writes (train_begin, step, eval,
-verified, auto, train_end, ...): the latest step, loss and throughput, what applied, the last scores, and the
-steady-state throughput that `ortlab.runfolder.compare.summarize` defines, all kept incrementally, so a view that
-follows a run folds each record once. `SummaryFollower` keeps one run's summary current from the bytes appended since
-its last call (a replaced or cut file is read afresh).
+`RunSummary` is the one fold of the records `ortlab.train.metrics` writes (their event names are in `events`:
+train_begin, step, eval, verified, auto, train_end, ...): the latest step, loss and throughput, what applied, the last
+scores, and the steady-state throughput that `ortlab.runfolder.compare.summarize` defines, all kept incrementally, so a
+view that follows a run folds each record once. `SummaryFollower` keeps one run's summary current from the bytes
+appended since its last call (a replaced or cut file is read afresh).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ortlab import safeio
+from ortlab.runfolder import events
 
 METRICS_FILE = "metrics.jsonl"
 LINE_LIMIT = 2**20  # no record ortlab writes comes near this (a step is ~300 bytes, an `auto` table a few KiB)
@@ -382,13 +383,13 @@ class RunSummary:
     def _fold(self, r: dict[str, Any]) -> None:
         self.records += 1
         event = r.get("event")
-        if event == "step":
+        if event == events.STEP:
             if (step := _step_number(r.get("step"))) is not None:
                 self.step = max(self.step, step)
             self.loss, self.samples_per_s = _number(r.get("loss")), _number(r.get("samples_per_s"))
             if _is_step(r):
                 self._throughput.add(r)
-        elif event == "train_begin":
+        elif event == events.TRAIN_BEGIN:
             self._throughput.segment_steps = 0
             steps = _step_number(r.get("max_steps"))
             if steps is not None and steps > 0:
@@ -396,22 +397,22 @@ class RunSummary:
             world = _step_number(r.get("world_size"))
             if world is not None and world > 0:
                 self.world_size = world
-        elif event == "restart":
+        elif event == events.RESTART:
             self.restarts += 1
-        elif event == "eval":
+        elif event == events.EVAL:
             self.scores = {k: r[k] for k in EVAL_KEYS if _number(r.get(k)) is not None}
             if self.eval_before is None and r.get("phase") == "before":
                 self.eval_before = {k: v for k, v in r.items() if isinstance(k, str) and k.startswith("eval_")}
-        elif event == "auto" and self.auto is None and r.get("resolved"):
+        elif event == events.AUTO and self.auto is None and r.get("resolved"):
             self.auto = "measured" if r.get("tuned") else "default"
-        elif event == "train_end":
+        elif event == events.TRAIN_END:
             self.ended = True
             summary = r.get("summary")
             if isinstance(summary, dict):
                 self.steady_samples_per_s = _number(summary.get("steady_samples_per_s"))
-        if event in ("train_begin", "verified", "train_end") and isinstance(r.get("accelerations"), dict):
+        if event in events.WITH_ACCELERATIONS and isinstance(r.get("accelerations"), dict):
             self.accelerations = _accelerations(r["accelerations"])
-            self.verified = self.verified or event != "train_begin"
+            self.verified = self.verified or event != events.TRAIN_BEGIN
 
     @property
     def requested(self) -> list[str]:

@@ -24,6 +24,7 @@ from typing import Any
 
 from ortlab import cluster
 from ortlab.job.channel import FINAL_TAG, METRIC_TAG, PAUSED_TAG, TAGS
+from ortlab.runfolder import events
 from ortlab.runfolder.place import RunPlace, Storage, bring_home, place_in, storage_at
 from ortlab.runfolder.rundir import TERMINAL, RunDir, RunStateError, pause_step, read_metrics
 from ortlab.runner.launcher import RunError
@@ -152,7 +153,7 @@ class Monitor:
         if fresh:
             with self.run.metrics_path.open("a", encoding="utf-8") as f:
                 f.write("".join(dumps(r) + "\n" for r in fresh))
-            steps = [r["step"] for r in fresh if r.get("event") == "step" and _is_int(r.get("step"))]
+            steps = [r["step"] for r in fresh if r.get("event") == events.STEP and _is_int(r.get("step"))]
             if self.run.read_status().get("state") == "pending":
                 with contextlib.suppress(RunStateError):
                     self.run.set_status("running", started=time.time(), **self.skipped_fields())

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ortlab import safeio
+from ortlab.runfolder import events
 from ortlab.runfolder.downsample import MIN_POINTS, keep_indices
 from ortlab.runfolder.rundir import DAMAGED, SPEC_MAX_BYTES, TERMINAL, RunDir
 from ortlab.runfolder.stream import MetricsStream, SummaryFollower
@@ -226,7 +227,7 @@ def parse_max_points(raw: str | None) -> int:
 def thin_steps(records: list[dict[str, Any]], max_points: int) -> tuple[list[dict[str, Any]], int]:
     """`records` with at most `max_points` step records (min and max of each DRAWN number per bucket, the first and
     the last step); every other record (eval, train_begin, ...) is kept. Returns them and the steps left out."""
-    steps = [i for i, r in enumerate(records) if r.get("event") == "step"]
+    steps = [i for i, r in enumerate(records) if r.get("event") == events.STEP]
     if len(steps) <= max_points:
         return records, 0
     keep = keep_indices([[records[i].get(name) for i in steps] for name in DRAWN], max_points)
@@ -258,7 +259,7 @@ def metrics_since(run: RunDir, offset: int, max_points: int = DEFAULT_MAX_POINTS
     sent, dropped = thin_steps(records, max_points)
     answer: dict[str, Any] = {"records": sent, "offset": stream.offset}
     if dropped:
-        steps = sum(1 for r in sent if r.get("event") == "step")
+        steps = sum(1 for r in sent if r.get("event") == events.STEP)
         answer["downsampled"] = {"steps_read": steps + dropped, "steps_sent": steps}
     if stream.problem:
         answer["problem"] = stream.problem

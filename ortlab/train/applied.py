@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ortlab.accel import Applied, ort, zero
+from ortlab.runfolder import events
 from ortlab.runfolder.rundir import write_json
 
 logger = logging.getLogger("ortlab")
@@ -54,7 +55,7 @@ class VerifiesAccelerations:
         if not final and self.is_world_process_zero():
             # What applied, known from the first step on: a running run's views show it (not only train_end's).
             accelerations = {k: v.to_dict() for k, v in self.accelerations.items()}
-            self.metrics_sink({"event": "verified", "step": global_step, "accelerations": accelerations})
+            self.metrics_sink({"event": events.VERIFIED, "step": global_step, "accelerations": accelerations})
 
     def _record_parameters(self) -> None:
         """Once, after the first step of this process's training (the optimizer's state exists only then)."""
@@ -69,7 +70,7 @@ class VerifiesAccelerations:
             "optimizer_state_bytes": optimizer_state_bytes(self.optimizer),
         }
         if self.is_world_process_zero():
-            self.metrics_sink({"event": "parameters", "step": self.state.global_step, **self.parameters_record})
+            self.metrics_sink({"event": events.PARAMETERS, "step": self.state.global_step, **self.parameters_record})
 
     def _verify_ort(self) -> None:
         record = self.accelerations["ort"]
@@ -224,7 +225,7 @@ class VerifiesAccelerations:
         logger.error(message)
         warnings.warn(message, AccelerationNotApplied, stacklevel=2)
         if self.is_world_process_zero():
-            self.metrics_sink({"event": "acceleration", **record.to_dict(), "message": message})
+            self.metrics_sink({"event": events.ACCELERATION, **record.to_dict(), "message": message})
 
     def _write_accelerations(self, output_dir: str) -> None:
         if not self.is_world_process_zero():

@@ -30,6 +30,7 @@ from transformers import TrainerCallback
 from ortlab import safeio
 from ortlab.accel.zero import gather_floats
 from ortlab.flops import METHOD as FLOPS_METHOD
+from ortlab.runfolder import events
 
 
 class JsonLinesSink:
@@ -204,7 +205,7 @@ class StepMetricsCallback(TrainerCallback):
         if state.is_world_process_zero:
             self.sink(
                 {
-                    "event": "train_begin",
+                    "event": events.TRAIN_BEGIN,
                     "max_steps": state.max_steps,
                     "world_size": args.world_size,
                     "device": self.device,
@@ -236,7 +237,7 @@ class StepMetricsCallback(TrainerCallback):
         samples, tokens = counters["samples"] * world, counters["tokens"] * world
         mem, mem_kind = peak_memory_mb(args.device.type)
         record = {
-            "event": "step",
+            "event": events.STEP,
             "step": state.global_step,
             "epoch": state.epoch,
             "loss": counters["loss"],
@@ -286,16 +287,16 @@ class StepMetricsCallback(TrainerCallback):
                 from ortlab.scores import add_perplexity
 
                 logs = add_perplexity(dict(logs))
-            self.sink({"event": "eval", "phase": phase, "step": state.global_step, **logs})
+            self.sink({"event": events.EVAL, "phase": phase, "step": state.global_step, **logs})
         else:
-            self.sink({"event": "log", "step": state.global_step, **logs})
+            self.sink({"event": events.LOG, "step": state.global_step, **logs})
 
     def on_train_end(self, args, state, control, **kwargs):
         self.trainer._after_first_steps(state.global_step, final=True)
         if state.is_world_process_zero:
             self.sink(
                 {
-                    "event": "train_end",
+                    "event": events.TRAIN_END,
                     "step": state.global_step,
                     "summary": self.summary(args.metrics_warmup_steps),
                     "accelerations": {k: v.to_dict() for k, v in self.trainer.accelerations.items()},

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ortlab.accel.mix import mix_of, resolve
 from ortlab.fit import check, fitted
+from ortlab.runfolder import events
 from ortlab.runfolder.rundir import RunDir, process_create_time, write_json
 from ortlab.spec import RunSpec, SpecError
 from ortlab.train.control import StopRequested, stop_callback
@@ -324,13 +325,13 @@ def _train(
         log("before training: " + _headline(before))
     else:
         before = _previous_eval(run) or {}
-        emit({"event": "resume", "step": int(checkpoint.name.split("-")[-1]), "checkpoint": str(checkpoint)})
+        emit({"event": events.RESUME, "step": int(checkpoint.name.split("-")[-1]), "checkpoint": str(checkpoint)})
         log(f"resuming from {checkpoint}")
     trainer.eval_phase = None
     trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     if stop.flag:
         last = run.last_checkpoint()
-        emit({"event": "stopped", "step": trainer.state.global_step, "checkpoint": str(last)})
+        emit({"event": events.STOPPED, "step": trainer.state.global_step, "checkpoint": str(last)})
         trainer.metrics_sink.close()
         log(f"stopped at step {trainer.state.global_step}; checkpoint {last}")
         return {"stopped": True, "step": trainer.state.global_step, "checkpoint": str(last)}
@@ -437,7 +438,7 @@ def _auto_mix(spec, run, model, model_path, prepared, train_ds, collate, log) ->
         if tuned:
             write_json(run.path / "tune.json", result.to_dict())
         sink = JsonLinesSink(run.metrics_path)
-        record = {"event": "auto", "resolved": auto, "why": why, "tuned": tuned, "choice": choice}
+        record = {"event": events.AUTO, "resolved": auto, "why": why, "tuned": tuned, "choice": choice}
         if tuned:
             record["table"] = result.table()
         elif result is not None:
@@ -452,7 +453,7 @@ def _auto_mix(spec, run, model, model_path, prepared, train_ds, collate, log) ->
 def _stored_choice(run: RunDir) -> dict[str, Any] | None:
     """A resumed run trains with the mix it started with (its `auto` record), not a new decision."""
     for record in run.records():
-        if record.get("event") == "auto":
+        if record.get("event") == events.AUTO:
             return record.get("choice")
     return None
 

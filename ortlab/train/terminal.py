@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ortlab import safeio
+from ortlab.runfolder import events
 from ortlab.runfolder.stream import RunSummary
 
 
@@ -141,7 +142,7 @@ class Terminal:
         """A metrics record of the run: steps move the bar; an acceleration that did not apply is said at once."""
         self.summary.fold(record)
         event = record.get("event")
-        if event == "step" and self._bar is not None:
+        if event == events.STEP and self._bar is not None:
             if self._graph_pending:
                 self._graph_pending = False
                 took = time.monotonic() - self._train_started
@@ -153,9 +154,9 @@ class Terminal:
                 loss=f"loss {loss:.4f}" if loss is not None else "",
                 speed=f"{sps:.1f} samples/s" if sps is not None else "",
             )
-        elif event == "acceleration" and record.get("message"):
+        elif event == events.ACCELERATION and record.get("message"):
             self.say(f"[red]{escape(str(record['message']))}[/]")
-        elif event == "generations":
+        elif event == events.GENERATIONS:
             from ortlab.chat import generation_lines
 
             for line in generation_lines(record):  # model output: control characters stripped, markup escaped

@@ -31,6 +31,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from ortlab.runfolder import events
 from ortlab.runfolder.downsample import LiveSeries
 from ortlab.runfolder.stream import RunSummary
 from ortlab.ui.display import RefreshedDisplay
@@ -168,16 +169,16 @@ class RunMonitor(RefreshedDisplay, widgets.VBox):
         if summary is not None:
             summary.fold(record)
         event = record.get("event")
-        if event in ("train_begin", "verified", "train_end", "acceleration"):
+        if event in (events.TRAIN_BEGIN, events.VERIFIED, events.TRAIN_END, events.ACCELERATION):
             self._relabel(run_id, record)
             return
         step = record.get("step")
         if step is None:
             return
         points: list[tuple[str, str, Any]] = []
-        if event == "step":
+        if event == events.STEP:
             points = [(name, "train", record.get(name)) for name, _ in PANELS]
-        elif event == "eval" and record.get("eval_loss") is not None:
+        elif event == events.EVAL and record.get("eval_loss") is not None:
             points = [("loss", "eval", record["eval_loss"])]
         with self._lock:
             for panel, kind, value in points:

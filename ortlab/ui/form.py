@@ -11,6 +11,7 @@ import ipywidgets as widgets
 
 from ortlab.errors import OrtlabError
 from ortlab.specfields import SpecFields, get_path, set_path
+from ortlab.toggles import field_values
 from ortlab.ui.summary import table_html
 
 WIDE = widgets.Layout(width="420px")
@@ -170,7 +171,6 @@ class SpecForm:
         """The spec the widgets say: the starting spec, with each widget's value written to the field it edits
         (by path, converted as the field's schema wants: an empty optional text is None). The fields of the other
         tasks (columns, chat data) are cleared: a spec keeps only what its task reads."""
-        t = self.toggles
         spec = {**self._base}
         seq2seq = self.task.value == "seq2seq"
         causal = self.task.value == "causal-lm"
@@ -190,15 +190,9 @@ class SpecForm:
             set_path(spec, "hyper.max_target_length", None)
             kept = ("prompts", "num_prompts", "score_examples", "max_new_tokens") if causal else ()
             spec["generation"] = {k: v for k, v in self._base["generation"].items() if k in kept}
-        precision = "fp16" if t["fp16"].value else "bf16" if t["bf16"].value else "fp32"
-        spec["accel"] = {
-            **self._base["accel"],
-            "ort": t["ort"].value,
-            "fused_adam": t["fused_adam"].value,
-            "zero_stage": 1 if t["zero1"].value else 0,
-            "precision": precision,
-            "torch_compile": t["torch_compile"].value,
-        }
+        # The fields the acceleration toggles set (`ortlab.toggles`); the other accel fields keep the start's values.
+        for path, value in field_values(name for name, box in self.toggles.items() if box.value).items():
+            set_path(spec, path, value)
         set_path(spec, "adapter.kind", "lora" if self.lora.value else "none")
         spec["target"] = {"processes": self.processes.value}
         if self.where.value == "other Python":

@@ -12,7 +12,12 @@ from typing import Any
 
 import ipywidgets as widgets
 
-ACCELS = ("ort", "fused_adam", "zero1", "bf16", "fp16", "torch_compile")
+from ortlab.toggles import exclusive_with, form_toggles
+
+# What "measure the fastest" sets: the fields a measurement decides (AccelSpec's 'auto' ones). Its choice also says
+# torch_compile, but a compiled mix runs in its own runtime, which the form's target does not follow: that toggle,
+# ZeRO's and the others stay as they were.
+TUNED_FIELDS = ("ort", "fused_adam", "precision")
 
 
 def _availability() -> tuple[dict[str, Any], Any]:
@@ -63,6 +68,13 @@ def _checked_html(report: Any) -> str:
         )
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(report.probed_at)) if report.probed_at else "earlier"
     return f"<small>tried for real on this machine ({html.escape(when)}; <code>ortlab doctor</code>)</small>"
+
+
+def _untick(change: dict[str, Any], others: list[widgets.Checkbox]) -> None:
+    """A toggle ticked unticks the others that set the same spec field."""
+    if change["new"]:
+        for box in others:
+            box.value = False
 
 
 def _small(text: str) -> str:
@@ -138,29 +150,25 @@ class MixPanel:
         self.notes: dict[str, widgets.HTML] = {}
         from ortlab.accel.mix import resolve
 
-        resolved = resolve(start.accel)
-        initial = {
-            "ort": resolved.ort,
-            "fused_adam": resolved.fused_adam,
-            "zero1": start.accel.zero_stage > 0,
-            "bf16": start.accel.precision == "bf16",
-            "fp16": start.accel.precision == "fp16",
-            "torch_compile": start.accel.torch_compile,
-        }
+        resolved = resolve(start.accel)  # 'auto' as this machine would run it, without measuring
         self.toggles: dict[str, widgets.Checkbox] = {}
         accel_rows = []
-        for name in ACCELS:
-            a = self.available[name]
+        for t in form_toggles():
+            a = self.available[t.name]
             box = widgets.Checkbox(
-                value=bool(initial[name]) and a.available,
-                description=name,
+                value=t.is_on(getattr(resolved, t.field)) and a.available,
+                description=t.label,
                 indent=False,
                 disabled=not a.available,
-                layout=widgets.Layout(width="130px"),
+                tooltip=self.fields.tip(t.path),
+                layout=widgets.Layout(width="200px"),
             )
-            self.toggles[name] = box
-            self.notes[name] = widgets.HTML(_note_html(a, self.probed))
-            accel_rows.append(widgets.HBox([box, self.notes[name]]))
+            self.toggles[t.name] = box
+            self.notes[t.name] = widgets.HTML(_note_html(a, self.probed))
+            accel_rows.append(widgets.HBox([box, self.notes[t.name]]))
+        for t in form_toggles():  # toggles of one field exclude each other (fp16 and bf16: one precision)
+            others = [self.toggles[name] for name in exclusive_with(t.name)]
+            self.toggles[t.name].observe(lambda change, others=others: _untick(change, others), names="value")
 
         self.check_button = widgets.Button(
             description="check again" if self.probed else "check this machine",
@@ -246,15 +254,10 @@ class MixPanel:
     def apply_tuned(self, result: Any) -> None:
         """Switch the mix toggles to `result`'s choice (a `TuneResult`) and show its table."""
         choice = result.choice
-        wanted = {
-            "ort": bool(choice.get("ort")),
-            "fused_adam": bool(choice.get("fused_adam")),
-            "bf16": choice.get("precision") == "bf16",
-            "fp16": choice.get("precision") == "fp16",
-        }
-        for name, on in wanted.items():
-            box = self.toggles[name]
-            box.value = on and not box.disabled
+        for t in form_toggles():
+            if t.field in TUNED_FIELDS:
+                box = self.toggles[t.name]
+                box.value = t.is_on(choice.get(t.field)) and not box.disabled
         how = "cached measurement" if result.cached else f"measured in {result.calibration_s:.0f} s"
         self.tune_note.value = (
             f"<small>fastest here: <b>{html.escape(result.chosen)}</b> ({how}); the toggles are set to it</small>"
@@ -266,10 +269,9 @@ class MixPanel:
         (Launch then validates the spec again)."""
         self.report = report
         self.available = dict(report.accelerations)
-        for name in ACCELS:
+        for name, box in self.toggles.items():
             a = self.available[name]
             self.notes[name].value = _note_html(a, True)
-            box = self.toggles[name]
             box.disabled = not a.available
             if not a.available and box.value:
                 box.value = False

@@ -18,6 +18,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ortlab.runfolder import events
+
 # Plotly's default qualitative colours: readable on white and on JupyterLab's dark background. One colour per
 # run, in the live chart and here alike, so the legend maps a run to its curves in every panel.
 PALETTE = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880")
@@ -162,10 +164,10 @@ def runs_chart_html(runs: list[Any], labels: dict[str, str] | None = None) -> st
         )
         try:
             for r in run.dir.records():  # in bounded pieces: memory for the points, not for the file
-                if r.get("event") == "step":
+                if r.get("event") == events.STEP:
                     train.add(r.get("step"), r.get("loss"))
                     sps.add(r.get("step"), r.get("samples_per_s"))
-                elif r.get("event") == "eval":
+                elif r.get("event") == events.EVAL:
                     evals.add(r.get("step"), r.get("eval_loss"))
         except OSError:  # a run folder removed under us: its curve is simply absent
             pass
