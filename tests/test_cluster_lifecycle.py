@@ -20,7 +20,7 @@ import pytest
 
 from ortlab import cluster, safeio
 from ortlab.cluster import head as cluster_head
-from ortlab.runner import objsync
+from ortlab.job import mirror as objsync
 
 
 def heads_of(folder: Path) -> list[psutil.Process]:
