@@ -8,7 +8,7 @@
       control/stop, control/pause  -> forwarded to the storage folder
 
 The job's entrypoint on the cluster (`python -m ortlab.runner.rayentry worker STORAGE_RUN`) trains exactly as a
-local worker does (`ortlab.train.run.execute`) and, beside it, prints every record its metrics.jsonl receives as
+local worker does (`ortlab.lifecycle.execute`) and, beside it, prints every record its metrics.jsonl receives as
 one tagged line with its sequence number, and at the end the final status. The local *monitor* (`python -m
 ortlab.runner.rayentry monitor RUN --cluster ADDRESS`, detached, its PID recorded in status.json like a local
 worker's) tails the job's log stream, appends the records it has not got yet, mirrors the job's state, forwards
@@ -152,7 +152,7 @@ def streamed(run: RunDir, body: Any) -> int:
 
 
 def worker_main(path: str, resume: bool) -> int:
-    from ortlab.train.run import execute
+    from ortlab.lifecycle.execute import execute
 
     if not is_uri(path):  # a folder both sides mount: train in it
         run = RunDir(path)
