@@ -105,8 +105,8 @@ def packing_part(args) -> dict:
 
 
 def score_part(args) -> dict:
+    from ortlab.runner.foreground import train_spec
     from ortlab.spec import RunSpec
-    from ortlab.train.run import train_spec
 
     spec = RunSpec.parse(
         {

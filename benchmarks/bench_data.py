@@ -101,8 +101,8 @@ def child(data: str, model: str, path: str, out: str, steps: int) -> None:
     import resource
 
     import ortlab.data as data_module
+    from ortlab.runner.foreground import train_spec
     from ortlab.spec import RunSpec
-    from ortlab.train.run import train_spec
 
     phases: dict[str, float] = {}
 

@@ -86,6 +86,31 @@ def test_an_output_folder_that_is_a_file_is_a_clear_error(tmp_path):
     assert blocker.read_text() == "not a folder"
 
 
+def test_the_launcher_switch_alone_says_where_a_run_trains(tmp_path):
+    """`ortlab train` trains in its own process exactly when `launcher_for(spec, here=True)` gives the foreground
+    launcher (one process, this interpreter); several processes, another Python or a cluster are launched, and so
+    is every run of a caller that does not wait for it in this process (a notebook's `launch`, the server)."""
+    import sys
+
+    from ortlab.runner import launcher_for
+    from ortlab.runner.foreground import Foreground
+    from ortlab.runner.local import Local
+    from ortlab.runner.rayjob import RayJob
+    from ortlab.runner.raytrain import RayTrain
+    from ortlab.spec import RunSpec
+
+    def kind(here: bool, **target) -> type:
+        return type(launcher_for(RunSpec.parse({"target": target}), here=here))
+
+    assert kind(True) is Foreground and kind(True, python=sys.executable) is Foreground
+    assert kind(False) is Local
+    assert kind(True, processes=2) is Local
+    other = tmp_path / "python3"
+    assert kind(True, python=str(other)) is Local
+    assert kind(True, cluster="local") is RayJob and kind(True, cluster="local", processes=2) is RayTrain
+    assert not hasattr(__import__("ortlab.runner").runner, "trains_here"), "one switch, not a second condition"
+
+
 def test_train_and_tune_map_their_options_to_the_spec_through_one_table():
     import inspect
 

@@ -242,7 +242,7 @@ def test_ort_needs_eager_attention_only_when_it_trains():
 
 
 def test_dataloader_settings_keep_cpu_as_it_was():
-    from ortlab.train.run import _dataloader_settings
+    from ortlab.lifecycle.assemble import _dataloader_settings
 
     assert _dataloader_settings() == {"dataloader_num_workers": 0}
 

@@ -111,3 +111,18 @@ def test_each_runner_and_job_module_says_which_side_it_runs_on():
         for path in sorted((ROOT / "ortlab" / package).glob("*.py")):
             doc = ast.get_docstring(ast.parse(path.read_text())) or ""
             assert doc.startswith(side), f"{path.relative_to(ROOT)}: its docstring should start with {side!r}"
+
+
+def test_each_folder_is_one_layer():
+    """A package is one entry of the contract, never split across layers by its modules: `train/` once held the
+    trainer below `tune/` and the run's lifecycle above it (`train.run` imported `tune.auto` while `tune` imported
+    `train.*`), an upward arrow between folders that the module-level contract allowed."""
+    import re
+
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    (contract,) = config["tool"]["importlinter"]["contracts"]
+    entries = [name.strip() for layer in contract["layers"] for name in re.split(r"[|:]", layer)]
+    inside = [e for e in entries if e.count(".") > 1]
+    assert inside == [], f"these entries name a module inside a package: put the whole package in one layer: {inside}"

@@ -81,8 +81,8 @@ def _losses(run_dir: Path) -> dict[int, float]:
 @pytest.fixture(scope="module")
 def runs(tiny_bert, tmp_path_factory):
     """The same spec trained eagerly and lazily, each with the tokenizer's reads recorded."""
+    from ortlab.runner.foreground import train_spec
     from ortlab.spec import RunSpec
-    from ortlab.train.run import train_spec
 
     tmp = tmp_path_factory.mktemp("lazy")
     source = _reviews(tmp / "reviews.csv")
@@ -127,7 +127,7 @@ def test_a_lazy_run_resumes_at_the_same_row(runs, tmp_path):
     skipped steps' rows are not even tokenized: the sampler's indices are skipped, not the rows)."""
     from fake_runs import cut_back
 
-    from ortlab.train.run import execute
+    from ortlab.lifecycle.execute import execute
 
     source = runs["lazy"]["dir"]
     run_path = tmp_path / source.name
@@ -144,8 +144,8 @@ def test_a_bad_row_found_late_fails_the_run_with_its_position(tiny_bert, tmp_pat
     """Token classification: row 150 has fewer tags than words. Every value passes the checks before the model
     (no missing tag, known labels); the row fails when training reaches it, and the error names it."""
     from ortlab.data import DataError
+    from ortlab.runner.foreground import train_spec
     from ortlab.spec import RunSpec
-    from ortlab.train.run import train_spec
 
     rows = [{"tokens": ["alice", "went", "to", "paris"], "tags": ["B-PER", "O", "O", "B-LOC"]} for _ in range(200)]
     rows[150] = {"tokens": ["bob", "saw", "rome", "today"], "tags": ["B-PER", "O"]}
@@ -169,8 +169,8 @@ def _streamed(tiny_bert: Path, source: Path, out: Path, name: str, **hyper) -> d
 def test_a_streamed_local_file_trains_reading_only_what_it_needs(tiny_bert, tmp_path):
     """data.streaming: true on a local CSV takes the path a large Hub dataset takes (datasets' streaming loader):
     the eval rows are the first max_eval_samples, the checks read a head, training tokenizes its batches only."""
+    from ortlab.runner.foreground import train_spec
     from ortlab.spec import RunSpec
-    from ortlab.train.run import train_spec
 
     source = _reviews(tmp_path / "reviews.csv")
     with Recorder() as rec:
@@ -200,8 +200,8 @@ def test_a_streamed_label_the_head_did_not_show_fails_with_its_position(tiny_ber
     import csv
 
     from ortlab.data import DataError
+    from ortlab.runner.foreground import train_spec
     from ortlab.spec import RunSpec
-    from ortlab.train.run import train_spec
 
     monkeypatch.setattr("ortlab.data.checks.HEAD_ROWS", 50)
     source = tmp_path / "late.csv"

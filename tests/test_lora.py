@@ -41,7 +41,7 @@ def _spec(model: Path, root: Path, name: str, **accel):
 
 
 def _train(spec) -> dict:
-    from ortlab.train.run import train_spec
+    from ortlab.runner.foreground import train_spec
 
     return train_spec(spec, progress=False, log=lambda _: None)
 
@@ -142,7 +142,7 @@ def test_an_adapter_run_resumes_from_its_checkpoint(runs, tmp_path):
     """A copy of the finished run, cut back to its step-3 checkpoint, resumes and ends where the run ended."""
     from fake_runs import cut_back
 
-    from ortlab.train.run import execute
+    from ortlab.lifecycle.execute import execute
 
     source = Path(runs["eager"]["run_dir"])
     run_path = tmp_path / source.name

@@ -72,8 +72,8 @@ def test_spec_round_trips_with_generation_settings():
 
 
 def test_training_arguments_carry_the_generation_settings(tmp_path):
+    from ortlab.lifecycle.assemble import training_arguments
     from ortlab.runfolder.rundir import RunDir
-    from ortlab.train.run import training_arguments
     from ortlab.train.seq2seq import ORTSeq2SeqTrainingArguments
 
     spec = RunSpec.parse(

@@ -77,41 +77,39 @@ def train(
 
 
 def _train(spec: RunSpec, *, adapter_rank: int | None, quiet: bool, verbose: bool, detach: bool) -> dict | None:
-    """Train `spec` here and return its result, or launch it (and follow it unless `detach`) and return None."""
+    """Start `spec` where the launcher switch sends it (`runner.launcher_for`) and follow it: in this process with
+    the terminal's view (returns the result), or launched and followed through its run folder unless `detach`
+    (returns None)."""
+    from ortlab.fit import check
+    from ortlab.runner import default_root, launch, launcher_for
+    from ortlab.runner.foreground import Foreground, train_spec
     from ortlab.spec import SpecError
 
     if adapter_rank is not None and spec.adapter.kind == "none":
         raise SpecError(["adapter.rank: --adapter-rank sets the rank of a LoRA adapter; add --lora to train one"])
-    # Another interpreter or several processes cannot train in this process: they are launched, and in the
-    # foreground followed here, like a detached run.
-    # So does a run that needs ortlab's compile runtime (torch_compile where this runtime cannot compile).
-    from ortlab.fit import check
-    from ortlab.runner import trains_here
-    from ortlab.train.run import train_spec
+    if isinstance(launcher_for(spec, here=not detach), Foreground):
+        from ortlab.train.terminal import Terminal
 
-    if detach or not trains_here(spec):
-        # (The target itself is checked by `launch`, once: checking it here too ran a named interpreter twice.)
-        if spec.target.cluster is None:  # (a cluster run's model and data are checked on the cluster)
-            check(spec)  # the same fast checks as in the foreground, before anything starts
-        from ortlab.runner import default_root, launch
-
-        run = launch(spec)
-        root = Path(spec.output_dir)
-        where = "" if root.resolve() == default_root().resolve() else f" --root {root}"
-        if detach:
-            typer.echo(f"launched {run.id} ({run.path}); watch it with: ortlab follow {run.id}{where}")
-            return None
-        typer.echo(f"launched {run.id} ({run.path}); following it (Ctrl-C stops following, not the run)")
-        try:
-            follow(run.id, root=root)
-        except KeyboardInterrupt:
-            typer.echo(f"\nstill running: ortlab follow {run.id}{where}", err=True)
-            raise typer.Exit(130) from None
+        with Terminal(verbose=verbose, progress=not quiet) as terminal:
+            return train_spec(spec, progress=not quiet, view=terminal)
+    # Launched (another interpreter, several processes, ortlab's compile runtime, a cluster, or --detach): a
+    # terminal user still gets the model and data checks of the foreground before anything starts (a cluster
+    # run's are made on the cluster); `launch` checks the target itself, once.
+    if spec.target.cluster is None:
+        check(spec)
+    run = launch(spec)
+    root = Path(spec.output_dir)
+    where = "" if root.resolve() == default_root().resolve() else f" --root {root}"
+    if detach:
+        typer.echo(f"launched {run.id} ({run.path}); watch it with: ortlab follow {run.id}{where}")
         return None
-    from ortlab.train.terminal import Terminal
-
-    with Terminal(verbose=verbose, progress=not quiet) as terminal:
-        return train_spec(spec, progress=not quiet, terminal=terminal)
+    typer.echo(f"launched {run.id} ({run.path}); following it (Ctrl-C stops following, not the run)")
+    try:
+        follow(run.id, root=root)
+    except KeyboardInterrupt:
+        typer.echo(f"\nstill running: ortlab follow {run.id}{where}", err=True)
+        raise typer.Exit(130) from None
+    return None
 
 
 def tune_cmd(

@@ -1,7 +1,7 @@
 """Job side: the job's end of a Ray job's channel home: train, and print every record for the monitor to read.
 
 The job's entrypoint on the cluster (`python -m ortlab.job worker RUN_PLACE`) trains exactly as a local worker
-does (`ortlab.train.run.execute`) and, beside it, prints every record its metrics.jsonl receives as one tagged line
+does (`ortlab.lifecycle.execute`) and, beside it, prints every record its metrics.jsonl receives as one tagged line
 with its sequence number, and at the end the final status. The job's log stream is the one channel every Ray
 cluster offers the client (Ray Jobs has no file download), so metrics arrive live even where the storage is slow to
 sync. The other end, on the user's machine, is `ortlab.runner.monitor`. Where the run place is an object store, the
@@ -82,7 +82,7 @@ def streamed(run: RunDir, body: Any) -> int:
 
 
 def worker_main(path: str, resume: bool) -> int:
-    from ortlab.train.run import execute
+    from ortlab.lifecycle.execute import execute
 
     place = place_at(path)
     run = folder_of(place)

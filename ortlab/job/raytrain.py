@@ -113,7 +113,7 @@ def train_loop(config: dict[str, Any]) -> None:
     import ray.train
     import torch.distributed as dist
 
-    from ortlab.train.run import execute
+    from ortlab.lifecycle.execute import execute
 
     context = ray.train.get_context()
     rank, node = context.get_world_rank(), ray.get_runtime_context().get_node_id()

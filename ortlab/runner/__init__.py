@@ -33,6 +33,7 @@ from ortlab.runfolder.rundir import (
     resolve,
 )
 from ortlab.runfolder.stream import MetricsStream
+from ortlab.runner.foreground import Foreground
 from ortlab.runner.launcher import Launcher, RunError
 from ortlab.runner.local import Local
 from ortlab.runner.rayjob import RayJob
@@ -250,13 +251,18 @@ class _Unreadable:
         return state
 
 
-def launcher_for(spec: Any) -> Launcher:
-    """The launcher of `spec`'s target (see `ortlab.runner.launcher`): a Ray job for `target.cluster`, else a
-    process on this machine (any interpreter, any number of processes), a Ray job for one process on a cluster,
-    Ray Train for several. Written out, not registered: there are three."""
+def launcher_for(spec: Any, here: bool = False) -> Launcher:
+    """The launcher of `spec`'s target (see `ortlab.runner.launcher`): a Ray job for one process on a cluster
+    (`target.cluster`), Ray Train for several; else a process on this machine (any interpreter, any number of
+    processes). `here`: the caller waits for the run in this process (`ortlab train`), so a spec that can train in
+    this very process (on this machine, in this interpreter, not another Python nor ortlab's compile runtime, as
+    one process) trains here: the foreground launcher. Written out, not registered: there are four."""
     if spec.target.cluster:
         return RayTrain() if spec.target.processes > 1 else RayJob()
-    return Local()
+    local = Local()
+    if here and spec.target.processes == 1 and local.interpreter(spec) == (sys.executable, None):
+        return Foreground()
+    return local
 
 
 def check(spec: Any) -> dict[str, Any] | None:
@@ -268,14 +274,6 @@ def check(spec: Any) -> dict[str, Any] | None:
     `spec` is one whose target.python and target.cluster the user named: `launch`'s, or a resumed folder's after
     `trust.trusted_target` (a named interpreter is started here, and a cluster is sent the user's Ray token)."""
     return launcher_for(spec).check(spec)
-
-
-def trains_here(spec: Any) -> bool:
-    """Whether `spec` can train in this very process (the foreground `ortlab train`): on this machine, in this
-    interpreter (not another Python, not ortlab's compile runtime), as one process. Anything else is launched."""
-    if spec.target.cluster or spec.target.processes > 1:
-        return False
-    return Local().interpreter(spec) == (sys.executable, None)
 
 
 def target_doctor(spec: Any) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Driver side: the launcher interface: how a run is started, and ended the hard way, on one kind of target.
 
     target                                   launcher                    where it lives
+    this very process (`ortlab train`)       Foreground                  ortlab/runner/foreground.py
     this machine, one process                Local                       ortlab/runner/local.py
       ... in ortlab's compile runtime        Local (its interpreter)
       ... in another Python (target.python)  Local (its interpreter)
@@ -14,14 +15,17 @@ Every launcher does the same five things, and `ortlab.runner` calls nothing else
     check(spec)              before anything is created: can this spec run there? (the machine check of a run:
                              the mix against the target's doctor, the interpreter, the cluster's resources)
     start(run, spec, ...)    start the worker of a claimed (`pending`) run folder; return the local process it
-                             started (the worker, or the monitor that mirrors a remote worker into the folder)
+                             started (the worker, or the monitor that mirrors a remote worker into the folder),
+                             or None where the run trained in this process and has ended (the foreground)
     terminate(run, status)   a graceful stop timed out: end what was started, or say why it cannot
     bring_home(run)          the results into the local run folder (nothing to do where the worker writes there)
 
 What every launcher shares is not in a launcher: the run folder. A launcher keeps the local folder current (the
 worker writes it, or a monitor mirrors it), so following a run, pausing it and asking it to stop (the control
 files, which a monitor forwards) work the same on every target. The launcher is chosen from the spec alone
-(`ortlab.runner.launcher_for`), so a resumed run finds its own again.
+(`ortlab.runner.launcher_for`), so a resumed run finds its own again; only a caller that waits for the run in
+this process (`ortlab train`) asks whether it may train right here (`here=True`), and gets the foreground
+launcher when it can.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ class RunError(OrtlabError, RuntimeError):
 
 
 class Launcher:
-    """One kind of target. Subclasses implement the four operations; see the module docstring."""
+    """One kind of target. Subclasses implement the five operations; see the module docstring."""
 
     #: a word for where runs go ("local", "ray-job", "ray-train"): recorded in the run's status
     kind = "launcher"
@@ -51,9 +55,10 @@ class Launcher:
         """Raise RunError naming every reason `spec` cannot run on this target; may return a doctor report."""
         raise NotImplementedError
 
-    def start(self, run: RunDir, spec: Any, resume: bool = False, cwd: str | None = None) -> subprocess.Popen:
+    def start(self, run: RunDir, spec: Any, resume: bool = False, cwd: str | None = None) -> subprocess.Popen | None:
         """Start the worker of a claimed run folder. A start that fails ends the run `failed` and raises RunError.
-        `cwd`: where relative paths in the spec mean something (default: this process's folder)."""
+        `cwd`: where relative paths in the spec mean something (default: this process's folder). None: the run
+        trained in this process and has ended (the foreground launcher)."""
         raise NotImplementedError
 
     def terminate(self, run: RunDir, status: dict[str, Any]) -> None:

@@ -4,7 +4,7 @@ A Ray Train run is a Ray job like any other cluster run (`RayJob`: the cluster's
 storage, a local monitor that mirrors it home), but the job's entrypoint is a Ray Train driver
 (`python -m ortlab.job raytrain RUN_PLACE`, in `ortlab.job.raytrain`) instead of one training process. The driver starts
 `target.processes` workers through Ray Train's `TorchTrainer` (the process group over gloo on CPUs, NCCL on GPUs;
-DeepSpeed's ZeRO-1 joins it), each training the spec with `ortlab.train.run.execute` as a torchrun rank would;
+DeepSpeed's ZeRO-1 joins it), each training the spec with `ortlab.lifecycle.execute` as a torchrun rank would;
 rank 0 writes the run folder. When a worker dies, Ray Train restarts the whole group, up to `target.max_failures`
 times; each new group resumes from the run's last complete checkpoint and says so in the metrics stream.
 

@@ -1,8 +1,31 @@
 """Driver side: entry point of a launched run process: `python -m ortlab.runner.worker RUN_DIR [--resume]`."""
 
-import sys
+from __future__ import annotations
 
-from ortlab.train.run import worker_main
+import argparse
+import sys
+import traceback
+from pathlib import Path
+
+from ortlab.lifecycle.execute import execute
+from ortlab.runfolder.rundir import RunDir
+
+
+def worker_main(argv: list[str] | None = None) -> int:
+    """Train the run in RUN_DIR (its spec.yaml says what), from its last checkpoint with --resume; exit 1 when it
+    failed (the run folder's status says why)."""
+    p = argparse.ArgumentParser(prog="python -m ortlab.runner.worker")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--resume", action="store_true")
+    a = p.parse_args(argv)
+    run = RunDir(a.run_dir)
+    try:
+        execute(run, resume=a.resume, progress=False)
+    except Exception:
+        traceback.print_exc()
+        return 1
+    return 0
+
 
 if __name__ == "__main__":
     sys.exit(worker_main())

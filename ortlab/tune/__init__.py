@@ -24,7 +24,7 @@ The parts, one module each (this package re-exports their public names, so `from
 - `judge`: how to decide (`_judge`, `_clearly_faster`, the margins);
 - `cache`: the keys and the JSON files under `ortlab.envvars.cache_dir()/tune`;
 - `result`: what a measurement found (`Measured`, `TuneResult`, `TuneError`; stdlib only);
-- `auto`: a RunSpec's ways in (`decide` for `ortlab.train.run`, `tune_spec` for `ortlab tune`).
+- `auto`: a RunSpec's ways in (`decide` for `ortlab.lifecycle.execute`, `tune_spec` for `ortlab tune`).
 
 Importing this package imports no torch (the workbench reads a `TuneResult` in the notebook's kernel).
 """

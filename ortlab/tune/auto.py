@@ -1,8 +1,8 @@
-"""A RunSpec's ways in: `decide` (what its 'auto' accelerations become in `ortlab.train.run`) and `tune_spec`
-(`ortlab tune`: check the spec's model and data, then measure).
+"""A RunSpec's ways in: `decide` (what its 'auto' accelerations become in a run, `ortlab.lifecycle.execute`) and
+`tune_spec` (`ortlab tune`: check the spec's model and data, then measure).
 
 Both take the run's own batches (`batches_from`: a seeded shuffle of its training data, real lengths) and hand
-them to `ortlab.tune.measure.tune_batches`. Nothing here imports `ortlab.train.run` or `ortlab.runner`: the
+them to `ortlab.tune.measure.tune_batches`. Nothing here imports `ortlab.lifecycle` or `ortlab.runner`: the
 trainer of a spec calls down into the tuner, never the other way.
 """
 

@@ -1,0 +1,300 @@
+"""A run's lifecycle in its process: start (or resume), stop when asked, finish and save, inside its run folder.
+
+`execute` is what every run process does, whoever launched it (a worker `python -m ortlab.runner.worker`, a Ray
+job, a Ray Train rank, `ortlab train` in the foreground). The run folder's `status.json` says at every moment
+what state the run is in, and `completed` only once the model and `result.json` are written. The order inside:
+the model and data checks (skipped when the launcher ran them already), assembly (`ortlab.lifecycle.assemble`),
+what the accelerations left at 'auto' become (decided here, maybe measured: `ortlab.tune.auto`; a resumed run
+keeps its first decision), the evaluation before training (or the resume record), the training, then either the
+stop (a checkpoint) or the evaluation after and the saved model.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ortlab.accel.mix import resolve
+from ortlab.adapters import adapter_summary, merge
+from ortlab.fit import check
+from ortlab.lifecycle.assemble import Loaded, build_trainer, load
+from ortlab.runfolder import events
+from ortlab.runfolder.compare import summarize
+from ortlab.runfolder.rundir import RunDir, write_json
+from ortlab.runfolder.stream import summary_of
+from ortlab.scores import add_perplexity
+from ortlab.spec import RunSpec
+from ortlab.trackers import finish, offline
+from ortlab.train.control import StopRequested, stop_callback
+from ortlab.tune.auto import decide
+from ortlab.tune.result import TuneResult
+
+
+@dataclass
+class Watchers:
+    """What watches a run from inside its process: ortlab's lines (`log`), transformers' progress bars
+    (`progress`), a view that follows the run here (`view`: the terminal's, in `ortlab train`; it gets every
+    metrics record and draws its own bars), a sink for each metrics record, and a launcher's own callbacks."""
+
+    log: Callable[[str], None] = print
+    progress: bool = True
+    on_metrics: Callable[[dict], None] | None = None
+    view: Any = None
+    callbacks: Sequence[Any] = field(default_factory=tuple)
+
+    def sink(self) -> Callable[[dict], None] | None:
+        """Where each metrics record goes as it is written, besides the run folder: the view, then `on_metrics`."""
+        if self.view is None:
+            return self.on_metrics
+        sinks = [s for s in (self.view.on_record, self.on_metrics) if s is not None]
+
+        def both(record: dict) -> None:
+            for sink in sinks:
+                sink(record)
+
+        return both
+
+    def trainer_callbacks(self, stop: StopRequested) -> list[Any]:
+        return [stop_callback(stop), *([self.view.callback()] if self.view is not None else []), *self.callbacks]
+
+    def bars(self) -> bool:
+        """transformers' own progress bars: only where no view draws its own (or it shows everything)."""
+        return self.progress and (self.view is None or self.view.verbose)
+
+
+def execute(
+    run: RunDir,
+    resume: bool = False,
+    checked: tuple | None = None,
+    progress: bool = True,
+    on_metrics: Callable[[dict], None] | None = None,
+    log: Callable[[str], None] = print,
+    view: Any = None,
+    callbacks: Sequence[Any] = (),
+) -> dict[str, Any]:
+    """Train the run in `run` (resuming from its last checkpoint if asked); keep its status true throughout.
+
+    `checked`: the model and data checks' answer (`fit.check`) when the launcher ran them in this process already.
+    `view`: what follows the run here (`ortlab.train.terminal.Terminal`). `callbacks`: more `TrainerCallback`s, for
+    a launcher that must act at a point of training (a Ray Train worker uploads each checkpoint to an object store
+    once every rank has written its part)."""
+    # The run's log stays open while this process runs it, until its final status is written: how readers tell
+    # this process (a notebook kernel too) from one that a forged status.json names (`rundir.run_process`).
+    try:
+        held: int | None = run.open_log()
+    except OSError:
+        held = None  # a planted link at logs/run.log: readers will call this run damaged, which it is
+    try:
+        return _execute(run, resume, checked, Watchers(log, progress, on_metrics, view, callbacks))
+    finally:
+        if held is not None:
+            os.close(held)
+
+
+def _execute(run: RunDir, resume: bool, checked: tuple | None, watch: Watchers) -> dict[str, Any]:
+    started = time.monotonic()
+    stop = StopRequested(run)
+    previous = signal.getsignal(signal.SIGTERM)
+    if _is_main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: setattr(stop, "flag", True))
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        spec = RunSpec.from_run(run)
+        if rank == 0:
+            run.set_status(
+                "running",
+                started=time.time(),
+                worker_pid=os.getpid(),
+                python=sys.executable,
+                world_size=int(os.environ.get("WORLD_SIZE", "1")),
+                step=run.last_step(),
+            )
+        model_path, prepared = checked or check(spec, watch.log)
+        with offline(spec.report_to, run.path):
+            result = _train(spec, run, model_path, prepared, resume, stop, watch)
+    except BaseException as e:
+        if rank == 0:
+            run.set_status(
+                "failed", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(), step=run.last_step()
+            )
+        raise
+    finally:
+        if _is_main_thread():
+            signal.signal(signal.SIGTERM, previous)
+    if rank == 0:
+        if result.get("stopped"):
+            run.set_status("stopped", step=result["step"], checkpoint=result["checkpoint"])
+        else:
+            result["wall_time_s"] = time.monotonic() - started
+            write_json(run.result_path, result)
+            run.set_status("completed", step=result["summary"]["steps"])
+    return result
+
+
+def _is_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _train(
+    spec: RunSpec, run: RunDir, model_path: str, prepared: Any, resume: bool, stop: StopRequested, watch: Watchers
+) -> dict[str, Any]:
+    """Assemble, decide the mix, then evaluate, train, and stop or finish."""
+    log = watch.log
+    loaded = load(spec, model_path, prepared, log)
+    # A resumed run keeps the mix it started with; a new one decides what 'auto' means here (maybe measuring).
+    choice = _stored_choice(run) if resume else _auto_mix(loaded, run, model_path, log)
+    choice = _yield_to_packing(loaded, choice, log)
+    trainer = build_trainer(loaded, run, choice, watch.bars(), watch.sink(), watch.trainer_callbacks(stop), log)
+    spec = loaded.spec
+    score = add_perplexity if spec.task == "causal-lm" else dict
+    emit = trainer.metrics_sink if trainer.is_world_process_zero() else (lambda record: None)
+    checkpoint = run.last_checkpoint() if resume else None
+    if resume and checkpoint is None:
+        raise RuntimeError(f"cannot resume {run.id}: it has no complete checkpoint in {run.checkpoints}")
+    if checkpoint is None:
+        trainer.eval_phase = "before"  # the metrics callback writes the eval record, tagged with its phase
+        log(f"evaluating on {len(loaded.eval_ds)} rows before training ...")
+        before = score(trainer.evaluate(metric_key_prefix="eval"))
+        log("before training: " + _headline(before))
+    else:
+        before = summary_of(run.path).eval_before or {}
+        emit({"event": events.RESUME, "step": int(checkpoint.name.split("-")[-1]), "checkpoint": str(checkpoint)})
+        log(f"resuming from {checkpoint}")
+    trainer.eval_phase = None
+    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    if stop.flag:
+        last = run.last_checkpoint()
+        emit({"event": events.STOPPED, "step": trainer.state.global_step, "checkpoint": str(last)})
+        trainer.metrics_sink.close()
+        log(f"stopped at step {trainer.state.global_step}; checkpoint {last}")
+        return {"stopped": True, "step": trainer.state.global_step, "checkpoint": str(last)}
+    return _finish(trainer, loaded, run, before, score, log)
+
+
+def _finish(
+    trainer: Any, loaded: Loaded, run: RunDir, before: dict, score: Callable, log: Callable[[str], None]
+) -> dict[str, Any]:
+    """The evaluation after training, the trackers closed, the model (and a merged copy) saved: the result."""
+    spec = loaded.spec
+    trainer.eval_phase = "after"
+    log(f"evaluating on {len(loaded.eval_ds)} rows after training ...")
+    after = score(trainer.evaluate(metric_key_prefix="eval"))
+    trainer.metrics_sink.close()
+    if spec.report_to:
+        finish(trainer.callback_handler.callbacks)
+    log("after training:  " + _headline(after))
+    log(f"saving the {'adapter' if spec.adapter.kind == 'lora' else 'model'} to {run.model_dir}")
+    trainer.save_model(str(run.model_dir))
+    adapter = _adapter_record(trainer.model, spec)  # before a merge folds the adapter away
+    if trainer.is_world_process_zero():
+        loaded.tokenizer.save_pretrained(str(run.model_dir))
+        if spec.adapter.kind == "lora" and spec.adapter.save_merged:
+            _save_merged(trainer, loaded.tokenizer, run, log)
+    return {
+        "run_dir": str(run.path),
+        "task": spec.task,
+        "model": spec.model.name,
+        "data": spec.data.source,
+        "label_names": loaded.prepared.label_names,
+        "eval_before": before,
+        "eval_after": after,
+        # Throughput over the whole run, resumed parts included (each part has its own warm-up).
+        "summary": summarize(run.records(), trainer.args.metrics_warmup_steps),
+        "accelerations": {k: v.to_dict() for k, v in trainer.accelerations.items()},
+        "parameters": trainer.parameters_record,
+        "adapter": adapter,
+    }
+
+
+def _auto_mix(loaded: Loaded, run: RunDir, model_path: str, log: Callable[[str], None]) -> dict[str, Any] | None:
+    """Decide the accelerations left at 'auto' (measuring them here if accel.tune says so, else probing the
+    precision on the run's own model) and record why.
+
+    The decision goes to the metrics stream (an `auto` record, with the precision probe's timings when it ran) and,
+    with the measured table, to tune.json in the run folder, so a run always says why ORT or bf16 was on or off.
+    """
+    from ortlab.train.metrics import JsonLinesSink  # (imports torch)
+
+    spec, prepared = loaded.spec, loaded.prepared
+    rank0 = int(os.environ.get("RANK", "0")) == 0
+    if prepared.streamed:  # a stream has no length to plan steps from, nor rows to draw measuring batches from
+        choice, result, why = None, None, "not measured: the data is streamed; the conservative default applies"
+    else:
+        choice, result, why = decide(
+            spec,
+            model_path=model_path,
+            label_names=prepared.label_names,
+            train_dataset=loaded.train_ds,
+            collate=loaded.collate,
+            progress=log,
+            log_dir=run.path / "logs",
+            model=loaded.model,
+        )
+    resolved = resolve(spec.accel, choice)
+    auto = {f: getattr(resolved, f) for f in spec.accel.auto_fields()}
+    if rank0:
+        tuned = isinstance(result, TuneResult)
+        if tuned:
+            write_json(run.path / "tune.json", result.to_dict())
+        sink = JsonLinesSink(run.metrics_path)
+        record = {"event": events.AUTO, "resolved": auto, "why": why, "tuned": tuned, "choice": choice}
+        if tuned:
+            record["table"] = result.table()
+        elif result is not None:
+            record["precision_probe"] = result.to_dict()
+        sink(record)
+        sink.close()
+    if auto:
+        log("auto accelerations: " + ", ".join(f"{k}={v}" for k, v in auto.items()) + f" ({why})")
+    return choice
+
+
+def _yield_to_packing(loaded: Loaded, choice: dict[str, Any] | None, log: Callable[[str], None]) -> Any:
+    """Packed rows carry no attention_mask (the examples' bounds are in position_ids), and ORTModule's export of
+    decoder models needs an explicit one: 'auto' yields to packing, and says so (a resumed run again: its stored
+    choice is the decision before this)."""
+    if loaded.prepared.packing and (choice or {}).get("ort") and loaded.spec.accel.ort == "auto":
+        choice = {**choice, "ort": False}
+        log("auto accelerations: ort=False (packing passes example bounds as position_ids, which ORT cannot export)")
+    return choice
+
+
+def _stored_choice(run: RunDir) -> dict[str, Any] | None:
+    """A resumed run trains with the mix it started with (its `auto` record), not a new decision."""
+    for record in run.records():
+        if record.get("event") == events.AUTO:
+            return record.get("choice")
+    return None
+
+
+def _adapter_record(model: Any, spec: RunSpec) -> dict[str, Any] | None:
+    summary = adapter_summary(model)
+    if summary is not None:
+        summary.update(base_model=spec.model.name, merged=spec.adapter.save_merged)
+    return summary
+
+
+def _save_merged(trainer: Any, tokenizer: Any, run: RunDir, log: Callable[[str], None]) -> None:
+    """model/merged/: the base model with the adapter folded in, a plain transformers folder (no peft needed).
+    Last thing the run does: merging changes the trained model in place."""
+    merged_dir = run.model_dir / "merged"
+    log(f"saving the merged model to {merged_dir}")
+    merged = merge(trainer.model)
+    config = getattr(merged, "config", None)
+    if config is not None and trainer._user_use_cache is not None:
+        config.use_cache = trainer._user_use_cache
+    merged.save_pretrained(str(merged_dir))
+    tokenizer.save_pretrained(str(merged_dir))
+
+
+def _headline(metrics: dict[str, float]) -> str:
+    keys = ("eval_accuracy", "eval_f1", "eval_exact_match", "eval_token_f1", "eval_token_accuracy")
+    keys += ("eval_perplexity", "eval_loss")
+    return ", ".join(f"{k[5:]} {metrics[k]:.4f}" for k in keys if k in metrics)
