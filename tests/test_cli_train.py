@@ -111,6 +111,28 @@ def test_the_launcher_switch_alone_says_where_a_run_trains(tmp_path):
     assert not hasattr(__import__("ortlab.runner").runner, "trains_here"), "one switch, not a second condition"
 
 
+def test_a_foreground_run_asked_to_stop_says_how_to_resume(tmp_path, monkeypatch):
+    """A foreground run stopped from outside (`ortlab stop`, SIGTERM) ends with its checkpoint; the command says
+    how to continue it (it printed a KeyError traceback: the result table of a finished run was asked of it)."""
+    from typer.testing import CliRunner
+
+    from ortlab.cli import app
+
+    def stopped(spec, progress=True, on_metrics=None, log=print, view=None) -> dict:
+        run_dir = tmp_path / "runs" / "halted"  # what `execute` returns for a run that stopped
+        return {
+            "stopped": True,
+            "step": 3,
+            "checkpoint": str(run_dir / "checkpoints" / "checkpoint-3"),
+            "run_dir": str(run_dir),
+        }
+
+    monkeypatch.setattr("ortlab.runner.foreground.train_spec", stopped)
+    out = CliRunner().invoke(app, ["train", "--output-dir", str(tmp_path / "runs"), "--quiet"])
+    assert out.exit_code == 0, out.output
+    assert f"stopped: continue it with: ortlab resume halted --root {tmp_path / 'runs'}" in out.output
+
+
 def test_train_and_tune_map_their_options_to_the_spec_through_one_table():
     import inspect
 

@@ -72,7 +72,13 @@ def train(
     except KeyboardInterrupt:
         typer.echo("interrupted: the run is marked failed (its folder keeps what was written)", err=True)
         raise typer.Exit(130) from None
-    if result is not None:
+    if result is not None and result.get("stopped"):  # asked to stop (`ortlab stop`, SIGTERM): its checkpoint kept
+        run_dir = Path(result["run_dir"])
+        from ortlab.runner import default_root
+
+        where = "" if run_dir.parent.resolve() == default_root().resolve() else f" --root {run_dir.parent}"
+        typer.echo(f"stopped: continue it with: ortlab resume {run_dir.name}{where}")
+    elif result is not None:
         _print_result(result)
 
 

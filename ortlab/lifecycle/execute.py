@@ -174,7 +174,7 @@ def _train(
         emit({"event": events.STOPPED, "step": trainer.state.global_step, "checkpoint": str(last)})
         trainer.metrics_sink.close()
         log(f"stopped at step {trainer.state.global_step}; checkpoint {last}")
-        return {"stopped": True, "step": trainer.state.global_step, "checkpoint": str(last)}
+        return {"stopped": True, "step": trainer.state.global_step, "checkpoint": str(last), "run_dir": str(run.path)}
     return _finish(trainer, loaded, run, before, score, log)
 
 
