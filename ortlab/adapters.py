@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ortlab.tasks import ModelError
+from ortlab.tasks import TASK_FEATURES, ModelError, get_feature
 
 # The four attention projections of Llama-style decoders (Llama, Mistral, Qwen2/3, SmolLM, Gemma, OLMo, ...) and
 # of BART-style encoder-decoders. LoRA on all four learns more per parameter than q/v alone (QLoRA's finding,
@@ -118,8 +118,6 @@ def check_model(model_path: str, task: str, target_modules: list[str] | None, re
     check_installed()
     import torch
     import transformers
-
-    from ortlab.tasks import TASK_FEATURES, get_feature
 
     config = transformers.AutoConfig.from_pretrained(model_path, revision=revision)
     auto = getattr(transformers, get_feature(TASK_FEATURES[task]).auto_class)

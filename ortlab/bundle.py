@@ -28,7 +28,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ortlab._version import __version__
 from ortlab.errors import OrtlabError
+from ortlab.runtimes import _constraints, _find_links, _source_root, _uv
 
 PROVIDED = ("torch", "transformers", "numpy", "pandas", "pyarrow")
 EXTRAS = ("ui",)
@@ -68,7 +70,6 @@ def bundle(
     if out.exists() and not out.is_dir():
         raise BundleError(f"--out {out} is a file: give a folder (created if missing)")
     out.mkdir(parents=True, exist_ok=True)
-    from ortlab.runtimes import _find_links, _uv
 
     uv = _uv()
     if uv is None:
@@ -86,8 +87,6 @@ def bundle(
 
 
 def _ortlab_wheel(uv: str, out: Path) -> Path:
-    from ortlab._version import __version__
-    from ortlab.runtimes import _source_root
 
     for old in out.glob("ortlab-*.whl"):
         old.unlink()  # one ortlab wheel: the one that matches this ortlab
@@ -110,7 +109,6 @@ def _resolve(
     uv: str, wheel: Path, target: str, provided: tuple[str, ...], links: list[str], refresh: bool
 ) -> list[str]:
     """`name==version` of every package the target needs beyond `provided` and their own dependencies."""
-    from ortlab.runtimes import _constraints
 
     with tempfile.TemporaryDirectory() as tmp:
         reqs = Path(tmp) / "requirements.in"

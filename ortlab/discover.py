@@ -21,6 +21,8 @@ from ortlab.assets import (
     embedded_model_path,
 )
 from ortlab.data import SUFFIX_FORMATS
+from ortlab.hub import offline
+from ortlab.spec import DataSpec
 
 
 @dataclass
@@ -129,7 +131,6 @@ def _hub(kind: str, query: str, limit: int) -> list[Candidate]:
 
 
 def _with_hub(kind: str, query: str, limit: int, local: list[Candidate]) -> tuple[list[Candidate], str | None]:
-    from ortlab.hub import offline
 
     if offline():
         return local, "offline (HF_HUB_OFFLINE=1): local candidates only"
@@ -188,7 +189,6 @@ class DatasetInfo:
 def inspect_dataset(source: str, n_rows: int = 5) -> DatasetInfo:
     """Columns, types, split sizes, a few rows, label names and a proposed mapping/task for `source`."""
     from ortlab.data import DataError, label_names, load_raw, propose_mapping
-    from ortlab.spec import DataSpec
 
     raw, _ = load_raw(DataSpec(source=source), streaming=False)  # split sizes and rows by index: read whole
     first = raw.get("train") or next(iter(raw.values()))

@@ -32,8 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from ortlab import safeio
+from ortlab.data import load_and_check, tokenize
 from ortlab.errors import OrtlabError
+from ortlab.runfolder.rundir import RunDir
 from ortlab.spec import RunSpec
+from ortlab.train.terminal import captured_output, no_progress_bars
 
 # A float32 export of the same graph differs from PyTorch by rounding only; more than this is a broken export.
 MAX_ABS_DIFF = 1e-3
@@ -95,8 +98,6 @@ def _logits_only(model: Any) -> Any:
 def _eval_batch(run: Any, tokenizer: Any, n: int) -> tuple[dict[str, Any], Any]:
     """Up to `n` eval rows of the run's own data, tokenized and padded, and their labels (or None)."""
     import torch
-
-    from ortlab.data import load_and_check, tokenize
 
     spec = RunSpec.from_run(run)
     prepared = load_and_check(spec.data, spec.task, spec.seed)
@@ -167,8 +168,6 @@ def export_onnx(
 
     What torch, onnxruntime and DeepSpeed print meanwhile (tracer warnings, CUDA notes) goes to the run's
     logs/run.log, not to the notebook or the terminal: the report says what matters."""
-    from ortlab.runfolder.rundir import RunDir
-    from ortlab.train.terminal import captured_output, no_progress_bars
 
     folder = RunDir(getattr(run, "path", run))
     if not folder.path.is_dir():
@@ -182,7 +181,6 @@ def _export_onnx(run: Any, samples: int, optimize: bool, quantize: bool, batch_s
     import onnxruntime as ort
     import torch
 
-    from ortlab.runfolder.rundir import RunDir
     from ortlab.tasks import load_model, load_tokenizer
 
     run = RunDir(getattr(run, "path", run))

@@ -20,9 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ortlab.data import DataError, Prepared
+from ortlab.data import DataError, Prepared, load_and_check
 from ortlab.spec import RunSpec
-from ortlab.tasks import ModelError, load_tokenizer
+from ortlab.tasks import ModelError, check_model_fits_task, load_tokenizer, resolve_model
 
 # A model's own tokenizer fills its embedding matrix but for a few rows (models round the matrix up to a multiple
 # of 64 or 128: T5 32,100 of 32,128, Qwen2.5 151,665 of 151,936, Phi-2 50,295 of 51,200, all above 95%). Below
@@ -245,8 +245,6 @@ def check(spec: RunSpec, log: Callable[[str], None] = print):
 
     Nothing here materialises a model: the embedded LLM's first conversion from GGUF (20-40 s) waits until the data
     has passed, and a LoRA run's layers are read from a skeleton on the meta device."""
-    from ortlab.data import load_and_check
-    from ortlab.tasks import check_model_fits_task, resolve_model
 
     located = resolve_model(spec.model.name, build=False)  # a folder checked, or a Hub id that exists: no download
     check_model_fits_task(located, spec.task)

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ortlab import safeio
 from ortlab.envvars import cache_dir
 
 # The precisions measured per device kind: what the run's matmuls can compute in there. "tf32" is an fp32 run
@@ -179,7 +180,6 @@ def _cache_path(facts: dict[str, Any], precision: str) -> Path:
 
 def cached_peak(precision: str, device_type: str = "cpu", index: int = 0) -> MeasuredPeak | None:
     """The cached measurement for this machine, or None (never measured, another machine, or an unreadable file)."""
-    from ortlab import safeio
 
     facts = fingerprint(device_type, index)
     path = _cache_path(facts, precision)
@@ -222,7 +222,6 @@ def measure_all(device_type: str = "cpu", index: int = 0, refresh: bool = False)
 
 def _store(facts: dict[str, Any], peak: MeasuredPeak) -> None:
     """Best effort: a read-only home must not make a run fail (it measures again next time)."""
-    from ortlab import safeio
 
     path = _cache_path(facts, peak.precision)
     try:

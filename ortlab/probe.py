@@ -30,8 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ortlab.accel import ACCELERATIONS, Availability, package_version
+from ortlab import runtimes
+from ortlab.accel import ACCELERATIONS, Availability, fused_adam, ort, package_version, precision, torch_compile, zero
+from ortlab.accel.ort import extensions_dir
 from ortlab.envvars import cache_dir
+from ortlab.gpu import findings
 from ortlab.peak import REPEATS as PEAK_REPEATS
 from ortlab.peak import cpu_facts, measure_all
 
@@ -73,7 +76,6 @@ class DoctorReport:
 
     def gpu_findings(self) -> list[Any]:
         """The doctor's GPU rows (`ortlab.gpu.findings`) from the CUDA probe's record."""
-        from ortlab.gpu import findings
 
         return findings(self.gpu) if self.gpu else []
 
@@ -162,11 +164,11 @@ class DoctorReport:
 def describe_peaks(peaks: dict[str, Any]) -> str:
     """One line: each precision's measured dense matmul rate on the device (or why it has none)."""
     parts = []
-    for precision, p in (peaks.get("precisions") or {}).items():
+    for kind, p in (peaks.get("precisions") or {}).items():
         if isinstance(p.get("flops"), (int, float)):
-            parts.append(f"{precision} {p['flops'] / 1e12:.2f} TFLOP/s")
+            parts.append(f"{kind} {p['flops'] / 1e12:.2f} TFLOP/s")
         else:
-            parts.append(f"{precision} not measured ({p.get('error', 'unknown')})")
+            parts.append(f"{kind} not measured ({p.get('error', 'unknown')})")
     first = next(iter((peaks.get("precisions") or {}).values()), {})
     where = f"{peaks.get('device', '?')}" + (f", {first['threads']} threads" if peaks.get("device") == "cpu" else "")
     size = f"{first['size']}x{first['size']} matmuls" if "size" in first else "matmuls"
@@ -217,7 +219,6 @@ def run_probe_group(group: str) -> dict[str, Any]:
         # the training processes then read what it measured from `ortlab.peak`'s cache.
         device = "cuda" if torch.cuda.is_available() else "cpu"
         return {"accelerations": {}, "peaks": {"device": device, "precisions": measure_all(device, refresh=True)}}
-    from ortlab.accel import fused_adam, ort, precision, torch_compile, zero
 
     checks = {
         "ort": ort.check,
@@ -309,7 +310,6 @@ def _add_runtimes(report: DoctorReport, refresh: bool, probe: bool = True) -> No
     In the ORT runtime (torch 2.6) torch.compile cannot run, but a launched run that asks for it goes to the
     compile runtime by itself (`ortlab.runner.local.Local.interpreter`): the doctor says so, instead of a bare "no".
     """
-    from ortlab import runtimes
 
     for name in runtimes.RUNTIMES:
         state = runtimes.state_of(name)
@@ -442,7 +442,6 @@ def _same_interpreter(python: str) -> bool:
 
 def _local_facts() -> dict[str, Any]:
     """This interpreter's side of the fingerprint."""
-    from ortlab.accel.ort import extensions_dir
 
     ext_dir = extensions_dir()
     extensions = (

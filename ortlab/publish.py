@@ -30,9 +30,14 @@ from typing import Any
 
 from ortlab import safeio
 from ortlab._version import __version__
+from ortlab.adapters import load_merged
+from ortlab.chat import read_generations, strip_controls
 from ortlab.errors import OrtlabError
+from ortlab.hub import offline
+from ortlab.runfolder.rundir import RunDir
 from ortlab.scores import format_scores
 from ortlab.spec import RunSpec
+from ortlab.tasks import load_tokenizer
 
 MODEL_PATTERNS = ("*.json", "*.safetensors", "*.txt", "*.model", "tokenizer*", "vocab*", "merges*")
 NEVER = ("optimizer.pt", "scheduler.pt", "rng_state*", "training_args.bin", "*.tmp", ".ortlab*")
@@ -53,7 +58,6 @@ class PublishWarning(UserWarning):
 
 
 def _completed(run: Any, merged: bool = False):
-    from ortlab.runfolder.rundir import RunDir
 
     run = RunDir(getattr(run, "path", run))
     status = run.status()
@@ -69,7 +73,6 @@ def _completed(run: Any, merged: bool = False):
 
 def _is_adapter_run(run: Any) -> bool:
     """Whether the run kept an adapter (LoRA) rather than a whole model; `run` is a Run or a RunDir."""
-    from ortlab.runfolder.rundir import RunDir
 
     return (RunDir(run.path).model_dir / "adapter_config.json").is_file()
 
@@ -254,8 +257,6 @@ def _code(value: Any, limit: int = 300) -> str:
     backticks than any run of them inside (CommonMark), so nothing in it is read as Markdown or HTML."""
     import re
 
-    from ortlab.chat import strip_controls
-
     text = strip_controls(str(value).replace("\r", " ").replace("\n", " "))[:limit]
     fence = "`" * (max((len(r) for r in re.findall(r"`+", text)), default=0) + 1)
     pad = " " if text.startswith("`") or text.endswith("`") else ""
@@ -276,7 +277,6 @@ _MARKDOWN = set("\\`*_{}[]()#+-.!|<>&~=:")
 def card_text(value: Any, limit: int = 300) -> str:
     """Text from data or a model, made inert in a Markdown table cell: every character Markdown or HTML gives a
     meaning to becomes an HTML entity (the Hub renders both), line breaks become <br>."""
-    from ortlab.chat import strip_controls
 
     text = strip_controls(str(value).replace("\r\n", "\n").replace("\r", "\n"))[:limit]
     out = "".join(f"&#{ord(c)};" if c in _MARKDOWN else c for c in text)
@@ -285,7 +285,6 @@ def card_text(value: Any, limit: int = 300) -> str:
 
 def _generation_lines(run: Any) -> list[str]:
     """What the model says to the run's fixed prompts, before and after training (generations.jsonl)."""
-    from ortlab.chat import read_generations
 
     records = read_generations(run.path)
     if not records:
@@ -400,8 +399,6 @@ def staged(run: Any, include_checkpoints: bool = False, merged: bool = False):
 
 def _merge_into(run: Any, folder: Path) -> None:
     """The adapter merged into its base, saved into `folder` (ours), with the tokenizer; `run` is a RunDir."""
-    from ortlab.adapters import load_merged
-    from ortlab.tasks import load_tokenizer
 
     if foreign := run.model_not_own():  # (a RunDir: see `staged`)
         raise PublishError(
@@ -424,7 +421,6 @@ def push_to_hub(
     merged: bool = False,
 ) -> str:
     """Create `repo_id` on the Hub and upload the run; returns the commit URL. Checks come before uploading."""
-    from ortlab.hub import offline
 
     _completed(run, merged)
     if offline():

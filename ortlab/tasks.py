@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ortlab.assets import embedded_model_path
 from ortlab.errors import OrtlabError
+from ortlab.hub import HubUnavailable, hub_repo_exists
 
 
 @dataclass(frozen=True)
@@ -94,9 +96,6 @@ def resolve_model(name: str, build: bool = True) -> str:
     data is checked before that cost."""
     import os
     from pathlib import Path
-
-    from ortlab.assets import embedded_model_path
-    from ortlab.hub import HubUnavailable, hub_repo_exists
 
     path = Path(os.path.expanduser(name))
     if path.is_dir():

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ortlab.accel import Availability
+from ortlab import runtimes
+from ortlab.accel import Availability, fused_adam, ort, precision, torch_compile, zero
 from ortlab.mixrules import Mix, MixError, rule_problems
 
 __all__ = ["Mix", "MixError", "mix_of", "problems", "resolve", "rule_problems", "runtime_for", "validate"]
@@ -27,7 +28,6 @@ def problems(mix: Mix, launched: bool = False) -> tuple[list[str], list[str]]:
     `launched`: the mix describes a run that ortlab launches in its own process (a RunSpec), which may go to
     another of ortlab's runtimes (`runtime_for`); in-process training (`ORTTrainingArguments`) cannot.
     """
-    from ortlab.accel import fused_adam, ort, precision, zero
 
     # Combinations that can never work, wherever they run (the spec refuses them too).
     errors: list[str] = rule_problems(mix)
@@ -79,7 +79,6 @@ def runtime_for(mix: Mix) -> str | None:
     torch_compile in the ORT runtime (torch 2.6) goes to the compile runtime; everything else stays here. ORT +
     torch_compile is refused by `problems`, so a run never needs both runtimes at once.
     """
-    from ortlab.accel import torch_compile
 
     if mix.torch_compile and not mix.ort and torch_compile.check().details.get("needs_newer_torch"):
         return "compile"
@@ -87,8 +86,6 @@ def runtime_for(mix: Mix) -> str | None:
 
 
 def _compile_problem(launched: bool) -> str | None:
-    from ortlab import runtimes
-    from ortlab.accel import torch_compile
 
     a = torch_compile.check()
     if a.available:

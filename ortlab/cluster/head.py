@@ -64,6 +64,7 @@ from ortlab.cluster.record import (
     token_path,
 )
 from ortlab.envvars import child_env
+from ortlab.runfolder.rundir import process_alive, process_create_time
 
 # Nodes on this one machine: each is a raylet and its agents (~300 MiB); more than a few only share the same CPUs.
 MAX_NODES = 8
@@ -142,7 +143,6 @@ def dashboard_is_ours(record: dict[str, Any]) -> bool:
 
     Check it before sending the head a token: the port was picked free and handed to Ray, so in between another
     local user could have started listening there."""
-    from ortlab.runfolder.rundir import process_alive
 
     port = urllib.parse.urlsplit(record.get("address", "")).port
     if not isinstance(record.get("pid"), int) or not process_alive(record["pid"], record.get("create_time")):
@@ -288,7 +288,6 @@ def _start_node(gcs: str, private: Path, env: dict[str, str], log: Path, each: d
     """One worker node joining the head at `gcs` (Ray's GCS address, from the head's session folder), through
     `ortlab.cluster.node`: loopback only, the head's token and session folder, its own session. Returns its
     record (pid, create time, log)."""
-    from ortlab.runfolder.rundir import process_create_time
 
     cmd = [sys.executable, "-m", "ortlab.cluster.node", gcs, f"--temp-dir={private / 'ray'}"]
     cmd += [f"--{k.replace('_', '-')}={v}" for k, v in each.items() if v is not None]
@@ -315,7 +314,6 @@ def alive_nodes(record: dict[str, Any], folder: Path) -> int | None:
 
 
 def _wait_nodes(record: dict[str, Any], folder: Path, nodes: int, timeout: float) -> None:
-    from ortlab.runfolder.rundir import process_alive
 
     deadline = time.monotonic() + timeout
     while (alive_nodes(record, folder) or 0) < nodes:

@@ -15,6 +15,7 @@ from ortlab import safeio
 from ortlab.cluster import procs
 from ortlab.envvars import cache_dir
 from ortlab.errors import OrtlabError
+from ortlab.runfolder.rundir import process_alive
 
 LOCAL = "local"
 # How long a cluster address may take to answer before it is called unreachable.
@@ -79,7 +80,6 @@ def status(folder: Path | None = None) -> dict[str, Any]:
     is alive; the same for each of its worker nodes (`nodes`: only well-formed entries are kept). `leftovers`:
     the PIDs of processes still running in the sessions of a head or node that ended (a killed `ray start` leaves
     Ray's agents behind), for `stop` to end."""
-    from ortlab.runfolder.rundir import process_alive
 
     folder = folder or cluster_dir()
     try:

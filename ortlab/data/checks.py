@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ortlab.chat import ChatDataError, check_messages, from_pair
 from ortlab.data.columns import (
     SOURCE_NAMES,
     TARGET_NAMES,
@@ -44,7 +45,6 @@ def values_of(ds: Dataset, column: str) -> list:
 def check_chat(raw: dict[str, Dataset], spec: DataSpec) -> dict[str, str | None] | None:
     """The chat columns of a causal-lm run ({messages_column} or {prompt_column, response_column}), or None for
     raw text; every row of both splits checked (cheap: no tokenizer), naming the first bad row."""
-    from ortlab.chat import ChatDataError, check_messages, from_pair
 
     if spec.text_column is not None:
         return None

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ortlab.chat import ChatDataError, check_messages, encode, from_pair, pack, strip_labels
 from ortlab.data.prepared import ROW_COLUMN, DataError, Prepared
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -130,7 +131,6 @@ def _raise_for_bad_row(fn: Callable[[dict], dict], batch: dict, rows: list[int] 
 def _tokenize_chat(prepared: Prepared, tokenizer: Any, max_length: int) -> tuple[Dataset, Dataset]:
     """Conversations rendered with the chat template; labels on the assistant's tokens only; packed on request
     (training split only: evaluation scores each example on its own, so the same examples give the same loss)."""
-    from ortlab.chat import ChatDataError, check_messages, encode, from_pair, pack, strip_labels
 
     if not tokenizer.is_fast:
         raise DataError("chat data needs a fast tokenizer (it maps tokens to characters); this one is not")

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from ortlab.assets import EMBEDDED_PREFIX, embedded_dataset
 from ortlab.data.prepared import DataError
+from ortlab.hub import HubUnavailable, hub_repo_exists
 
 if TYPE_CHECKING:  # pragma: no cover
     from ortlab.spec import DataSpec
@@ -52,7 +53,6 @@ def resolve_source(spec: DataSpec) -> tuple[str, list[str] | None]:
 
 
 def _check_hub_dataset(spec: DataSpec) -> None:
-    from ortlab.hub import HubUnavailable, hub_repo_exists
 
     try:
         exists = hub_repo_exists(spec.source, repo_type="dataset")

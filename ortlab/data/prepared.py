@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ortlab.chat import check_messages, from_pair
 from ortlab.errors import OrtlabError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -62,7 +63,6 @@ class Prepared:
 
     def conversations(self, split: str = "eval", limit: int | None = None) -> list[list[dict[str, str]]]:
         """The rows of a chat split as conversations ({role, content} turns)."""
-        from ortlab.chat import check_messages, from_pair
 
         ds = self.eval if split == "eval" else (self.head if self.head is not None else self.train)
         if limit is not None:

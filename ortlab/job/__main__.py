@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ortlab.job.channel import doctor_main
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ortlab.job")
@@ -31,7 +33,6 @@ def main(argv: list[str] | None = None) -> int:
         from ortlab.job.raytrain import main as raytrain_main
 
         return raytrain_main(a.run_dir, a.resume)
-    from ortlab.job.channel import doctor_main
 
     return doctor_main(a.storage)
 

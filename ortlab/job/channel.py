@@ -20,6 +20,7 @@ import threading
 from typing import Any
 
 from ortlab.job.mirror import Mirror, folder_of, node_folder
+from ortlab.lifecycle.execute import execute
 from ortlab.runfolder.objstore import Store, StoreError
 from ortlab.runfolder.place import place_at
 from ortlab.runfolder.rundir import RunDir, read_metrics
@@ -82,7 +83,6 @@ def streamed(run: RunDir, body: Any) -> int:
 
 
 def worker_main(path: str, resume: bool) -> int:
-    from ortlab.lifecycle.execute import execute
 
     place = place_at(path)
     run = folder_of(place)

@@ -32,6 +32,7 @@ from ray.train.v2.api.callback import UserCallback
 from ortlab.job.channel import streamed
 from ortlab.job.mirror import LIVE_S, Follower, Mirror, folder_of, jobs_dir, node_folder
 from ortlab.job.raygroup import BoundTorchConfig
+from ortlab.lifecycle.execute import execute
 from ortlab.runfolder import events
 from ortlab.runfolder.objstore import UPLOADED, StoredRun
 from ortlab.runfolder.place import RunPlace, place_at
@@ -112,8 +113,6 @@ def train_loop(config: dict[str, Any]) -> None:
     stream and status, and every node uploads its part of each checkpoint (`UploadCheckpoints`)."""
     import ray.train
     import torch.distributed as dist
-
-    from ortlab.lifecycle.execute import execute
 
     context = ray.train.get_context()
     rank, node = context.get_world_rank(), ray.get_runtime_context().get_node_id()

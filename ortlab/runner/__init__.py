@@ -25,6 +25,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ortlab.export import export_onnx
+from ortlab.publish import push_to_hub
+from ortlab.runfolder.compare import compare
 from ortlab.runfolder.rundir import (
     DAMAGED,
     TERMINAL,
@@ -210,18 +213,15 @@ class Run:
 
     def export_onnx(self, **kwargs: Any):
         """Export the finished model to ONNX with a parity check and latency numbers (see ortlab.export)."""
-        from ortlab.export import export_onnx
 
         return export_onnx(self.dir, **kwargs)
 
     def push_to_hub(self, repo_id: str, **kwargs: Any):
         """Publish model, tokenizer, ONNX files and a model card (see ortlab.publish)."""
-        from ortlab.publish import push_to_hub
 
         return push_to_hub(self.dir, repo_id, **kwargs)
 
     def compare(self, *others: Run) -> list:
-        from ortlab.runfolder.compare import compare
 
         return compare([self.dir, *[o.dir for o in others]])
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from ortlab.accel.mix import MixError, mix_of, runtime_for, validate
 from ortlab.fit import check
+from ortlab.lifecycle.execute import execute
 from ortlab.probe import doctor
 from ortlab.runfolder.rundir import RunDir, process_create_time
 from ortlab.runner.launcher import Launcher, RunError
@@ -77,7 +78,6 @@ class Foreground(Launcher):
     def start(self, run: RunDir, spec: Any, resume: bool = False, cwd: str | None = None) -> None:
         """Train `run` here until it ends; `self.result` is its result. (`cwd` cannot apply: relative paths in
         the spec are this process's own.)"""
-        from ortlab.lifecycle.execute import execute  # (the trainer's modules: only once the run starts)
 
         if self.view is not None:
             self.view.log_to(run.log_path)

@@ -28,6 +28,7 @@ from traitlets import Unicode
 from traitlets.config import Configurable
 
 from ortlab._version import __version__
+from ortlab.runner import DEFAULT_ROOT
 from ortlab.server.runs import RunIndex
 
 
@@ -45,7 +46,6 @@ class Ortlab(Configurable):
 
 def runs_root_for(setting: str, root_dir: str | os.PathLike) -> Path:
     """The absolute runs root: the setting, else $ORTLAB_RUNS, else <root_dir>/ortlab-runs."""
-    from ortlab.runner import DEFAULT_ROOT
 
     chosen = setting or os.environ.get("ORTLAB_RUNS") or DEFAULT_ROOT
     path = Path(chosen).expanduser()

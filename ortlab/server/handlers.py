@@ -26,9 +26,14 @@ from tornado import web
 from tornado.ioloop import IOLoop
 
 from ortlab import safeio
+from ortlab._version import __version__
 from ortlab.errors import OrtlabError
 from ortlab.runfolder.rundir import DAMAGED, RunDir, RunStateError, resolve
+from ortlab.runner import RunError
+from ortlab.server.actions import launch_in, resume_in
 from ortlab.server.runs import metrics_since, parse_max_points
+from ortlab.spec import SpecError
+from ortlab.specfields import form
 
 T = TypeVar("T")
 
@@ -41,7 +46,6 @@ ID = r"(?P<run_id>[^/]+)"
 def error_status(e: OrtlabError) -> int:
     """409 when a run's state or its folder forbids what was asked (as the routes answer such requests
     themselves), 400 for everything else the user can fix (a spec, data, a path)."""
-    from ortlab.runner import RunError  # (the server already imports the runner: it lists runs with it)
 
     return 409 if isinstance(e, (RunError, RunStateError, safeio.UnsafePath)) else 400
 
@@ -112,7 +116,6 @@ class RunsHandler(OrtlabHandler):
     @authorized
     async def get(self) -> None:
         """Every run under the root, newest first; `version` lets the sidebar check it talks to its own server."""
-        from ortlab._version import __version__
 
         rows = await self.io(self.ortlab.index.rows)
         self.reply(200, {"root": str(self.ortlab.root), "version": __version__, "runs": rows})
@@ -121,9 +124,6 @@ class RunsHandler(OrtlabHandler):
     @authorized
     async def post(self) -> None:
         """Launch a RunSpec (JSON body) in the runs root: 201 with the new run's id, or 400 with the problems."""
-        from ortlab.runner import RunError
-        from ortlab.server.actions import launch_in
-        from ortlab.spec import SpecError
 
         data = await self.json_body()
         if not isinstance(data, dict):
@@ -193,9 +193,6 @@ class ResumeHandler(OrtlabHandler):
     @authorized
     async def post(self, run_id: str) -> None:
         """Continue a stopped or failed run from its last checkpoint in a new process: 202, or 409 if it cannot."""
-        from ortlab.runner import RunError
-        from ortlab.server.actions import resume_in
-        from ortlab.spec import SpecError
 
         run = self.run_dir(run_id)
         status = await self.io(run.status)
@@ -224,7 +221,6 @@ class SpecHandler(OrtlabHandler):
     async def get(self) -> None:
         """RunSpec's JSON schema and defaults: the sidebar's New run form builds its choices (every task),
         defaults and tooltips from them, so the form never lags the spec."""
-        from ortlab.specfields import form
 
         self.reply(200, await self.io(form))
 

@@ -29,6 +29,8 @@ from ortlab.runfolder import events
 from ortlab.runfolder.downsample import MIN_POINTS, keep_indices
 from ortlab.runfolder.rundir import DAMAGED, SPEC_MAX_BYTES, TERMINAL, RunDir
 from ortlab.runfolder.stream import MetricsStream, SummaryFollower
+from ortlab.runner import runs
+from ortlab.spec import RunSpec, SpecError
 
 # A metrics request reads at most this many bytes (a client that asked from offset 0 on a very long run gets the
 # rest on its next request, from the offset returned).
@@ -82,7 +84,6 @@ class RunIndex:
         Ordered by when the run was created (its spec.yaml is written once, then never again), not by the
         folder's own ctime, which moves each time status.json is replaced: the sidebar's rows stay put.
         """
-        from ortlab.runner import runs
 
         def created(run: RunDir) -> float:
             try:
@@ -110,7 +111,6 @@ class RunIndex:
         The spec is read as a record (`stored`): no check against this machine, so no torch, and a run trained
         elsewhere (fp16 on a GPU) still shows. An unreadable spec is reported in `spec_error`, not a 500.
         """
-        from ortlab.spec import RunSpec, SpecError
 
         status = run.status()
         row = self.row(run, status)

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from ortlab.accel import Applied, ort, zero
+from ortlab.accel.precision import TF32_CAPABILITY, tf32_on, tf32_state
+from ortlab.adapters import optimizer_state_bytes, parameter_counts
 from ortlab.runfolder import events
 from ortlab.runfolder.rundir import write_json
 
@@ -61,7 +63,6 @@ class VerifiesAccelerations:
         """Once, after the first step of this process's training (the optimizer's state exists only then)."""
         if self.parameters_record is not None or self.optimizer is None:
             return
-        from ortlab.adapters import optimizer_state_bytes, parameter_counts
 
         counts = parameter_counts(self.model)
         self.parameters_record = {
@@ -160,7 +161,6 @@ class VerifiesAccelerations:
     def _verify_tf32(self) -> None:
         """TF32 applies when torch's fp32 matmuls really run in TF32 (the flags observed now, after transformers
         set them up) on a GPU that has TF32 tensor cores; bf16/fp16 matmuls do not use it either way."""
-        from ortlab.accel.precision import TF32_CAPABILITY, tf32_on, tf32_state
 
         record = self.accelerations["tf32"]
         state = tf32_state()

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from ortlab.tasks import check_model_matches
+
 
 class OptimumCompatWarning(FutureWarning):
     """An Optimum-era / transformers-4 argument was translated or ignored: the message says how to spell it now."""
@@ -115,7 +117,6 @@ SEQ2SEQ_FEATURES = ("seq2seq-lm",)
 
 def check_feature(model: Any, feature: str) -> str:
     """Check `feature` against the model as ortlab.tasks does, knowing Optimum's names too; return the name kept."""
-    from ortlab.tasks import check_model_matches
 
     name = feature.removesuffix("-with-past")
     if name in FEATURES_WITHOUT_HEAD:

@@ -28,9 +28,13 @@ from typing import IO, Any
 from transformers import TrainerCallback
 
 from ortlab import safeio
+from ortlab.accel.precision import tf32_on, tf32_state
 from ortlab.accel.zero import gather_floats
 from ortlab.flops import METHOD as FLOPS_METHOD
+from ortlab.flops import Peak, matmul_precision, measured, peak_flops
+from ortlab.peak import measured_peak
 from ortlab.runfolder import events
+from ortlab.runfolder.compare import summarize
 
 
 class JsonLinesSink:
@@ -84,7 +88,6 @@ def device_info(device: Any, precision: str) -> dict[str, Any]:
     """What per-step device numbers rest on, written once in `train_begin`: the device, the precision the matmuls
     run in, the peak MFU is held against (measured on this machine, `ortlab.peak`; on a GPU the datasheet's peak
     beside it, or why there is none), whether NVML utilisation is read."""
-    from ortlab.flops import matmul_precision, peak_flops
 
     if device.type != "cuda":
         mfu = _measured(precision, "cpu", 0)
@@ -93,7 +96,6 @@ def device_info(device: Any, precision: str) -> dict[str, Any]:
 
     index = device.index if device.index is not None else torch.cuda.current_device()
     name = torch.cuda.get_device_name(index)
-    from ortlab.accel.precision import tf32_on, tf32_state
 
     tf32 = tf32_on(tf32_state())
     mp = matmul_precision(precision, tf32)
@@ -111,8 +113,6 @@ def device_info(device: Any, precision: str) -> dict[str, Any]:
 
 def _measured(precision: str, device_type: str, index: int) -> dict[str, Any]:
     """The measured peak of `precision` on the device (cached, or measured now: about a second), as a Peak dict."""
-    from ortlab.flops import Peak, measured
-    from ortlab.peak import measured_peak
 
     name = "cpu" if device_type == "cpu" else f"cuda:{index}"
     try:
@@ -305,6 +305,5 @@ class StepMetricsCallback(TrainerCallback):
 
     def summary(self, warmup_steps: int) -> dict[str, Any]:
         """Warm-up (ORT export and graph build land in the first steps) apart from steady-state throughput."""
-        from ortlab.runfolder.compare import summarize
 
         return {**summarize(self.steps, warmup_steps), "train_time_s": time.perf_counter() - self._train_start}

@@ -24,8 +24,13 @@ from pathlib import Path
 from typing import IO, Any
 
 from ortlab import safeio
+from ortlab.accel.mix import MixError
+from ortlab.assets import AssetMissing
+from ortlab.data import DataError
 from ortlab.runfolder import events
 from ortlab.runfolder.stream import RunSummary
+from ortlab.spec import SpecError
+from ortlab.tasks import ModelError
 
 
 class Terminal:
@@ -309,11 +314,6 @@ def _flush_std() -> None:
 
 def _is_user_error(exc: BaseException | None) -> bool:
     """Bad input (told to the user in one line): its captured output would only be noise."""
-    from ortlab.accel.mix import MixError
-    from ortlab.assets import AssetMissing
-    from ortlab.data import DataError
-    from ortlab.spec import SpecError
-    from ortlab.tasks import ModelError
 
     return isinstance(exc, (SpecError, DataError, ModelError, MixError, AssetMissing))
 

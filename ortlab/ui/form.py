@@ -9,7 +9,9 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from ortlab.discover import inspect_dataset, search_models
 from ortlab.errors import OrtlabError
+from ortlab.spec import TRACKERS, RunSpec
 from ortlab.specfields import SpecFields, get_path, set_path
 from ortlab.toggles import field_values
 from ortlab.ui.summary import table_html
@@ -33,7 +35,6 @@ class SpecForm:
     def _form_widgets(self, start: Any) -> None:
         """The fields that edit `start` (a RunSpec): model, data and its columns, training, adapter, trackers and
         where the run goes."""
-        from ortlab.spec import TRACKERS
 
         self._base = start.model_dump(mode="json")
         # The fields' choices and descriptions (the tooltips) come from RunSpec's schema, not from copies here.
@@ -207,7 +208,6 @@ class SpecForm:
 
     def spec(self):
         """The RunSpec that Launch would start (raises SpecError when its own rules are broken)."""
-        from ortlab.spec import RunSpec
 
         return RunSpec.parse(self.spec_dict())
 
@@ -232,7 +232,6 @@ class SpecForm:
     # --- pickers -------------------------------------------------------------------------------------------
 
     def search_models(self) -> None:
-        from ortlab.discover import search_models
 
         hits, note = search_models(self.model.value if "/" not in self.model.value else "")
         self.model.options = [h.id for h in hits]
@@ -244,7 +243,6 @@ class SpecForm:
         self.model_info.value = "<br>".join(lines) + (f"<br><small>{html.escape(note)}</small>" if note else "")
 
     def inspect_data(self) -> None:
-        from ortlab.discover import inspect_dataset
 
         try:
             info = inspect_dataset(self.data.value.strip())

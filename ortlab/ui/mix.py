@@ -12,7 +12,10 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from ortlab.accel import NOT_PROBED, fused_adam, ort, precision, torch_compile, zero
+from ortlab.accel.mix import resolve
 from ortlab.toggles import exclusive_with, form_toggles
+from ortlab.tune import TuneResult
 
 # What "measure the fastest" sets: the fields a measurement decides (AccelSpec's 'auto' ones). Its choice also says
 # torch_compile, but a compiled mix runs in its own runtime, which the form's target does not follow: that toggle,
@@ -30,7 +33,6 @@ def _availability() -> tuple[dict[str, Any], Any]:
     report = cached_report()
     if report is not None:
         return dict(report.accelerations), report
-    from ortlab.accel import fused_adam, ort, precision, torch_compile, zero
 
     return {
         "ort": ort.check(),
@@ -45,7 +47,6 @@ def _availability() -> tuple[dict[str, Any], Any]:
 def _note_html(a: Any, probed: bool) -> str:
     """One toggle's note. Unprobed, an available acceleration is only "installed" (its versions and files are
     right; nothing was tried), and the "(not probed)" of each reason is said once, above the toggles, instead."""
-    from ortlab.accel import NOT_PROBED
 
     if not a.available:
         mark = "unavailable"
@@ -88,8 +89,6 @@ def _run_tune(spec: Any, progress: Any) -> Any:
     import sys
     import tempfile
     from pathlib import Path
-
-    from ortlab.tune import TuneResult
 
     with tempfile.TemporaryDirectory(prefix="ortlab-tune-spec-") as tmp:
         path = Path(tmp) / "spec.json"
@@ -148,7 +147,6 @@ class MixPanel:
         tune buttons. Returns the toggles' rows, for the form's layout."""
         self.available, self.report = _availability()
         self.notes: dict[str, widgets.HTML] = {}
-        from ortlab.accel.mix import resolve
 
         resolved = resolve(start.accel)  # 'auto' as this machine would run it, without measuring
         self.toggles: dict[str, widgets.Checkbox] = {}

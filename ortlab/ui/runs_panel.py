@@ -11,7 +11,9 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from ortlab.chat import read_generations
 from ortlab.errors import OrtlabError
+from ortlab.runner import launch, runs
 from ortlab.ui.charts import RunMonitor
 from ortlab.ui.display import RefreshedDisplay
 from ortlab.ui.form import WIDE
@@ -41,7 +43,6 @@ class RunsPanel(RefreshedDisplay):
     def launch(self):
         """Start the current spec in its own process; its charts appear below. The spec's own rules are checked as
         it is edited (`validate`); what its target can run is checked here, once, by the launch itself."""
-        from ortlab.runner import launch
 
         if not self.validate():
             return None
@@ -61,7 +62,6 @@ class RunsPanel(RefreshedDisplay):
 
     def reattach(self) -> None:
         """Find the runs under the runs folder; follow the running ones."""
-        from ortlab.runner import runs
 
         for run in runs(self.root):
             self._track(run, follow=run.state in ("pending", "running"))
@@ -95,7 +95,6 @@ class RunsPanel(RefreshedDisplay):
 
     def refresh_generations(self) -> None:
         """Show the latest generations of the selected run (escaped: model output is hostile)."""
-        from ortlab.chat import read_generations
 
         run = self._runs.get(self.run_list.value)
         self.generations.value = "" if run is None else generations_html(read_generations(run.dir.path), run.id)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from ortlab.chat import latest
+from ortlab.runfolder.compare import compare
+
 
 def _names(applied: list[str], requested: list[str]) -> str:
     return "+".join(applied or [f"{r}?" for r in requested]) or "no acceleration"
@@ -52,7 +55,6 @@ def _table_row(r: Any) -> dict[str, str]:
 def rows(runs: list[Any], baseline: str | None = None, summaries: dict[str, Any] | None = None) -> list[dict[str, str]]:
     """One table row per run (plain strings; `table_html` escapes them). `summaries`: run id -> a `RunSummary` the
     caller keeps current (the live charts' own), so a refresh does not re-read the runs' metrics."""
-    from ortlab.runfolder.compare import compare
 
     return [_table_row(r) for r in compare([run.dir for run in runs], baseline=baseline, summaries=summaries)]
 
@@ -76,7 +78,6 @@ def static_summary(
     """(html, text) views of `runs` for front ends without widgets: a state line, the loss and throughput curves
     as inline SVG (`ortlab.ui.svg`) and the comparison table, read from the run folders now (the table from
     `summaries` where the caller keeps them current)."""
-    from ortlab.runfolder.compare import compare
     from ortlab.ui.svg import runs_chart_html
 
     compared = compare([run.dir for run in runs], summaries=summaries) if runs else []
@@ -93,7 +94,6 @@ def static_summary(
 def generations_html(records: list[dict[str, Any]], run_id: str = "") -> str:
     """The latest generations of a run (prompt, answer, reference) as a table. Everything is escaped: prompts come
     from the data and answers from the model, both hostile."""
-    from ortlab.chat import latest
 
     shown = latest(records)
     if not shown:

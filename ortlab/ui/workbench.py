@@ -12,6 +12,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from ortlab.spec import RunSpec
 from ortlab.ui.form import SpecForm
 from ortlab.ui.mix import MixPanel
 from ortlab.ui.runs_panel import RunsPanel
@@ -25,7 +26,6 @@ class Workbench(SpecForm, MixPanel, RunsPanel, widgets.VBox):
     (`ortlab.ui.mix`) and the runs (`ortlab.ui.runs_panel`); this class lays them out and wires their events."""
 
     def __init__(self, spec: Any = None, root: str | None = None, **kwargs: Any):
-        from ortlab.spec import RunSpec
 
         self.root = root
         start = spec if isinstance(spec, RunSpec) else RunSpec.parse(spec or {})
