@@ -79,7 +79,11 @@ def ray_command(cluster: str, *args: str) -> str:
     it from $RAY_AUTH_TOKEN_PATH). Only printed for the user; the test runs it as printed."""
     import shlex
 
-    words = ["ray", *args[:2], "--address", resolve_address(cluster), *args[2:]]
+    try:
+        address = resolve_address(cluster)
+    except ClusterError:  # the local head is not running: nor is any job of it, and there is nothing to address
+        return "(no command needed: the local Ray head is not running, and its jobs ended with it)"
+    words = ["ray", *args[:2], "--address", address, *args[2:]]
     command = " ".join(shlex.quote(w) for w in words)
     if cluster == LOCAL:
         command = f"RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH={shlex.quote(str(token_path()))} {command}"
