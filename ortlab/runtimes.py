@@ -163,9 +163,18 @@ def _constraints() -> list[str]:
             if not NOT_CONSTRAINED.match(name):
                 pins.append(line)
         return pins
-    from ortlab.accel import package_version
+    return [f"{p}=={v}" for p in PACKAGES if (v := _installed(p))]
 
-    return [f"{p}=={v}" for p in PACKAGES if (v := package_version(p))]
+
+def _installed(dist: str) -> str | None:
+    """The installed version of a distribution (read here, not from `ortlab.accel`: the accelerations ask the
+    runtimes where a run trains, and the runtimes need nothing of the accelerations)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def _assets() -> list[str]:
