@@ -23,6 +23,15 @@ from ortlab.cluster import head as cluster_head
 from ortlab.job import mirror as objsync
 
 
+def listening_ports(proc: psutil.Process) -> set[int]:
+    """The ports `proc` listens on; none for a process that ended meanwhile (Ray's short-lived helpers come and go
+    while the head starts up)."""
+    try:
+        return {c.laddr.port for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return set()
+
+
 def heads_of(folder: Path) -> list[psutil.Process]:
     """Every GCS server of this user started for `folder` (one per head: it runs with the folder's token file),
     read from the processes themselves rather than from ortlab's record."""
@@ -80,7 +89,7 @@ def test_one_head_per_folder_and_stop_ends_everything_after_ray_start_was_killed
 
         root = psutil.Process(started["pid"])
         family = [root, *root.children(recursive=True)]
-        ports = {c.laddr.port for p in family for c in p.net_connections(kind="inet") if c.status == "LISTEN"}
+        ports = {port for p in family for port in listening_ports(p)}
         assert ports
         os.kill(root.pid, signal.SIGKILL)
         root.wait(30)  # (a child of this process: reaped here)
