@@ -151,9 +151,7 @@ class Store:
             except OSError as e:
                 skipped.append(f"{rel}/{name} ({e.strerror or e})")
                 continue
-            with os.fdopen(fd, "rb") as src, self.fs.open_output_stream(self.key(f"{rel}/{name}")) as dst:
-                while piece := src.read(PIECE):
-                    dst.write(piece)
+            self._send(fd, f"{rel}/{name}")
         return skipped
 
     def download(self, rel: str, folder: Path, dest: str | None = None) -> int:
@@ -184,7 +182,10 @@ class Store:
     def put(self, folder: Path, rel: str) -> None:
         """One local file (`folder/rel`, opened without following a link) copied here in pieces: a stream of any
         size is pushed with flat memory, where reading it whole would need a bound it may pass."""
-        fd = safeio.open_in(folder, rel)
+        self._send(safeio.open_in(folder, rel), rel)
+
+    def _send(self, fd: int, rel: str) -> None:
+        """The open local file `fd` (closed here) written to `rel`, a piece at a time."""
         with os.fdopen(fd, "rb") as src, self.fs.open_output_stream(self.key(rel)) as dst:
             while piece := src.read(PIECE):
                 dst.write(piece)
