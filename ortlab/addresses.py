@@ -88,6 +88,14 @@ def storage_folder(storage: str) -> str:
     return storage
 
 
+def plain_segments(path: str) -> tuple[str, ...] | None:
+    """The segments of a store URI's path, percent-decoded (`%2e%2e` is '..' to the store's client), or None when
+    one is empty, '.', '..' or holds an encoded '/': the client resolves those to another place."""
+    path = path.removeprefix("/").rstrip("/")
+    segments = tuple(unquote(s) for s in path.split("/")) if path else ()
+    return None if any(s in ("", ".", "..") or "/" in s for s in segments) else segments
+
+
 def storage_problem(storage: str) -> str | None:
     """Why `storage` cannot be a run's storage (an unknown scheme, a credential in it, a path that does not say
     plainly where it goes), or None. Never quotes the credential: object-store credentials come from the
@@ -125,9 +133,7 @@ def storage_problem(storage: str) -> str | None:
         return "the storage URI has a #fragment, which no object store reads: leave it out"
     # The store's client resolves '.', '..' and empty segments (s3://allowed/runs/../../other/x is another bucket's
     # key): a URI must say plainly where the run goes, so that comparing it with the allowed stores means something.
-    path = parts.path.removeprefix("/").rstrip("/")
-    segments = [unquote(s) for s in path.split("/")] if path else []  # (%2e%2e is '..' to the store's client)
-    if any(s in ("", ".", "..") or "/" in s for s in segments):
+    if plain_segments(parts.path) is None:
         return (
             "the storage URI's path has an empty, '.' or '..' segment, which the store's client resolves to "
             f"another place: write the prefix plainly, e.g. {scheme}://BUCKET/runs"

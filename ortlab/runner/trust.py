@@ -14,9 +14,9 @@ from __future__ import annotations
 import os
 import sys
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
-from ortlab.addresses import storage_scheme
+from ortlab.addresses import plain_segments, storage_scheme
 from ortlab.cluster import ADDRESSES_ENV, is_configured
 from ortlab.runner.launcher import RunError
 from ortlab.runtimes import RUNTIMES, python_for
@@ -52,8 +52,8 @@ def _normalised(uri: str) -> tuple[str, tuple[str, ...], tuple[tuple[str, str], 
     """(scheme://bucket, path segments, sorted options) of a store URI, or None when its path does not say plainly
     where it goes."""
     parts = urlsplit(uri)
-    segments = tuple(unquote(s) for s in parts.path.strip("/").split("/")) if parts.path.strip("/") else ()
-    if any(s in ("", ".", "..") or "/" in s for s in segments) or "@" in parts.netloc:
+    segments = plain_segments(parts.path)
+    if segments is None or "@" in parts.netloc:
         return None
     options = tuple(sorted(parse_qsl(parts.query, keep_blank_values=True)))
     return f"{parts.scheme.lower()}://{parts.netloc}", segments, options
