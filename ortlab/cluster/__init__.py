@@ -17,6 +17,7 @@ from ortlab.cluster.connect import (
     is_configured,
     ray_command,
     resolve_address,
+    stop_job,
     token_for,
 )
 from ortlab.cluster.head import dashboard_is_ours, listeners, start, stop
@@ -39,6 +40,7 @@ __all__ = [
     "start",
     "status",
     "stop",
+    "stop_job",
     "token_for",
     "token_path",
 ]

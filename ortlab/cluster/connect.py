@@ -90,6 +90,16 @@ def ray_command(cluster: str, *args: str) -> str:
     return command
 
 
+def stop_job(cluster: str, job: str, client: Any = None) -> str | None:
+    """Stop `job` on `cluster`, through `client` or a new connection (the caller vouches for the address: the user's
+    token goes there). None when it was stopped, else why not and the `ray` command that stops it by hand."""
+    try:
+        (client or connect(cluster, trusted=True)).stop_job(job)
+    except Exception as e:
+        return f"({type(e).__name__}: {e}); stop it with `{ray_command(cluster, 'job', 'stop', job)}`"
+    return None
+
+
 def check_transport(address: str) -> None:
     """Refuse to send a token over plain http to another machine unless the user opted in ($ORTLAB_RAY_ALLOW_HTTP=1).
 

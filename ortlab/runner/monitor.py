@@ -229,11 +229,9 @@ class Monitor:
             )
         else:
             return None
-        try:
-            client.stop_job(self.job_id)
-        except Exception as e:  # it keeps waiting on the cluster: say so, with the command that stops it
-            command = cluster.ray_command(self.cluster, "job", "stop", self.job_id)
-            end = ("FAILED", f"{end[1]}; but stopping it failed ({type(e).__name__}: {e}): stop it with `{command}`")
+        failed = cluster.stop_job(self.cluster, self.job_id, client)
+        if failed:  # it keeps waiting on the cluster: say so, with the command that stops it
+            end = ("FAILED", f"{end[1]}; but stopping it failed {failed}")
         return end
 
     def follow(self) -> None:
@@ -377,12 +375,8 @@ class Monitor:
         """The monitor itself failed (a bug, a full disk): bring home what is there, stop the job (nothing would
         follow it any more) and say so in the status, rather than leave a `running` run whose monitor is gone."""
         self._step("bringing the results home", self.bring_home)
-        try:
-            self.connect().stop_job(self.job_id)
-            job = f"the Ray job {self.job_id} was stopped"
-        except Exception as e:
-            command = cluster.ray_command(self.cluster, "job", "stop", self.job_id)
-            job = f"the Ray job {self.job_id} could not be stopped ({type(e).__name__}); stop it with `{command}`"
+        failed = cluster.stop_job(self.cluster, self.job_id)  # (the user's address: see the class docstring)
+        job = f"the Ray job {self.job_id} " + (f"could not be stopped {failed}" if failed else "was stopped")
         error = f"the monitor of the run failed ({why}); {job}; see {self.run.log_path}, and resume the run to go on"
         with contextlib.suppress(RunStateError):
             self.run.set_status("failed", error=error, step=self.run.last_step(), **self.skipped_fields())
