@@ -386,6 +386,25 @@ def test_a_remote_folder_the_status_names_is_used_only_where_the_launch_puts_it(
     assert (victim / "control" / "stop").read_text() == "theirs"
 
 
+def test_a_refused_remote_folder_is_named_beside_where_the_launch_puts_it(tmp_path, monkeypatch):
+    """The refusal names the place `new_place` would have made: for an object store the run id goes in the URI's
+    path, before its options (it was printed after them, as `s3://b/runs?endpoint_override=h/<run id>`)."""
+    from ortlab.runfolder.objstore import Store
+
+    _, local = _monitor(tmp_path)
+    status = json.loads(local.status_path.read_text())
+    status["launcher"]["storage"] = "s3://bucket/elsewhere/local?endpoint_override=localhost:9"
+    local.status_path.write_text(json.dumps(status))
+    with pytest.raises(RunError) as folder:
+        raymonitor.recorded_storage(local, RunSpec.from_run(local))
+    assert f"which is not {tmp_path / 'storage' / 'local'} " in str(folder.value)
+    store = Store("s3://bucket/runs?endpoint_override=localhost:9&scheme=http")
+    monkeypatch.setattr(raymonitor, "storage_for", lambda spec: store)
+    with pytest.raises(RunError) as stored:
+        raymonitor.recorded_storage(local, RunSpec.from_run(local))
+    assert "which is not s3://bucket/runs/local?endpoint_override=localhost:9&scheme=http " in str(stored.value)
+
+
 class _EndedJob:
     """What the monitor's end asks a Ray Jobs client: the whole log of a job that has ended."""
 

@@ -25,6 +25,7 @@ from typing import Any
 from ortlab import cluster
 from ortlab.job.channel import FINAL_TAG, METRIC_TAG, PAUSED_TAG, TAGS
 from ortlab.runfolder import events
+from ortlab.runfolder.objstore import Store
 from ortlab.runfolder.place import RunPlace, Storage, bring_home, place_in, storage_at
 from ortlab.runfolder.rundir import TERMINAL, RunDir, RunStateError, pause_step, read_metrics
 from ortlab.runner.launcher import RunError
@@ -66,8 +67,9 @@ def recorded_storage(run: RunDir, spec: Any) -> RunPlace:
     storage = storage_for(spec)
     place = place_in(storage, run.id, recorded)
     if place is None:
+        expected = storage.child(run.id).uri if isinstance(storage, Store) else storage / run.id
         raise RunError(
-            f"run {run.id}: its status names the remote folder {recorded!r}, which is not {storage}/{run.id} "
+            f"run {run.id}: its status names the remote folder {recorded!r}, which is not {expected} "
             "(where its launch puts it); the run folder was edited or damaged, so ortlab will not use that folder"
         )
     return place
