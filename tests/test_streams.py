@@ -8,9 +8,13 @@ records the rows that reached its model (`tests/helpers/stream_rank_rows.py`).""
 from __future__ import annotations
 
 import csv
+import json
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import PYTHON, ROOT
 
 BATCH, STEPS, EVAL = 8, 4, 5
 
@@ -35,6 +39,12 @@ def _spec(tiny_bert: Path, source: Path, out: Path, name: str, **extra) -> dict:
         "accel": {"ort": False, "fused_adam": False, "precision": "fp32"},
         **extra,
     }
+
+
+def _row(text: str) -> int:
+    found = re.match(r"review(\d+)", text)
+    assert found, text
+    return int(found.group(1))
 
 
 def test_the_whole_column_checks_run_in_chunks_and_name_rows_across_them(tmp_path, monkeypatch):
@@ -71,3 +81,69 @@ def test_the_whole_column_checks_run_in_chunks_and_name_rows_across_them(tmp_pat
         train, evaluation = hold_out(ds, fraction, 7)
         split = ds.train_test_split(test_size=fraction, seed=7)
         assert train["n"][:] == split["train"]["n"][:] and evaluation["n"][:] == split["test"]["n"][:]
+
+
+@pytest.mark.slow
+def test_two_processes_each_train_on_their_own_rows_of_a_stream(tiny_bert, tmp_path):
+    """Rank 0 and rank 1 train on disjoint rows, and together on the stream's first STEPS x BATCH x 2 rows (in the
+    order one process would read the shuffled stream): nothing trained twice, nothing skipped, batch x 2 per step,
+    and each process read its rows itself."""
+    from ortlab.data import load_and_check
+    from ortlab.runfolder.rundir import RunDir
+    from ortlab.spec import RunSpec
+
+    source = _reviews(tmp_path / "reviews.csv", 400)
+    spec = RunSpec.model_validate(_spec(tiny_bert, source, tmp_path / "runs", "ranks", target={"processes": 2}))
+    run = RunDir.create(spec.output_dir, spec)
+    out = tmp_path / "ranks"
+    out.mkdir()
+    helper = ROOT / "tests" / "helpers" / "stream_rank_rows.py"
+    cmd = [PYTHON, "-m", "ortlab.runner.torchrun", "--nproc_per_node=2", str(helper), str(run.path), str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ranks = [json.loads((out / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    rows = [[[_row(t) for t in batch] for batch in rank["trained"]] for rank in ranks]
+    assert [len(r) for r in rows] == [STEPS, STEPS] and all(len(b) == BATCH for r in rows for b in r)
+    mine, theirs = ({i for b in r for i in b} for r in rows)
+    assert not mine & theirs, "a row trained on both ranks"
+    prepared = load_and_check(spec.data, spec.task, spec.seed)
+    stream = [row["__ortlab_row__"] for row in prepared.train.take(STEPS * BATCH * 2)]
+    assert mine | theirs == set(stream), "together, the ranks train on the stream's first rows"
+    assert not (mine | theirs) & set(range(EVAL)), "the held-out eval rows are never trained on"
+    # Each process read its rows itself (with accelerate's default, rank 1 was sent its batches by rank 0 and
+    # tokenized no training row). One file: every process reads the stream in the same order and keeps its rows.
+    for rank, trained in zip(ranks, (mine, theirs), strict=True):
+        assert trained <= {_row(t) for t in rank["read"] if t.startswith("review")}
+    # Process r keeps rows r, r + 2, r + 4, ... of the one order: each step's global batch is the stream's next
+    # BATCH x 2 rows.
+    for rank in (0, 1):
+        assert [i for batch in rows[rank] for i in batch] == stream[rank::2], rank
+
+
+def test_a_stream_of_several_files_is_split_by_files_unless_it_starts_after_a_held_out_head(tmp_path):
+    """`for_process` (datasets' split_dataset_by_node): two files and two processes, each process reads only its
+    own file; when the stream starts after held-out eval rows (a `skip`, which datasets would share out between
+    the files), by rows of the one order instead: still disjoint, together the whole stream."""
+    import datasets
+
+    from ortlab.data.shards import for_process
+
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    _reviews(folder / "a.csv", 40)
+    with open(folder / "b.csv", "w", encoding="utf-8") as f:
+        f.write("text,label\n" + "".join(f"review {i} good,a\n" for i in range(100, 140)))
+    files = [str(folder / "a.csv"), str(folder / "b.csv")]
+    stream = datasets.load_dataset("csv", data_files={"train": files}, streaming=True)["train"]
+    assert stream.num_shards == 2
+
+    def rows(ds) -> list[int]:
+        return [int(r["text"].split()[1]) for r in ds]
+
+    by_files = [rows(for_process(stream, rank, 2, held_out_head=False)) for rank in (0, 1)]
+    assert sorted(by_files) == [list(range(40)), list(range(100, 140))], "each process reads its own file"
+    held = stream.skip(5)
+    by_rows = [rows(for_process(held, rank, 2, held_out_head=True)) for rank in (0, 1)]
+    whole = rows(held)
+    assert by_rows == [whole[0::2], whole[1::2]] and 0 not in whole and 100 in whole
+    assert for_process(stream, 0, 1, held_out_head=True) is stream
