@@ -147,3 +147,66 @@ def test_a_stream_of_several_files_is_split_by_files_unless_it_starts_after_a_he
     whole = rows(held)
     assert by_rows == [whole[0::2], whole[1::2]] and 0 not in whole and 100 in whole
     assert for_process(stream, 0, 1, held_out_head=True) is stream
+
+
+def _tokenized_stream(tiny_bert: Path, tmp_path: Path):
+    from ortlab.data import collator, load_and_check, tokenize
+    from ortlab.spec import RunSpec
+    from ortlab.tasks import load_tokenizer
+
+    spec = RunSpec.model_validate(_spec(tiny_bert, _reviews(tmp_path / "reviews.csv", 300), tmp_path, "s"))
+    prepared = load_and_check(spec.data, spec.task, spec.seed)
+    tokenizer = load_tokenizer(str(tiny_bert), None)
+    train, _ = tokenize(prepared, tokenizer, spec.task, 32)
+    return spec, train, collator(spec.task, tokenizer, prepared=prepared)
+
+
+def test_the_measuring_batches_of_a_stream_are_its_head(tiny_bert, tmp_path):
+    """`ortlab tune` and a run's acceleration lookup draw their batches from the run's data; a stream cannot be
+    shuffled by a DataLoader (it refused with an error before), so they are the first batches the run trains."""
+    from torch.utils.data import DataLoader
+
+    from ortlab.tune.auto import batches_from
+
+    spec, train, collate = _tokenized_stream(tiny_bert, tmp_path)
+    batches = batches_from(train, collate, BATCH, spec.seed, n=3)
+    head = [b for _, b in zip(range(3), DataLoader(train, batch_size=BATCH, collate_fn=collate), strict=False)]
+    assert len(batches) == 3
+    for got, want in zip(batches, head, strict=True):
+        assert got["input_ids"].tolist() == want["input_ids"].tolist()
+        assert got["labels"].tolist() == want["labels"].tolist()
+
+
+@pytest.mark.slow
+def test_ortlab_tune_measures_a_streamed_spec_and_caches_it(tiny_bert, tmp_path, monkeypatch):
+    """`tune_spec` on streamed data measures (here the plain mix alone, to keep the test short) from the stream's
+    head, and a second call finds the measurement in the cache."""
+    from ortlab import tune
+    from ortlab.spec import RunSpec
+
+    monkeypatch.setenv("ORTLAB_CACHE_DIR", str(tmp_path / "cache"))
+    real_plan = tune.plan
+    monkeypatch.setattr("ortlab.tune.measure.plan", lambda *args, **kwargs: real_plan()[:1])
+    source = _reviews(tmp_path / "reviews.csv", 400)
+    spec = RunSpec.model_validate(_spec(tiny_bert, source, tmp_path / "runs", "tuned"))
+    result = tune.tune_spec(spec, progress=lambda line: None)
+    assert [m.name for m in result.candidates] == ["plain"] and result.chosen == "plain"
+    assert result.candidates[0].samples_per_s > 0 and not result.cached
+    again = tune.tune_spec(spec, progress=lambda line: None)
+    assert again.cached and again.key == result.key
+
+
+def test_a_streamed_run_decides_its_auto_accelerations_from_the_stream_head(tiny_bert, tmp_path, monkeypatch):
+    """A streamed run's acceleration lookup used to be skipped ("the data is streamed"); it now draws its batches
+    from the stream's head, as a run of a file does from its shuffle."""
+    from ortlab.runfolder.rundir import RunDir
+    from ortlab.runner.foreground import train_spec
+    from ortlab.spec import RunSpec
+
+    monkeypatch.setenv("ORTLAB_CACHE_DIR", str(tmp_path / "cache"))
+    spec = _spec(tiny_bert, _reviews(tmp_path / "reviews.csv", 200), tmp_path / "runs", "auto")
+    spec["accel"] = {}  # every acceleration 'auto'
+    spec["hyper"]["max_steps"] = 2
+    result = train_spec(RunSpec.model_validate(spec), progress=False, log=lambda line: None)
+    auto = next(r for r in RunDir(Path(result["run_dir"])).metrics() if r.get("event") == "auto")
+    assert "streamed" not in auto["why"] and "2 steps" in auto["why"], auto
