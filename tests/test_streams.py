@@ -210,3 +210,27 @@ def test_a_streamed_run_decides_its_auto_accelerations_from_the_stream_head(tiny
     result = train_spec(RunSpec.model_validate(spec), progress=False, log=lambda line: None)
     auto = next(r for r in RunDir(Path(result["run_dir"])).metrics() if r.get("event") == "auto")
     assert "streamed" not in auto["why"] and "2 steps" in auto["why"], auto
+
+
+def test_a_large_source_is_previewed_from_its_head(tmp_path, monkeypatch):
+    """The workbench's preview of a large local file streams its first rows: a malformed line far into the file
+    (which a whole read stops at) is never reached, the sizes say they were not counted, and the proposal is the
+    one the whole file gives. A small file is read whole, as before (its sizes counted)."""
+    from ortlab import discover
+    from ortlab.data import DataError
+
+    source = _reviews(tmp_path / "big.csv", 30_000)
+    with open(source, "a", encoding="utf-8") as f:
+        f.write('review late,"a",extra,fields\n')
+    with pytest.raises(DataError):  # read whole, the bad line far in stops the preview
+        discover.inspect_dataset(str(source))
+    monkeypatch.setattr(discover, "PREVIEW_WHOLE_BYTES", source.stat().st_size - 1)
+    info = discover.inspect_dataset(str(source))
+    assert info.head == discover.PREVIEW_HEAD_ROWS and info.splits == {"train": None}
+    assert "first 1,000 rows" in info.note and "split sizes unknown" in info.note
+    assert [r["text"].split()[1] for r in info.rows] == ["0", "1", "2", "3", "4"]
+    assert info.proposal["text_column"] == "text" and info.proposal["label_column"] == "label"
+    assert info.label_names == ["a", "b"]
+
+    small = discover.inspect_dataset(str(_reviews(tmp_path / "small.csv", 50)))
+    assert small.splits == {"train": 50} and small.head is None and small.note is None
