@@ -209,6 +209,11 @@ def main() -> None:
         help="another checkout of ortlab (e.g. `git worktree add /tmp/base main`): each row also runs with its "
         "ortlab, in turn with this one's (A/B rounds), reported as tree 'baseline'",
     )
+    p.add_argument(
+        "--data-dir",
+        help="keep the generated files here and reuse them in a later invocation (the same seed writes the same "
+        "rows; generating 4M rows holds them in this process for a while, a burden on a machine short of memory)",
+    )
     p.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     opts = p.parse_args()
     if opts.child:
@@ -227,7 +232,8 @@ def main() -> None:
         model = build_tiny_bert(work / "tiny-bert")
         for n in sizes:
             t = time.monotonic()
-            data = generate(work / f"reviews-{n}.{opts.format}", n)
+            kept = Path(opts.data_dir) / f"reviews-{n}.{opts.format}" if opts.data_dir else None
+            data = kept if kept and kept.exists() else generate(kept or work / f"reviews-{n}.{opts.format}", n)
             made = time.monotonic() - t
             rows = {
                 (path, tree): {"rows": n, "format": opts.format, "path": path, "tree": tree, "generate_s": made}
