@@ -106,6 +106,7 @@ def child(data: str, model: str, path: str, out: str, steps: int) -> None:
     from ortlab.spec import RunSpec
 
     phases: dict[str, float] = {}
+    anon = _AnonPeak()
 
     def timed(name, fn):
         def wrapper(*args, **kwargs):
@@ -137,7 +138,35 @@ def child(data: str, model: str, path: str, out: str, steps: int) -> None:
     )
     train_spec(spec, progress=False, on_metrics=on_metrics, log=lambda line: None)
     peak_mb = _peak_rss_mb() or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    Path(out).write_text(json.dumps({**first, **phases, "total_s": time.monotonic() - STARTED, "peak_mem_mb": peak_mb}))
+    record = {**first, **phases, "total_s": time.monotonic() - STARTED, "peak_mem_mb": peak_mb}
+    Path(out).write_text(json.dumps({**record, "peak_anon_mb": anon.stop()}))
+
+
+class _AnonPeak:
+    """The process's peak anonymous resident memory (RssAnon, sampled every 20 ms in a thread): the memory it owns.
+
+    VmHWM also counts the pages of memory-mapped files it has touched (datasets maps its Arrow files: at 4M rows
+    about 0.4 GB of page cache the kernel can drop at any time), so the two are reported side by side."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            for line in Path("/proc/self/status").read_text().splitlines():
+                if line.startswith("RssAnon:"):
+                    self.peak = max(self.peak, int(line.split()[1]))
+            self._stop.wait(0.02)
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return self.peak / 1024
 
 
 def _peak_rss_mb() -> float | None:
@@ -153,11 +182,14 @@ def _peak_rss_mb() -> float | None:
     return None
 
 
-def run_row(data: Path, model: Path, path: str, steps: int, work: Path, round_: int = 0) -> dict:
-    out = work / f"row-{path}-{data.stem}-{round_}.json"  # its own cache too: every round starts cold
-    env = {**os.environ, "HF_DATASETS_CACHE": str(work / f"cache-{out.stem}"), "PYTHONPATH": str(ROOT)}
+def run_row(
+    data: Path, model: Path, path: str, steps: int, work: Path, round_: int = 0, root: Path = ROOT, tree: str = "this"
+) -> dict:
+    """One row in its own process, with ortlab from `root` (this checkout, or `--baseline`'s)."""
+    out = work / f"row-{path}-{tree}-{data.stem}-{round_}.json"  # its own cache too: every round starts cold
+    env = {**os.environ, "HF_DATASETS_CACHE": str(work / f"cache-{out.stem}"), "PYTHONPATH": str(root)}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(data), str(model), path, str(out)]
-    proc = subprocess.run([*cmd, str(steps)], capture_output=True, text=True, env=env, cwd=ROOT)
+    proc = subprocess.run([*cmd, str(steps)], capture_output=True, text=True, env=env, cwd=root)
     if proc.returncode != 0:
         return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"}
     return json.loads(out.read_text())
@@ -172,6 +204,16 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=1, help="rounds of every row; the medians are reported")
     p.add_argument("--smoke", action="store_true", help="2,000 rows, both paths (seconds)")
     p.add_argument("--output", default=None, help="result JSON (default: benchmarks/results/data-<date>.json)")
+    p.add_argument(
+        "--baseline",
+        help="another checkout of ortlab (e.g. `git worktree add /tmp/base main`): each row also runs with its "
+        "ortlab, in turn with this one's (A/B rounds), reported as tree 'baseline'",
+    )
+    p.add_argument(
+        "--data-dir",
+        help="keep the generated files here and reuse them in a later invocation (the same seed writes the same "
+        "rows; generating 4M rows holds them in this process for a while, a burden on a machine short of memory)",
+    )
     p.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     opts = p.parse_args()
     if opts.child:
@@ -179,6 +221,8 @@ def main() -> None:
         child(data, model, path, out, int(steps))
         return
     sizes = [2_000] if opts.smoke else opts.sizes
+    trees = {"this": ROOT, **({"baseline": Path(opts.baseline).resolve()} if opts.baseline else {})}
+    load_at_start = os.getloadavg()  # the machine is shared: its load goes beside the figures
     sys.path.insert(0, str(ROOT))
     from tests.helpers.tiny_models import build_tiny_bert
 
@@ -188,32 +232,41 @@ def main() -> None:
         model = build_tiny_bert(work / "tiny-bert")
         for n in sizes:
             t = time.monotonic()
-            data = generate(work / f"reviews-{n}.{opts.format}", n)
+            kept = Path(opts.data_dir) / f"reviews-{n}.{opts.format}" if opts.data_dir else None
+            data = kept if kept and kept.exists() else generate(kept or work / f"reviews-{n}.{opts.format}", n)
             made = time.monotonic() - t
-            rows = {path: {"rows": n, "format": opts.format, "path": path, "generate_s": made} for path in opts.paths}
+            rows = {
+                (path, tree): {"rows": n, "format": opts.format, "path": path, "tree": tree, "generate_s": made}
+                for path in opts.paths
+                for tree in trees
+            }
             for r in range(opts.repeat):  # rounds in turn: a busy spell of the machine hits every path alike
-                for path in opts.paths:
-                    print(f"[bench] {n:,} rows, {path}, round {r + 1}/{opts.repeat} ...", flush=True)
-                    rows[path].setdefault("runs", []).append(run_row(data, model, path, opts.steps, work, r))
-                    print(f"[bench]   {json.dumps(rows[path]['runs'][-1])}", flush=True)
+                for (path, tree), row in rows.items():
+                    print(f"[bench] {n:,} rows, {path} ({tree}), round {r + 1}/{opts.repeat} ...", flush=True)
+                    got = run_row(data, model, path, opts.steps, work, r, trees[tree], tree)
+                    row.setdefault("runs", []).append(got)
+                    print(f"[bench]   {json.dumps(got)}", flush=True)
             for row in rows.values():
                 done = [x for x in row["runs"] if "error" not in x]
                 if not done:
                     row["error"] = row["runs"][0]["error"]
-                for key in ("first_step_s", "load_and_check_s", "tokenize_s", "total_s", "peak_mem_mb"):
+                for key in ("first_step_s", "load_and_check_s", "tokenize_s", "total_s", "peak_mem_mb", "peak_anon_mb"):
                     if done and all(key in x for x in done):
                         row[key] = statistics.median(x[key] for x in done)  # the median of the rounds
                 results.append(row)
-    base = {(r["rows"], r["path"]): r for r in results}
+    base = {(r["rows"], r["path"], r["tree"]): r for r in results}
     smallest = min(sizes)
     for r in results:
-        ref = base.get((smallest, r["path"]), {})
+        ref = base.get((smallest, r["path"], r["tree"]), {})
         if "first_step_s" in r and "first_step_s" in ref:
             r["first_step_vs_smallest"] = r["first_step_s"] / ref["first_step_s"]
     report = {
         "benchmark": "bench_data",
         "method": "one process per row, a cold datasets cache each; tiny BERT; seconds from process start "
-        "to the first step record; peak memory is the row process's VmHWM",
+        "to the first step record; peak memory is the row process's VmHWM (which counts the pages of the memory-"
+        "mapped Arrow files it touched), peak_anon_mb its anonymous resident memory sampled every 20 ms",
+        "load_at_start": load_at_start,
+        "load_at_end": os.getloadavg(),
         "date": date.today().isoformat(),
         "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
@@ -229,9 +282,9 @@ def main() -> None:
     path.write_text(json.dumps(report, indent=2))
     for r in results:
         print(
-            f"{r['rows']:>9,} {r['path']:<6} first step {r.get('first_step_s', float('nan')):6.1f} s  "
+            f"{r['rows']:>9,} {r['path']:<6} {r['tree']:<8} first step {r.get('first_step_s', float('nan')):6.1f} s  "
             f"load+check {r.get('load_and_check_s', float('nan')):5.1f} s  tokenize {r.get('tokenize_s', 0):5.1f} s  "
-            f"peak {r.get('peak_mem_mb', 0):6.0f} MB  {r.get('error', '')}"
+            f"peak {r.get('peak_mem_mb', 0):6.0f} MB (anon {r.get('peak_anon_mb', 0):5.0f})  {r.get('error', '')}"
         )
     print(f"\nwritten to {path}")
 

@@ -173,25 +173,75 @@ def search_datasets(
 
 @dataclass
 class DatasetInfo:
-    """What a picker shows about a dataset, and what ortlab proposes to do with it."""
+    """What a picker shows about a dataset, and what ortlab proposes to do with it. A large source is previewed
+    from its first rows (`head`): its split sizes are then what the Hub's card says, or None (not counted)."""
 
     source: str
-    splits: dict[str, int]
+    splits: dict[str, int | None]
     columns: dict[str, str]
     label_names: list[str]
     rows: list[dict[str, Any]]
     proposal: dict[str, str | None]
+    head: int | None = None  # rows read for the preview when the source was streamed, not read whole
+    note: str | None = None  # what the preview read, in words, when it read a head
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
+PREVIEW_HEAD_ROWS = 1000  # rows a large source's preview reads: the columns, labels and proposal come from them
+PREVIEW_WHOLE_BYTES = 200_000_000  # local data files larger than this are previewed from a streamed head
+
+
+def _head_only(spec: DataSpec) -> str | None:
+    """Why `spec`'s source is previewed from a head (None: read whole). A Hub dataset by the rule of
+    data.streaming 'auto' (its card says over 1 GB), local files by their size: reading a 4M-row CSV whole (its
+    conversion to Arrow) took seconds and the memory of the whole file before the picker showed a row."""
+    from ortlab.data.load import resolve_source, streams
+
+    fmt, files = resolve_source(spec)
+    if fmt == "hub":
+        return "the Hub says it is over 1 GB" if streams(spec, fmt) else None
+    size = sum(os.path.getsize(f) for f in files or [])
+    return f"its files are {size / 1e6:,.0f} MB" if size > PREVIEW_WHOLE_BYTES else None
+
+
+def _hub_split_rows(source: str) -> dict[str, int]:
+    """Rows per split as the Hub's card states them (its dataset_info), or {} when it states none."""
+    try:
+        from huggingface_hub import HfApi
+
+        card = HfApi().dataset_info(source).card_data
+        infos = (card.to_dict() if card is not None else {}).get("dataset_info") or []
+    except Exception:
+        return {}
+    infos = infos if isinstance(infos, list) else [infos]
+    return {
+        str(s["name"]): int(s["num_examples"])
+        for i in infos[:1]
+        if isinstance(i, dict)
+        for s in i.get("splits") or []
+        if isinstance(s, dict) and "name" in s and isinstance(s.get("num_examples"), int)
+    }
+
+
 def inspect_dataset(source: str, n_rows: int = 5) -> DatasetInfo:
-    """Columns, types, split sizes, a few rows, label names and a proposed mapping/task for `source`."""
+    """Columns, types, split sizes, a few rows, label names and a proposed mapping/task for `source`. A large
+    source (`_head_only`) is streamed and only its first PREVIEW_HEAD_ROWS rows are read."""
     from ortlab.data import DataError, label_names, load_raw, propose_mapping
 
-    raw, _ = load_raw(DataSpec(source=source), streaming=False)  # split sizes and rows by index: read whole
+    spec = DataSpec(source=source)
+    why = _head_only(spec)
+    raw, _ = load_raw(spec, streaming=why is not None)  # small: split sizes and rows by index, read whole
     first = raw.get("train") or next(iter(raw.values()))
+    splits: dict[str, int | None] = {k: len(v) for k, v in raw.items()} if why is None else dict.fromkeys(raw)
+    note = None
+    if why is not None:
+        first = _materialise(first, PREVIEW_HEAD_ROWS)
+        counted = _hub_split_rows(source) if not os.path.exists(os.path.expanduser(source)) else {}
+        splits.update({k: v for k, v in counted.items() if k in splits})
+        sizes = "split sizes as the Hub's card states them" if counted else "split sizes unknown (not counted)"
+        note = f"previewed from the first {len(first):,} rows ({why}); {sizes}"
     proposal = propose_mapping(first)
     labels: list[str] = []
     if proposal["label_column"]:
@@ -202,9 +252,22 @@ def inspect_dataset(source: str, n_rows: int = 5) -> DatasetInfo:
     rows = [first[i] for i in range(min(n_rows, len(first)))]
     return DatasetInfo(
         source=source,
-        splits={k: len(v) for k, v in raw.items()},
+        splits=splits,
         columns={k: str(v) for k, v in first.features.items()},
         label_names=labels,
         rows=rows,
         proposal=proposal,
+        head=len(first) if why is not None else None,
+        note=note,
     )
+
+
+def _materialise(stream: Any, n: int) -> Any:
+    """The first `n` rows of a stream as a Dataset (its declared features kept where the rows fit them)."""
+    import datasets
+
+    rows = list(stream.take(n))
+    try:
+        return datasets.Dataset.from_list(rows, features=stream.features)
+    except Exception:
+        return datasets.Dataset.from_list(rows)

@@ -32,6 +32,7 @@ def test_the_data_benchmark_writes_time_to_first_step_per_path(tmp_path):
         assert "error" not in row, (path, row.get("error"))
         assert row["rows"] == 2000 and 0 < row["first_step_s"] < row["total_s"]
         assert row["peak_mem_mb"] > 0 and row["load_and_check_s"] > 0
+        assert 0 < row["peak_anon_mb"] <= row["peak_mem_mb"], "the owned memory is part of the resident peak"
     # Measured, not assumed: the eager path tokenizes the whole training split before step 1, the lazy ones do not
     # (their tokenize only wraps the splits; the rows are tokenized inside the steps).
     assert rows["lazy"]["tokenize_s"] < rows["eager"]["tokenize_s"]

@@ -177,9 +177,11 @@ def test_a_streamed_local_file_trains_reading_only_what_it_needs(tiny_bert, tmp_
         result = train_spec(RunSpec.model_validate(_streamed(tiny_bert, source, tmp_path, "s")), progress=False)
     assert sorted(_losses(Path(result["run_dir"]))) == list(range(1, STEPS + 1))
     from ortlab.data.inputs import STREAM_BATCH
+    from ortlab.tune.auto import BATCHES
 
-    # The steps' rows, in chunks of STREAM_BATCH, and the eval rows twice (a stream is not measured for the mix).
-    assert rec.rows_read() <= 2 * STREAM_BATCH + 2 * EVAL
+    # The acceleration lookup's batches (the stream's head) and the steps' rows, each in chunks of STREAM_BATCH,
+    # and the eval rows twice.
+    assert rec.rows_read() <= (BATCHES * BATCH + STREAM_BATCH) + 2 * STREAM_BATCH + 2 * EVAL
     assert all(not t.startswith(("review 0 ", "review 1 ", "review 4 ")) for b in rec.train_batches() for t in b)
 
 

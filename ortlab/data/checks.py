@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ortlab.chat import ChatDataError, check_messages, from_pair
+from ortlab.data.columnar import column_chunks, distinct_values, hold_out, values_of
 from ortlab.data.columns import (
     SOURCE_NAMES,
     TARGET_NAMES,
@@ -24,22 +25,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from datasets import Dataset
 
     from ortlab.spec import DataSpec
-
-
-def arrow_column(ds: Dataset, column: str) -> Any:
-    """`column` as one Arrow array, in the dataset's row order (a split's or shuffle's indices taken in Arrow).
-
-    Why not `ds[column]`: in datasets 4+ that is a lazy column whose iteration fetches one row at a time, which
-    spent about a minute of `ortlab train`'s start on a 400,000-row CSV before any model loaded; datasets' own
-    Arrow-formatted read through indices took 3 s for one column of 360,000 rows, Arrow's `take` 0.1 s."""
-    values = ds.data.column(column)
-    indices = getattr(ds, "_indices", None)
-    return values if indices is None else values.take(indices.column(0))
-
-
-def values_of(ds: Dataset, column: str) -> list:
-    """Every value of `column` as Python objects (`arrow_column`, then one conversion)."""
-    return arrow_column(ds, column).to_pylist()
 
 
 def check_chat(raw: dict[str, Dataset], spec: DataSpec) -> dict[str, str | None] | None:
@@ -144,7 +129,13 @@ def check_seq2seq(raw: dict[str, Dataset], spec: DataSpec) -> tuple[str, str]:
         for role, col in (("source_column", source), ("target_column", target)):
             if col not in ds.column_names:
                 raise DataError(f"data.{role}: the {split!r} split has no column {col!r} (it has {ds.column_names})")
-            missing = [i for i, v in enumerate(values_of(ds, col)) if v is None]
+            missing = [
+                start + i
+                for start, chunk in column_chunks(ds, col)
+                if chunk.null_count
+                for i in range(len(chunk))
+                if not chunk[i].is_valid
+            ]
             if missing:
                 raise DataError(
                     f"data.{role}: {len(missing)} row(s) of the {split!r} split have no {col!r} (first: row "
@@ -159,16 +150,8 @@ def label_names(train: Dataset, label: str, task: str) -> list[str]:
     names = getattr(feature, "names", None) or getattr(getattr(feature, "feature", None), "names", None)
     if names:
         return list(names)
-    # The distinct values decide everything below: taken in Arrow, so 400,000 rows of two labels are two values.
-    import pyarrow as pa
-
-    column = arrow_column(train, label)
-    is_list = pa.types.is_list(column.type) or pa.types.is_large_list(column.type)
-    try:
-        values = (column.combine_chunks().flatten() if is_list else column).unique().to_pylist()
-        values = [values] if is_list else values  # one "row" holding every tag: the checks below see the same tags
-    except (pa.ArrowNotImplementedError, pa.ArrowInvalid):  # a type Arrow cannot take distinct values of
-        values = column.to_pylist()
+    # The distinct values decide everything below: 400,000 rows of two labels are two values.
+    values = distinct_values(train, label)
     if task == "token-classification":
         if not all(isinstance(v, list) for v in values):
             raise DataError(f"data.label_column: token classification needs a list of tags per row in {label!r}")
@@ -242,8 +225,7 @@ def load_and_check(spec: DataSpec, task: str, seed: int) -> Prepared:
     else:
         if len(train) < 2:
             raise DataError("data.source: need at least 2 rows to hold some out for evaluation")
-        split = train.train_test_split(test_size=spec.eval_fraction, seed=seed)
-        train, evaluation = split["train"], split["test"]
+        train, evaluation = hold_out(train, spec.eval_fraction, seed)
     if spec.max_train_samples:
         train = train.shuffle(seed=seed).select(range(min(spec.max_train_samples, len(train))))
     if spec.max_eval_samples:
@@ -332,29 +314,40 @@ def _check_values(ds: Dataset, split: str, task: str, **columns: str | None) -> 
     for role, col in columns.items():
         if col is None or col not in ds.column_names:
             continue
-        # Counted in Arrow (nulls, trimmed lengths), not over Python objects: 4M rows in a fraction of a second.
-        values = arrow_column(ds, col)
-        total = len(values)
-        if values.null_count:
-            first = pc.index(pc.is_null(values), True).as_py()
+        # Counted in Arrow (nulls, trimmed lengths), not over Python objects: 4M rows in a fraction of a second;
+        # a chunk at a time (`column_chunks`), so memory stays flat however long the column is.
+        total = nulls = empty = 0
+        first = None
+        count_empty = not (role == "label" or (role == "text" and task == "causal-lm"))
+        for start, values in column_chunks(ds, col):
+            total += len(values)
+            if values.null_count:
+                if first is None:
+                    first = start + pc.index(pc.is_null(values), True).as_py()
+                nulls += values.null_count
+            elif count_empty and not nulls:
+                empty += _empty_count(values, pa, pc)
+        if nulls:
             raise DataError(
-                f"data.{role}_column: {values.null_count} of {total} row(s) of the {split!r} split have no {col!r} "
+                f"data.{role}_column: {nulls} of {total} row(s) of the {split!r} split have no {col!r} "
                 f"(first: row {first}); fill or drop those rows"
             )
-        if role == "label" or (role == "text" and task == "causal-lm"):
-            continue  # raw text for a causal LM has blank lines between paragraphs: they are skipped
-        kind = values.type
-        if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-            empty = pc.sum(pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(values)), 0)).as_py() or 0
-        elif pa.types.is_list(kind) or pa.types.is_large_list(kind):
-            empty = pc.sum(pc.equal(pc.list_value_length(values), 0)).as_py() or 0
-        else:
-            empty = sum(1 for v in values.to_pylist() if (not v.strip() if isinstance(v, str) else not v))
-        if total and empty * 2 > total:
+        if count_empty and total and empty * 2 > total:
             raise DataError(
                 f"data.{role}_column: {empty} of {total} rows of the {split!r} split have an empty {col!r}, "
                 f"so the model would learn from nothing; is {col!r} the right column? (set data.{role}_column)"
             )
+
+
+def _empty_count(values: Any, pa: Any, pc: Any) -> int:
+    """Rows of an Arrow chunk (with no nulls) that hold blank text or an empty list. Raw text for a causal LM has
+    blank lines between paragraphs: those are not counted (the caller skips that column)."""
+    kind = values.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return pc.sum(pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(values)), 0)).as_py() or 0
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return pc.sum(pc.equal(pc.list_value_length(values), 0)).as_py() or 0
+    return sum(1 for v in values.to_pylist() if (not v.strip() if isinstance(v, str) else not v))
 
 
 def _check_labels_known(ds: Dataset, label: str, task: str, names: list[str], where: str) -> None:
@@ -365,7 +358,7 @@ def _check_labels_known(ds: Dataset, label: str, task: str, names: list[str], wh
     """
     feature = ds.features[label]
     class_names = getattr(feature, "names", None) or getattr(getattr(feature, "feature", None), "names", None)
-    values = values_of(ds, label)
+    values = distinct_values(ds, label)  # a chunk at a time: an eval split may be large too
     flat = [t for row in values for t in row] if task == "token-classification" else values
     if class_names:  # ClassLabel: integer ids into the names
         unknown = sorted({v for v in flat if v is not None and not (0 <= int(v) < len(names)) and v != -100})

@@ -18,6 +18,7 @@ from ortlab.accel.mix import resolve
 from ortlab.adapters import apply_lora, parameter_counts
 from ortlab.chat import generations_callback, prompts_for
 from ortlab.data import Prepared, collator, tokenize
+from ortlab.data.shards import for_process
 from ortlab.fit import fitted
 from ortlab.runfolder.rundir import RunDir
 from ortlab.scores import argmax_logits, compute_metrics_for
@@ -104,10 +105,14 @@ def build_trainer(
     args = training_arguments(spec, run, progress, choice)
     # Lazy rows keep their raw columns until the transform gives the model's inputs: none to remove.
     args.remove_unused_columns = not prepared.lazy
+    train_ds = loaded.train_ds
+    if prepared.streamed:  # each process reads its own rows of the stream (ortlab.data.shards)
+        held_out = spec.data.eval_split is None  # the stream starts after the eval rows it held out
+        train_ds = for_process(train_ds, args.process_index, args.world_size, held_out)
     trainer = trainer_class(
         model=loaded.model,
         args=args,
-        train_dataset=loaded.train_ds,
+        train_dataset=train_ds,
         eval_dataset=loaded.eval_ds,
         data_collator=loaded.collate,
         processing_class=loaded.tokenizer,

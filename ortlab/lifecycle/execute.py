@@ -224,19 +224,17 @@ def _auto_mix(loaded: Loaded, run: RunDir, model_path: str, log: Callable[[str],
 
     spec, prepared = loaded.spec, loaded.prepared
     rank0 = int(os.environ.get("RANK", "0")) == 0
-    if prepared.streamed:  # a stream has no length to plan steps from, nor rows to draw measuring batches from
-        choice, result, why = None, None, "not measured: the data is streamed; the conservative default applies"
-    else:
-        choice, result, why = decide(
-            spec,
-            model_path=model_path,
-            label_names=prepared.label_names,
-            train_dataset=loaded.train_ds,
-            collate=loaded.collate,
-            progress=log,
-            log_dir=run.path / "logs",
-            model=loaded.model,
-        )
+    # (a stream's measuring batches are its head: the first batches the run trains on, `tune.batches_from`)
+    choice, result, why = decide(
+        spec,
+        model_path=model_path,
+        label_names=prepared.label_names,
+        train_dataset=loaded.train_ds,
+        collate=loaded.collate,
+        progress=log,
+        log_dir=run.path / "logs",
+        model=loaded.model,
+    )
     resolved = resolve(spec.accel, choice)
     auto = {f: getattr(resolved, f) for f in spec.accel.auto_fields()}
     if rank0:

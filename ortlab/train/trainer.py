@@ -20,7 +20,8 @@ loop, broke with each transformers release, and was removed):
 What really applied is verified after the first step and at the end (`trainer.accelerations`), written next to
 each saved model (`ortlab_accelerations.json`) and to the metrics stream, and every acceleration that was asked
 for but did not apply is reported with a warning and an error log line. That bookkeeping overrides nothing of
-Trainer and lives in `ortlab.train.applied` (mixed in); this module holds the seams. `AccelerationNotApplied`
+Trainer and lives in `ortlab.train.applied` (mixed in); this module holds the seams, and `ortlab.train.shards` the
+training loader of a stream already split per process (`get_train_dataloader`). `AccelerationNotApplied`
 and `ACCELERATIONS_FILE` are importable from here as before.
 """
 
@@ -37,6 +38,7 @@ from ortlab.train import compat
 from ortlab.train.applied import ACCELERATIONS_FILE, AccelerationNotApplied, VerifiesAccelerations
 from ortlab.train.args import ORT_FUSED, ORTTrainingArguments
 from ortlab.train.metrics import JsonLinesSink, StepMetricsCallback
+from ortlab.train.shards import OwnShardLoader
 
 # The names scripts import from here; the warning and the file name are defined with the verification.
 __all__ = ["ACCELERATIONS_FILE", "EVALUATE_ON", "AccelerationNotApplied", "ORTTrainer"]
@@ -44,7 +46,7 @@ __all__ = ["ACCELERATIONS_FILE", "EVALUATE_ON", "AccelerationNotApplied", "ORTTr
 EVALUATE_ON = "PyTorch (ORTModule trains; evaluate, predict and generate run the same weights in PyTorch)"
 
 
-class ORTTrainer(VerifiesAccelerations, Trainer):
+class ORTTrainer(VerifiesAccelerations, OwnShardLoader, Trainer):
     """Drop-in for Optimum's `ORTTrainer`: `ORTTrainer(model=..., args=ORTTrainingArguments(...), ...,
     feature="sequence-classification")`.
 

@@ -27,16 +27,17 @@ BATCHES = WARMUP_STEPS + MAX_ROUNDS * SLICE_STEPS
 
 
 def batches_from(dataset: Any, collate: Callable, batch_size: int, seed: int, n: int = BATCHES) -> list[dict]:
-    """The first `n` batches a seeded shuffle of the run's own training data gives (its real lengths)."""
+    """The first `n` batches a seeded shuffle of the run's own training data gives (its real lengths).
+
+    A stream (streamed data: an IterableDataset, no length) gives its head instead: the first `n` batches the run
+    itself trains on, already in the run's seeded buffer-shuffled order. A DataLoader cannot shuffle a stream, and
+    drawing from further in would read what streaming is there to leave unread."""
     import torch
 
-    loader = torch.utils.data.DataLoader(
-        dataset,
-        batch_size=batch_size,
-        shuffle=True,
-        generator=torch.Generator().manual_seed(seed),
-        collate_fn=collate,
+    order = (
+        {} if not hasattr(dataset, "__len__") else {"shuffle": True, "generator": torch.Generator().manual_seed(seed)}
     )
+    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, collate_fn=collate, **order)
     out: list[dict] = []
     for batch in loader:
         out.append({k: v for k, v in dict(batch).items() if hasattr(v, "shape")})
@@ -45,10 +46,12 @@ def batches_from(dataset: Any, collate: Callable, batch_size: int, seed: int, n:
     return out
 
 
-def planned_steps(spec: Any, train_rows: int) -> int:
+def planned_steps(spec: Any, train_rows: int | None) -> int:
+    """The optimizer steps a run of `spec` takes: hyper.max_steps, else the epochs over `train_rows` (a stream,
+    `train_rows` None, always has max_steps: `ortlab.fit` refuses one without)."""
     h = spec.hyper
-    if h.max_steps:
-        return h.max_steps
+    if h.max_steps or train_rows is None:
+        return h.max_steps or 0
     per_epoch = math.ceil(train_rows / (h.batch_size * h.gradient_accumulation_steps * spec.target.processes))
     return math.ceil(per_epoch * h.epochs)
 
@@ -86,7 +89,7 @@ def decide(
             return None, None, why
         rest = "ort, fused_adam: the default (adapter runs are not tuned)"
         return _probed(spec, model, model_path, train_dataset, collate, progress, rest)
-    steps = planned_steps(spec, len(train_dataset))
+    steps = planned_steps(spec, len(train_dataset) if hasattr(train_dataset, "__len__") else None)
     measure = a.tune == "measure" or steps >= AUTO_MIN_STEPS
     batches = batches_from(train_dataset, collate, spec.hyper.batch_size, spec.seed)
     result = tune_batches(

@@ -259,7 +259,9 @@ class SpecForm:
         preview = [{k: str(v)[:80] for k, v in row.items()} for row in info.rows]
         labels = f", labels: {', '.join(map(str, info.label_names[:12]))}" if info.label_names else ""
         # Split, column and label names come from the data: escaped, like every value in the preview table.
+        splits = {k: "size unknown" if v is None else v for k, v in info.splits.items()}
+        note = f"<br><small>{html.escape(info.note)}</small>" if info.note else ""  # a large source: a head read
         self.data_preview.value = (
-            f"<small>{html.escape(f'splits {info.splits}; columns {info.columns}{labels}; proposed task ')}"
-            f"<b>{html.escape(str(p['task']))}</b></small>" + table_html(preview)
+            f"<small>{html.escape(f'splits {splits}; columns {info.columns}{labels}; proposed task ')}"
+            f"<b>{html.escape(str(p['task']))}</b></small>{note}" + table_html(preview)
         )
