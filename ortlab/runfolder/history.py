@@ -39,7 +39,9 @@ class History:
     points: int = 0
 
 
-def _as_float(value: Any) -> float | None:
+def as_float(value: Any) -> float | None:
+    """A chart's number: a float from an int or a float (not a bool), None for anything else or an integer too
+    large for a float. The live path and the history share it, so both draw the same points."""
     kind = type(value)
     if kind is float:
         return value
@@ -80,12 +82,12 @@ def read_history(
                 last.pop(event, None)  # (re-inserted: `last` is ordered by when each event was last seen)
                 last[event] = record
             continue
-        x = _as_float(record.get("step"))
+        x = as_float(record.get("step"))
         if x is None:
             continue
         for name_, xs, ys in cols:
             y = record.get(name_)
-            if type(y) is not float and (y := _as_float(y)) is None:  # (the check inline: it runs per point)
+            if type(y) is not float and (y := as_float(y)) is None:  # (the check inline: it runs per point)
                 continue
             if not xs:
                 series[(event, name_)] = (xs, ys)  # in the order of each curve's first point

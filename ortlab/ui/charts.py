@@ -33,7 +33,7 @@ import ipywidgets as widgets
 
 from ortlab.runfolder import events
 from ortlab.runfolder.downsample import LiveSeries
-from ortlab.runfolder.history import History, read_history
+from ortlab.runfolder.history import History, as_float, read_history
 from ortlab.runfolder.stream import RunSummary
 from ortlab.ui.display import RefreshedDisplay
 from ortlab.ui.summary import run_label, static_summary
@@ -197,8 +197,8 @@ class RunMonitor(RefreshedDisplay, widgets.VBox):
         if event in _RELABEL:
             self._relabel(run_id, record)
             return
-        step = record.get("step")
-        if step is None:
+        step = as_float(record.get("step"))
+        if step is None:  # (as a history is read: a string or a huge step is no point, not a crash)
             return
         points: list[tuple[str, str, Any]] = []
         if event == events.STEP:
@@ -207,7 +207,7 @@ class RunMonitor(RefreshedDisplay, widgets.VBox):
             points = [("loss", "eval", record["eval_loss"])]
         with self._lock:
             for panel, kind, value in points:
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                if (value := as_float(value)) is not None:
                     index = self._trace(run_id, panel, kind)
                     series = self._series.get(index)
                     if series is None:
@@ -295,7 +295,7 @@ class RunMonitor(RefreshedDisplay, widgets.VBox):
 
     def _set_status(self) -> None:
         parts = []
-        for run in self._runs.values():
+        for run in list(self._runs.values()):  # (a copy: add_run may add one from another thread meanwhile)
             try:
                 state = run.state
             except Exception:  # a run folder removed under us: show it, do not break the monitor
