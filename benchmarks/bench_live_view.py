@@ -16,6 +16,14 @@ What is measured, in this process (no browser, no kernel: the kernel side only):
 - server: `metrics_since` (the metrics route's work, without HTTP) from offset 0 of the N-step run, page after page
   until caught up, with max_points: total time, pages, answer bytes and step records sent; and without a bound
   (max_points at its limit, 20,000 a page) for comparison.
+- opening: on the longest run, interleaved twice, in CPU seconds of this process (a shared machine's load inflates
+  wall time several-fold, CPU time far less): the careful parse of every line against the stream's fast one, and
+  the charts opened from the history in one pass against one record at a time through the live path.
+- many runs (`--many-runs` finished runs of `--many-steps` steps, plus one live run growing 2 steps a refresh, in
+  one runs folder): the list route until no row is catching up, every run's sparkline read from offset 0 at 200
+  points, then per refresh the list and the live run's new metrics; the workbench's comparison opened (`reattach`:
+  every run's charts and the table) and refreshed (the live run's records drawn, the table rebuilt).
+- `load_average_before_after`: the 1/5/15-minute load averages at the start and the end.
 
 Results go to benchmarks/results/live-view-<date>.json.
 """
@@ -133,7 +141,7 @@ def bench_route(run, max_points: int) -> dict:
     from ortlab import safeio
     from ortlab.server.runs import metrics_since
 
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     offset, pages, size, sent = 0, 0, 0, 0
     while True:
         answer = metrics_since(run.dir, offset, max_points)
@@ -146,6 +154,7 @@ def bench_route(run, max_points: int) -> dict:
     return {
         "max_points": max_points,
         "total_s": round(time.perf_counter() - started, 3),
+        "total_cpu_s": round(time.process_time() - cpu, 3),  # (with the JSON encoding of the answers)
         "pages": pages,
         "payload_bytes": size,
         "steps_sent": sent,
