@@ -1,6 +1,7 @@
 """benchmarks/bench_live_view.py runs end to end in its --smoke mode (100 and 1,000 steps, in process) and writes the
-JSON the committed results have; what it measures must also hold: a refresh's points bounded by the charts'
-max_points, the unbounded path sending more on the longer run, the route's max_points honoured."""
+JSON the committed results have, the opening and many-runs cases included; what it measures must also hold: a
+refresh's points bounded by the charts' max_points, the unbounded path sending more on the longer run, the route's
+max_points honoured."""
 
 from __future__ import annotations
 
@@ -29,3 +30,8 @@ def test_the_live_view_benchmark_writes_its_report(tmp_path, monkeypatch):
     route = report["route"]["1000"]
     assert route["sidebar_200"]["steps_sent"] <= 200 < route["at_limit"]["steps_sent"] == 1000
     assert route["sidebar_200"]["payload_bytes"] < route["at_limit"]["payload_bytes"]
+    opening = report["opening_longest"]
+    assert all(len(opening[k]) == 2 and min(opening[k]) > 0 for k in opening)
+    many = report["many_runs"]
+    assert many["runs"] == 4 and many["sidebar"]["list_open_requests"] >= 1
+    assert many["sidebar"]["metrics_live_refresh_ms_p50"] > 0 and many["workbench"]["compare_open_cpu_s"] > 0

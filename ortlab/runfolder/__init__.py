@@ -2,6 +2,9 @@
 
     rundir.py    the folder itself: its files, the status machine, control requests (stop, pause), checkpoints
     stream.py    the metrics stream (metrics.jsonl): one bounded incremental reader and one fold (RunSummary)
+    lines.py     one metrics line to one record: the careful parse and its fast path for the common line
+    history.py   a run's history in one pass: the curves as float arrays, and its summary
+    downsample.py  fewer points that keep a curve's shape (min/max per bucket), for every chart
     events.py    the stream's event names, which its writers and readers share
     compare.py   runs side by side, from their summaries
 

@@ -29,7 +29,6 @@ appended since its last call (a replaced or cut file is read afresh).
 from __future__ import annotations
 
 import functools
-import json
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -39,6 +38,7 @@ from typing import Any
 
 from ortlab import safeio
 from ortlab.runfolder import events
+from ortlab.runfolder.lines import parse_line, parse_plain, plain_numbers
 
 METRICS_FILE = "metrics.jsonl"
 LINE_LIMIT = 2**20  # no record ortlab writes comes near this (a step is ~300 bytes, an `auto` table a few KiB)
@@ -61,29 +61,6 @@ class Skip:
 
     def to_dict(self) -> dict[str, Any]:
         return {"offset": self.offset, "length": self.length, "reason": self.reason}
-
-
-def _finite_float(text: str) -> float | None:
-    value = float(text)
-    return value if value - value == 0.0 else None  # inf - inf and nan - nan are nan
-
-
-# One decoder for every line: non-finite numbers become None (the writer writes null for them; a file from elsewhere
-# may not), so a record can be passed on as JSON without a second cleaning pass.
-_DECODER = json.JSONDecoder(parse_float=_finite_float, parse_constant=lambda _name: None)
-
-
-def parse_line(line: bytes) -> dict[str, Any] | str:
-    """One line's record, or why it is not one (a short reason)."""
-    try:
-        text = line.decode("utf-8")
-    except UnicodeDecodeError:
-        return "not UTF-8"
-    try:
-        record = _DECODER.decode(text)
-    except (ValueError, RecursionError):  # ValueError: not JSON, or an integer of thousands of digits
-        return "not JSON"
-    return record if isinstance(record, dict) else "not a JSON object"
 
 
 class MetricsStream:
@@ -180,18 +157,23 @@ class MetricsStream:
                 passing, start, self._passing_from = False, newline + 1, None
                 self.offset = pos + start
                 self._skip(passing_from, self.offset - 1 - passing_from, passing_why)
-            while (newline := buf.find(b"\n", start)) >= 0:
-                line_at, line = pos + start, buf[start:newline]
-                start = newline + 1
-                self.offset = pos + start
-                if len(line) > self.line_limit:
-                    self._skip(line_at, len(line), too_long)
-                    continue
-                record = parse_line(line)
-                if isinstance(record, str):
-                    self._skip(line_at, len(line), record)
-                else:
-                    yield record
+            end = buf.rfind(b"\n", start) + 1  # the complete lines are buf[start:end]
+            if end:
+                # The fast parse where no number in these lines can overflow a float (see `lines`): same records.
+                parse = parse_plain if plain_numbers(buf[start:end]) else parse_line
+                at = pos + start
+                for line in buf[start : end - 1].split(b"\n"):
+                    line_at, at = at, at + len(line) + 1
+                    self.offset = at
+                    if len(line) > self.line_limit:
+                        self._skip(line_at, len(line), too_long)
+                        continue
+                    record = parse(line)
+                    if isinstance(record, str):
+                        self._skip(line_at, len(line), record)
+                    else:
+                        yield record
+                start = end
             if len(buf) - start > self.line_limit:  # an unfinished line already too long: pass over it from here
                 passing, passing_from, passing_why = True, pos + start, too_long
                 self._passing_from = passing_from
@@ -212,6 +194,9 @@ def records(folder: str | os.PathLike, name: str = METRICS_FILE) -> Iterator[dic
 
 
 def _number(value: Any) -> float | int | None:
+    kind = type(value)
+    if kind is float or kind is int:  # what JSON gives, checked first: a history folds ~10 numbers a line
+        return value
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
@@ -233,8 +218,12 @@ def _accelerations(value: dict[str, Any]) -> dict[str, dict[str, bool]]:
 def _is_step(record: dict[str, Any]) -> bool:
     """A step record a throughput summary can use: ortlab writes these numbers on every step; a line without them
     (a damaged or hand-edited file) is left out rather than crashing every view of the run."""
-    return isinstance(record.get("step"), int) and all(
-        _number(record.get(k)) is not None for k in ("step_time_s", "samples", "tokens")
+    # (Spelled out, not all() over a generator: it runs for every step of a history.)
+    return (
+        isinstance(record.get("step"), int)
+        and _number(record.get("step_time_s")) is not None
+        and _number(record.get("samples")) is not None
+        and _number(record.get("tokens")) is not None
     )
 
 
@@ -266,7 +255,8 @@ class _Throughput:
 
     def add(self, r: dict[str, Any]) -> None:
         self.seen_step = True
-        self.steps = r["step"] if self.steps is None else max(self.steps, r["step"])
+        step = r["step"]
+        self.steps = step if self.steps is None else max(self.steps, step)
         t = r["step_time_s"]
         if self.segment_steps < self.warmup_steps:
             self.warm_n += 1
@@ -276,23 +266,25 @@ class _Throughput:
             self.steady_time += t
             self.steady_samples += r["samples"]
             self.steady_tokens += r["tokens"]
+            # The optional numbers (absent from most steps) are looked at only when present.
             for key, sums in (
                 ("mfu", self.mfu),
                 ("mfu_datasheet", self.mfu_datasheet),
                 ("model_tflops_per_s", self.tflops),
             ):
-                if _number(r.get(key)) is not None:
+                if key in r and _number(r[key]) is not None:
                     sums[0] += r[key] * t
                     sums[1] += t
-            self._add_workers(r.get("workers"))
+            if "workers" in r:
+                self._add_workers(r["workers"])
         self.segment_steps += 1
         self.final_loss = _number(r.get("loss"))
-        if _number(r.get("peak_mem_mb")) is not None:
-            self.peak_mem = r["peak_mem_mb"] if self.peak_mem is None else max(self.peak_mem, r["peak_mem_mb"])
+        if (mem := _number(r.get("peak_mem_mb"))) is not None:
+            self.peak_mem = mem if self.peak_mem is None else max(self.peak_mem, mem)
         kind = r.get("mem_kind")
         self.mem_kind = kind[:_MAX_TEXT] if isinstance(kind, str) else None
         for key in ("gpu_mem_step_peak_mb", "gpu_mem_reserved_mb"):
-            if _number(r.get(key)) is not None:
+            if key in r and _number(r[key]) is not None:
                 self.gpu_max[key] = max(self.gpu_max.get(key, r[key]), r[key])
 
     def _add_workers(self, workers: Any) -> None:
@@ -384,8 +376,8 @@ class RunSummary:
         self.records += 1
         event = r.get("event")
         if event == events.STEP:
-            if (step := _step_number(r.get("step"))) is not None:
-                self.step = max(self.step, step)
+            if (step := _step_number(r.get("step"))) is not None and step > self.step:
+                self.step = step
             self.loss, self.samples_per_s = _number(r.get("loss")), _number(r.get("samples_per_s"))
             if _is_step(r):
                 self._throughput.add(r)

@@ -91,14 +91,19 @@ class Run:
         return self.dir.result()
 
     def follow(
-        self, callback: Callable[[dict], None] | None = None, poll_s: float = 0.5, timeout: float | None = None
+        self,
+        callback: Callable[[dict], None] | None = None,
+        poll_s: float = 0.5,
+        timeout: float | None = None,
+        offset: int = 0,
     ) -> Iterator[dict[str, Any]]:
         """Every metrics record: those written so far, then new ones as they come, until the run ends.
 
-        Use as an iterator (`for r in run.follow()`), or pass `callback` and exhaust it (`list(...)`).
+        Use as an iterator (`for r in run.follow()`), or pass `callback` and exhaust it (`list(...)`). `offset`:
+        start after that byte of the metrics file (a view that read the history in one pass follows on from there).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        stream = MetricsStream(self.path)
+        stream = MetricsStream(self.path, offset)
         unreadable = _Unreadable(self)
         while True:
             # The run writes its last metrics before its final status: once the status says it ended, one more

@@ -18,8 +18,10 @@ Nothing here imports torch, tornado or jupyter: the benchmark and the tests driv
 
 from __future__ import annotations
 
+import math
 import os
 import threading
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,7 +51,12 @@ DRAWN = ("loss", "samples_per_s")
 
 
 def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except OverflowError:  # an integer too large for a float (a hand-made file): not a number to use
+        return None
 
 
 @dataclass
@@ -224,13 +231,28 @@ def parse_max_points(raw: str | None) -> int:
     return int(raw)
 
 
+def _column(records: list[dict[str, Any]], steps: list[int], name: str) -> array:
+    """One drawn number of the step records as floats, NaN where it is missing or not a number (NaN is never a
+    bucket's extreme, as None is not), so that `keep_indices` finds the extremes of finite buckets in C."""
+    out = array("d")
+    append = out.append
+    for i in steps:
+        value = records[i].get(name)
+        if type(value) is not float:
+            value = _number(value)
+            if value is None or value - value != 0.0:
+                value = math.nan
+        append(value)
+    return out
+
+
 def thin_steps(records: list[dict[str, Any]], max_points: int) -> tuple[list[dict[str, Any]], int]:
     """`records` with at most `max_points` step records (min and max of each DRAWN number per bucket, the first and
     the last step); every other record (eval, train_begin, ...) is kept. Returns them and the steps left out."""
     steps = [i for i, r in enumerate(records) if r.get("event") == events.STEP]
     if len(steps) <= max_points:
         return records, 0
-    keep = keep_indices([[records[i].get(name) for i in steps] for name in DRAWN], max_points)
+    keep = keep_indices([_column(records, steps, name) for name in DRAWN], max_points)
     kept = {steps[j] for j in keep}
     dropped = set(steps) - kept
     return [r for i, r in enumerate(records) if i not in dropped], len(dropped)

@@ -33,6 +33,7 @@ import ipywidgets as widgets
 
 from ortlab.runfolder import events
 from ortlab.runfolder.downsample import LiveSeries
+from ortlab.runfolder.history import History, as_float, read_history
 from ortlab.runfolder.stream import RunSummary
 from ortlab.ui.display import RefreshedDisplay
 from ortlab.ui.summary import run_label, static_summary
@@ -58,6 +59,8 @@ NEUTRAL_GRID = "rgba(128,128,128,0.25)"
 # Points drawn per curve: more than a panel's width in pixels (about 600), so downsampling loses nothing visible,
 # and few enough that a refresh's message and the browser's redraw stay small (1,000 points are ~20 kB of JSON).
 MAX_POINTS = 1000
+# The records that change a run's legend label (what applied).
+_RELABEL = (events.TRAIN_BEGIN, events.VERIFIED, events.TRAIN_END, events.ACCELERATION)
 
 
 def _figure() -> Any:
@@ -149,12 +152,34 @@ class RunMonitor(RefreshedDisplay, widgets.VBox):
             t.start()
             self._threads.append(t)
         else:
-            for record in run.dir.records():  # in bounded pieces, not the whole file at once
-                self.consume(run.id, record)
+            self._draw_history(run.id, self._read_history(run))
             self.flush()
 
+    def _read_history(self, run: Any) -> History:
+        """The run's records so far in one pass (`ortlab.runfolder.history`), folded into its summary."""
+        return read_history(run.path, [name for name, _ in PANELS], ["eval_loss"], summary=self.summaries[run.id])
+
+    def _draw_history(self, run_id: str, history: History) -> None:
+        """Draw a history read in one pass: each curve downsampled once, labelled as the live path would have left
+        it (from the latest record that relabels, with the folded summary's accelerations where it has none)."""
+        with self._lock:
+            for (event, name), (xs, ys) in history.series.items():
+                panel, kind = (name, "train") if event == events.STEP else ("loss", "eval")
+                index = self._trace(run_id, panel, kind)
+                series = self._series.get(index)
+                if series is None:
+                    series = self._series[index] = LiveSeries(self.max_points)
+                series.extend(xs, ys)
+                self._changed.add(index)
+                self.points_received += len(xs)
+        relabels = [r for e, r in history.last.items() if e in _RELABEL]
+        if relabels:
+            self._relabel(run_id, relabels[-1])
+
     def _follow(self, run: Any) -> None:
-        for record in run.follow(poll_s=0.3):
+        history = self._read_history(run)  # the history in one pass, then the live lines from where it ended
+        self._draw_history(run.id, history)
+        for record in run.follow(poll_s=0.3, offset=history.stream.offset):
             if self._stop.is_set():
                 return
             self.consume(run.id, record)
@@ -169,11 +194,11 @@ class RunMonitor(RefreshedDisplay, widgets.VBox):
         if summary is not None:
             summary.fold(record)
         event = record.get("event")
-        if event in (events.TRAIN_BEGIN, events.VERIFIED, events.TRAIN_END, events.ACCELERATION):
+        if event in _RELABEL:
             self._relabel(run_id, record)
             return
-        step = record.get("step")
-        if step is None:
+        step = as_float(record.get("step"))
+        if step is None:  # (as a history is read: a string or a huge step is no point, not a crash)
             return
         points: list[tuple[str, str, Any]] = []
         if event == events.STEP:
@@ -182,7 +207,7 @@ class RunMonitor(RefreshedDisplay, widgets.VBox):
             points = [("loss", "eval", record["eval_loss"])]
         with self._lock:
             for panel, kind, value in points:
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                if (value := as_float(value)) is not None:
                     index = self._trace(run_id, panel, kind)
                     series = self._series.get(index)
                     if series is None:
@@ -225,7 +250,12 @@ class RunMonitor(RefreshedDisplay, widgets.VBox):
         return self._traces[key]
 
     def _relabel(self, run_id: str, record: dict[str, Any]) -> None:
-        label = run_label(self._runs.get(run_id), run_id, record.get("accelerations"))
+        accelerations = record.get("accelerations")
+        summary = self.summaries.get(run_id)
+        if accelerations is None and summary is not None:
+            # The folded summary says what the run folder would (without reading the whole file again).
+            accelerations = summary.accelerations
+        label = run_label(self._runs.get(run_id), run_id, accelerations)
         with self._lock:
             for (rid, what), index in self._traces.items():
                 if rid == run_id:
@@ -265,7 +295,7 @@ class RunMonitor(RefreshedDisplay, widgets.VBox):
 
     def _set_status(self) -> None:
         parts = []
-        for run in self._runs.values():
+        for run in list(self._runs.values()):  # (a copy: add_run may add one from another thread meanwhile)
             try:
                 state = run.state
             except Exception:  # a run folder removed under us: show it, do not break the monitor
