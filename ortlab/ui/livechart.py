@@ -87,8 +87,9 @@ class LiveChart(anywidget.AnyWidget):
         return size
 
     def interval(self, fastest_s: float) -> float:
-        """Seconds until the next refresh: a refresh's cost (drawing plus the kernel's part) over `SHARE`."""
-        return min(MAX_INTERVAL_S, max(fastest_s, (self.render_s + self.kernel_s) / SHARE))
+        """Seconds until the next refresh: a refresh's cost (drawing plus the kernel's part) over `SHARE`, at most
+        `MAX_INTERVAL_S`, and never less than `fastest_s` (the monitor's `throttle_s`)."""
+        return max(fastest_s, min(MAX_INTERVAL_S, (self.render_s + self.kernel_s) / SHARE))
 
     def _on_message(self, _widget: Any, content: dict[str, Any], _buffers: list[Any]) -> None:
         kind = content.get("type") if isinstance(content, dict) else None
