@@ -327,6 +327,7 @@ def follow(browser, url: str, folder: Path, steps: int, seconds: float, rate: fl
         "refreshes": after["refreshes"] - before["refreshes"],
         "bytes_per_refresh": round((after["bytes"] - before["bytes"]) / refreshes, 1),
         "points_per_refresh": round((after["points"] - before["points"]) / refreshes, 2),
+        "steps_per_refresh": round((after["steps"] - before["steps"]) / refreshes, 2),
         "interval_s": round(after["interval_s"], 3),
         "kernel_ms_per_refresh": round(after["kernel_ms"], 3),
         **_render(render),

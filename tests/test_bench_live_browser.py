@@ -29,7 +29,7 @@ def test_the_live_browser_benchmark_writes_its_report(tmp_path, monkeypatch):
     follow = report["follow"]
     assert follow["render_refreshes"] > 0 and follow["render_ms_p50"] > 0  # timed in the browser, per refresh
     assert follow["refreshes"] > 0 and follow["steps_at_end"] > follow["steps_at_start"]
-    # 4 curves, each with the new points and the newest bucket's at most 3: not the 1,000 drawn a curve.
-    assert 0 < follow["points_per_refresh"] <= 4 * 8
+    # 4 curves, each with at most its new steps and the newest bucket's 3 points: not the curve's 1,000 drawn.
+    assert 0 < follow["points_per_refresh"] <= 4 * (follow["steps_per_refresh"] + 3) + 4
     assert 0.5 <= follow["interval_s"] <= 5.0
     assert follow["frames"] > 0
