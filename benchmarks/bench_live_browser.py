@@ -179,6 +179,7 @@ def wait_state(run_dir: Path, states: tuple[str, ...], timeout: float) -> str:
 def watched(browser, url: str, folder: Path, name: str, steps: int) -> dict:
     source = f"import ortlab\nwb = ortlab.Workbench(spec={run_spec(name, steps)!r}, root='runs')\nwb"
     page = browser.new_page(viewport={"width": 1400, "height": 1800})
+    page.set_default_timeout(180_000)  # a loaded 2-core machine: clicks wait on a busy page
     try:
         open_and_run(page, url, notebook(folder, name, source))
         launch = page.locator("button.ortlab-launch")
@@ -284,6 +285,7 @@ FRAMES_JS = """() => {
 
 def follow(browser, url: str, folder: Path, steps: int, seconds: float, rate: float) -> dict:
     page = browser.new_page(viewport={"width": 1400, "height": 1800})
+    page.set_default_timeout(180_000)  # a loaded 2-core machine: clicks wait on a busy page
     stats_path = folder / "follow-stats.json"
     try:
         opened = time.monotonic()
@@ -348,6 +350,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="1 round of 12-step runs, a 2,000-step follow: minutes")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--follow-first", action="store_true", help="the follow before the rounds")
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--follow-steps", type=int, default=100_000)
     parser.add_argument("--follow-s", type=float, default=60.0)
@@ -358,12 +361,51 @@ def main(argv: list[str] | None = None) -> dict:
     if not Path(CHROMIUM).exists():
         raise SystemExit("chromium is missing: run scripts/dev setup (it installs Debian's chromium)")
 
-    rounds = []
+    rounds: list[dict] = []
+    followed: dict = {}
+
+    def write() -> dict:
+        """The report as it stands: written after every round too, so that a run cut short leaves its rounds."""
+        ratios = [r["ratio"] for r in rounds]
+        report = {
+            "benchmark": "bench_live_browser",
+            "date": date.today().isoformat(),
+            "smoke": opts.smoke,
+            "what": "a run's steady samples/s launched from the workbench with its charts open in chromium "
+            "(JupyterLab on this machine) against the same spec launched with nothing watching, interleaved; and the "
+            "browser's drawing and frame times while a long run is followed",
+            "goal": "watched/unwatched >= 0.95",
+            "cpu": cpu_name(),
+            "cpu_count": os.cpu_count(),
+            "python": platform.python_version(),
+            "run": run_spec("<name>", opts.steps),
+            "rounds": rounds,
+            "ratio_mean": round(statistics.mean(ratios), 3) if ratios else None,
+            "follow": followed,
+        }
+        opts.out.parent.mkdir(parents=True, exist_ok=True)
+        opts.out.write_text(json.dumps(report, indent=2) + "\n")
+        return report
+
     with tempfile.TemporaryDirectory(prefix="ortlab-bench-browser-") as tmp:
         folder = Path(tmp)
         with start_lab(folder, TOKEN) as url, sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+
+            def follow_now() -> None:
+                print(f"[bench] following a {opts.follow_steps}-step run for {opts.follow_s:.0f} s ...", flush=True)
+                followed["load_before"] = load()
+                followed.update(follow(browser, url, folder, opts.follow_steps, opts.follow_s, rate=8.0))
+                followed["load_after"] = load()
+                write()
+                shot = folder / "follow.png"
+                if shot.exists():
+                    (ROOT / "test-artifacts").mkdir(exist_ok=True)
+                    shutil.copy(shot, ROOT / "test-artifacts" / "live-follow.png")
+
             try:
+                if opts.follow_first:
+                    follow_now()
                 for i in range(opts.rounds):
                     row = {"load_before": load()}
                     print(f"[bench] round {i + 1}: watched ...", flush=True)
@@ -374,36 +416,12 @@ def main(argv: list[str] | None = None) -> dict:
                     row["load_after"] = load()
                     print(f"[bench] {json.dumps(row)}", flush=True)
                     rounds.append(row)
-                print(f"[bench] following a {opts.follow_steps}-step run for {opts.follow_s:.0f} s ...", flush=True)
-                followed = {"load_before": load()}
-                followed.update(follow(browser, url, folder, opts.follow_steps, opts.follow_s, rate=8.0))
-                followed["load_after"] = load()
-                shot = folder / "follow.png"
-                if shot.exists():
-                    (ROOT / "test-artifacts").mkdir(exist_ok=True)
-                    shutil.copy(shot, ROOT / "test-artifacts" / "live-follow.png")
+                    write()
+                if not opts.follow_first:
+                    follow_now()
             finally:
                 browser.close()
-
-    ratios = [r["ratio"] for r in rounds]
-    report = {
-        "benchmark": "bench_live_browser",
-        "date": date.today().isoformat(),
-        "smoke": opts.smoke,
-        "what": "a run's steady samples/s launched from the workbench with its charts open in chromium (JupyterLab "
-        "on this machine) against the same spec launched with nothing watching, interleaved; and the browser's "
-        "drawing and frame times while a long run is followed",
-        "goal": "watched/unwatched >= 0.95",
-        "cpu": cpu_name(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "run": run_spec("<name>", opts.steps),
-        "rounds": rounds,
-        "ratio_mean": round(statistics.mean(ratios), 3) if ratios else None,
-        "follow": followed,
-    }
-    opts.out.parent.mkdir(parents=True, exist_ok=True)
-    opts.out.write_text(json.dumps(report, indent=2) + "\n")
+    report = write()
     print(f"written to {opts.out}")
     return report
 
