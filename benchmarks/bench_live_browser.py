@@ -137,7 +137,7 @@ class CpuMeter:
 
 def open_and_run(page, url: str, name: str) -> None:
     """Open a notebook in JupyterLab and run its cell once the kernel is idle."""
-    page.goto(f"{url}/lab/tree/{name}?token={TOKEN}", timeout=90_000)
+    page.goto(f"{url}/lab/tree/{name}?reset&token={TOKEN}", timeout=90_000)  # reset: no earlier tabs
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
     page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=120_000)
     page.click("text=Run >> nth=0")

@@ -36,10 +36,20 @@ function loadPlotly(model) {
   return globalThis.__ortlabPlotly;
 }
 
+// A curve longer than this is drawn as a line only: plotly draws each marker as its own SVG element, and redrawing
+// 4 x 1,000 of them was most of a refresh's drawing time; at that density the dots no longer show single points.
+const MARKERS_UP_TO = 300;
+
+function lineOnly(trace, length) {
+  if (length > MARKERS_UP_TO && trace.mode === "lines+markers") trace.mode = "lines";
+}
+
 function figure(model, gd) {
   const data = (model.get("traces") || []).map((style, i) => {
     const old = (gd.data || [])[i];
-    return { ...style, x: old ? old.x : [], y: old ? old.y : [] };
+    const trace = { ...style, x: old ? old.x : [], y: old ? old.y : [] };
+    lineOnly(trace, trace.x.length);
+    return trace;
   });
   return [data, { ...(model.get("layout") || {}), autosize: true }];
 }
@@ -79,6 +89,7 @@ async function render({ model, el }) {
         trace.x.length = keep; // drop the provisional tail (the unfinished bucket's points)
         trace.y.length = keep;
       }
+      lineOnly(trace, keep + xs.length); // before the redraw that extendTraces/restyle do
       into.x.push(xs);
       into.y.push(ys);
       into.traces.push(index);
