@@ -9,10 +9,13 @@ What is measured, in this process (no browser, no kernel: the kernel side only):
 - charts: a run folder with a synthetic metrics.jsonl of N steps (written by ortlab's own sink, the run-folder
   format) is opened in a `RunMonitor` (`open_s`: its history read and drawn), then `--refreshes` refreshes of 2 new
   steps each, as a live run brings them between two flushes: `refresh_ms` is the kernel's time for those records
-  and the flush (consume + flush, p50 and max), `bytes_per_refresh` the JSON of the trace data the flush hands to
-  the widget's comm (plotly's own encoder), `points_per_refresh` the points in it. `after` is the monitor as it
-  is (max_points=1000 per curve); `before` is the same code with no bound, which sends every point of every
-  changed curve each refresh, as the monitor did before (it rebuilt whole arrays from the figure's).
+  and the flush (consume + flush, p50 and max), `bytes_per_refresh` the JSON of the message of points the flush
+  hands to the live chart's comm (`LiveChart.send_points`: only the new points of each changed curve, and the
+  newest bucket's), `points_per_refresh` the points in it (both over the refreshes that only append);
+  `whole_curve_refreshes` those that sent a curve whole (a redraw when its length doubled past the bound: the 1,000-
+  step run's first refresh), `snapshot_points` what a view that opens is sent. (Before the live chart,
+  plotly's FigureWidget sent each changed curve whole: 9 kB / 47 kB / 63 kB a refresh at 100 / 10,000 / 100,000
+  steps, in live-view-2026-11-27.json.)
 - server: `metrics_since` (the metrics route's work, without HTTP) from offset 0 of the N-step run, page after page
   until caught up, with max_points: total time, pages, answer bytes and step records sent; and without a bound
   (max_points at its limit, 20,000 a page) for comparison.
@@ -46,8 +49,6 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from common import cpu_name  # noqa: E402
-
-UNBOUNDED = 10**9
 
 
 def write_run(root: Path, name: str, steps: int, inside: Path | None = None):
@@ -87,21 +88,17 @@ def step_record(step: int) -> dict:
     }
 
 
-def _plain(value):
-    return value.tolist() if hasattr(value, "tolist") else None
+def _wire(chart) -> list[tuple[int, int, bool]]:
+    """Per message of points the chart hands to its comm: (bytes as JSON, points, whether a curve went whole)."""
+    sizes: list[tuple[int, int, bool]] = []
+    send = chart.send_points
 
+    def recording(ops, snapshot=False):
+        size = send(ops, snapshot)
+        sizes.append((size, sum(len(xs) for _, _, xs, _ in ops), any(keep == 0 for _, keep, _, _ in ops)))
+        return size
 
-def _wire(figure) -> list[int]:
-    """Bytes of trace data per message the figure hands to its comm, as JSON (plotly's `Undefined` markers, which
-    the widget's serializer drops, count as null)."""
-    sizes: list[int] = []
-    update = figure._send_update_msg
-
-    def on_update(restyle_data, relayout_data, trace_indexes=None, source_view_id=None):
-        sizes.append(len(json.dumps(restyle_data or {}, default=_plain)))
-        return update(restyle_data, relayout_data, trace_indexes, source_view_id)
-
-    figure._send_update_msg = on_update
+    chart.send_points = recording
     return sizes
 
 
@@ -112,8 +109,8 @@ def bench_charts(run, steps: int, max_points: int, refreshes: int) -> dict:
     monitor = RunMonitor(throttle_s=3600, max_points=max_points)
     monitor.add_run(run, follow=False)
     open_s, open_cpu_s = time.perf_counter() - started, time.process_time() - cpu
-    sizes = _wire(monitor.figure)
-    times, points = [], []
+    sent = _wire(monitor.chart)
+    times = []
     step = steps
     for _ in range(refreshes):
         t = time.perf_counter()
@@ -122,9 +119,11 @@ def bench_charts(run, steps: int, max_points: int, refreshes: int) -> dict:
             monitor.consume(run.id, step_record(step))
         monitor.flush()
         times.append(time.perf_counter() - t)
-        points.append(monitor.last_points_sent)
+    snapshot = monitor._snapshot()  # what a view that opens now is sent
     monitor.close()
     ms = [x * 1000 for x in times]
+    appends = [(size, points) for size, points, whole in sent if not whole] or [(0, 0)]
+    sizes = [size for size, _ in appends]
     return {
         "open_s": round(open_s, 3),
         "open_cpu_s": round(open_cpu_s, 3),
@@ -132,7 +131,11 @@ def bench_charts(run, steps: int, max_points: int, refreshes: int) -> dict:
         "refresh_ms_max": round(max(ms), 3),
         "bytes_per_refresh_p50": int(statistics.median(sizes)),
         "bytes_per_refresh_max": max(sizes),
-        "points_per_refresh_max": max(points),
+        "points_per_refresh_max": max(points for _, points in appends),
+        # Refreshes that sent a curve whole (its length doubled past the bound): counted apart, with their size.
+        "whole_curve_refreshes": sum(1 for _, _, whole in sent if whole),
+        "whole_curve_bytes_max": max((size for size, _, whole in sent if whole), default=0),
+        "snapshot_points": sum(len(xs) for _, _, xs, _ in snapshot),
         "refreshes": refreshes,
     }
 
@@ -338,7 +341,6 @@ def main(argv: list[str] | None = None) -> dict:
             charts[str(steps)] = {
                 "metrics_mb": round(size / 2**20, 2),
                 "after": bench_charts(run, steps, MAX_POINTS, refreshes),
-                "before": bench_charts(run, steps, UNBOUNDED, refreshes),
             }
             route[str(steps)] = {
                 "default": bench_route(run, DEFAULT_MAX_POINTS),

@@ -76,3 +76,27 @@ def test_live_series_draws_every_point_while_it_fits():
         series.add(i, float(i))
     assert series.points() == ([float(i) for i in range(50)], [float(i) for i in range(50)])
     assert series.redraws == 0
+
+
+def test_take_gives_a_chart_only_what_changed_and_the_chart_matches_the_curve():
+    """A chart that applies each `take()` (keep the first `keep` points, append the rest) holds exactly what
+    `points()` would draw, at every step and across redraws; and, but for the refreshes right after a redraw, each
+    take carries the new finished points and a provisional tail of at most 3, however long the curve is."""
+    series = LiveSeries(bound=60)
+    chart_x: list[float] = []
+    chart_y: list[float] = []
+    sizes = []
+    for i in range(5_000):
+        series.add(i, math.cos(i / 30) * (1 + i % 7) + (50 if i == 3_333 else 0) + (math.nan if i == 777 else 0))
+        if i % 3 == 2:
+            redraws = series.redraws
+            keep, xs, ys = series.take()
+            assert keep <= len(chart_x)
+            del chart_x[keep:], chart_y[keep:]
+            chart_x += xs
+            chart_y += ys
+            assert (chart_x, chart_y) == series.points()
+            if keep and series.redraws == redraws:
+                sizes.append(len(xs))
+    assert max(sizes) <= 3 + 3  # 3 new points, at most 2 finished buckets' min and max... and the tail
+    assert max(chart_y) == max(y for y in series.full()[1] if not math.isnan(y)) > 40  # the spike is drawn

@@ -152,10 +152,10 @@ def test_monitor_draws_a_recorded_stream(tmp_path):
     monitor = RunMonitor(throttle_s=0.05)
     monitor.add_run(run, follow=False)
     train_loss = next(t for t in monitor.figure.data if t.name.endswith("(train)"))
-    eval_loss = next(t for t in monitor.figure.data if t.name.endswith("(eval)"))
-    assert len(train_loss.x) == 200
-    assert train_loss.y[0] == 1.0
-    assert list(eval_loss.x) == [50, 100, 150, 200]
+    assert any(t.name.endswith("(eval)") for t in monitor.figure.data)
+    xs, ys = monitor.drawn(run.id)
+    assert len(xs) == 200 and ys[0] == 1.0
+    assert monitor.drawn(run.id, "loss", "eval")[0] == [50, 100, 150, 200]
     assert "recorded [ort+fused_adam]" in train_loss.name  # the legend says what really applied
     assert len(monitor.figure.data) == 5  # 4 panels of train data + eval loss
     assert "recorded" in repr(monitor)
@@ -181,8 +181,7 @@ def test_live_updates_are_batched_and_throttled(tmp_path):
     # One message batch for the whole period instead of one per point: 800 points here.
     assert monitor.updates_sent == sent_before + 1
     assert monitor.points_received == 4 + 800
-    train_loss = next(t for t in monitor.figure.data if t.name.endswith("(train)"))
-    assert len(train_loss.x) == 201  # nothing dropped
+    assert len(monitor.drawn(run.id)[0]) == 201  # nothing dropped
     monitor.close()
 
     # The flusher sends a buffered point by itself, one throttle period later (no flush() called).
@@ -240,8 +239,7 @@ def test_a_new_workbench_finds_existing_runs(tmp_path):
     wb = Workbench(root=str(run.path.parent))
     assert wb.run_list.options == ("recorded",)
     assert "recorded" in wb.comparison.value
-    train_loss = next(t for t in wb.monitor.figure.data if t.name.endswith("(train)"))
-    assert len(train_loss.x) == 200  # a finished run's history is drawn at once
+    assert len(wb.monitor.drawn("recorded")[0]) == 200  # a finished run's history is drawn at once
     wb.monitor.close()
 
 
@@ -337,7 +335,7 @@ def test_gpu_panels_are_drawn_only_for_runs_that_have_gpu_numbers(tmp_path):
     assert layout.yaxis6.visible is True and layout.yaxis5.visible is False
     assert layout.yaxis6.domain[0] == 0.0 and layout.yaxis3.domain[0] > 0.0
     memory = [t for t in monitor.figure.data if t.xaxis == "x6"]
-    assert [t.legendgroup for t in memory] == ["gpu"] and list(memory[0].y) == [2048.0] * 3
+    assert [t.legendgroup for t in memory] == ["gpu"] and monitor.drawn("gpu", "gpu_mem_reserved_mb")[1] == [2048.0] * 3
     monitor.close()
 
 
@@ -558,57 +556,121 @@ def test_the_widgets_take_choices_defaults_and_tooltips_from_the_spec_schema(rew
 # --- the live view's cost per refresh does not grow with the run -------------------------------------------------
 
 
-def _count_sent(figure) -> list[int]:
-    """Wrap the figure's messages to the front end; the list gets, per message, how many numbers its trace data
-    carried (what the comm sends and the browser redraws)."""
-    counts: list[int] = []
+def _messages(chart) -> list[dict]:
+    """Record every message the chart's widget sends to the browser (the comm's content, as it goes out)."""
+    sent: list[dict] = []
+    send = chart.send
 
-    def numbers(data: dict) -> int:
-        return sum(len(v) for values in data.values() for v in values if isinstance(v, (list, tuple)))
+    def recording(content, buffers=None):
+        sent.append(content)
+        return send(content, buffers)
 
-    update, restyle = figure._send_update_msg, figure._send_restyle_msg
-
-    def on_update(restyle_data, relayout_data, trace_indexes=None, source_view_id=None):
-        counts.append(numbers(restyle_data or {}))
-        return update(restyle_data, relayout_data, trace_indexes, source_view_id)
-
-    def on_restyle(restyle_data, trace_indexes=None, source_view_id=None):
-        counts.append(numbers(restyle_data or {}))
-        return restyle(restyle_data, trace_indexes, source_view_id)
-
-    figure._send_update_msg, figure._send_restyle_msg = on_update, on_restyle
-    return counts
+    chart.send = recording
+    return sent
 
 
-@pytest.mark.parametrize("steps", [60, 6_000])
-def test_points_sent_per_refresh_are_bounded_whatever_the_run_length(tmp_path, steps):
+def _refreshes(monitor, run, first_step: int, count: int) -> list[tuple[dict, int]]:
+    """`count` refreshes of 2 new steps each, as a live run brings them between two flushes: each refresh's message
+    and its size in bytes (JSON, as the comm carries it)."""
+    import json
+
+    sent = _messages(monitor.chart)
+    out = []
+    for step in range(first_step, first_step + 2 * count):
+        record = {"event": "step", "step": step, "loss": 0.01, "samples_per_s": 9.0, "step_time_s": 0.5}
+        monitor.consume(run.id, {**record, "peak_mem_mb": 900.0})
+        if (step - first_step) % 2 == 1:
+            monitor.flush()
+            (message,) = sent[-1:]
+            out.append((message, len(json.dumps(message, separators=(",", ":")))))
+    return out
+
+
+def test_a_refresh_sends_only_the_new_points_whatever_the_run_length(tmp_path):
+    """The kernel side of "only new points travel": a refresh of 2 new steps carries, per curve, the points to
+    append and how many the browser keeps, and its size is the same for a 60-step run and a 6,000-step one (but
+    for the refresh that redraws a curve whose length doubled, which must be rare). The drawn curve stays true."""
     from ortlab.ui import RunMonitor
 
     bound = 100
-    run = recorded_run(tmp_path, steps=steps)
-    monitor = RunMonitor(throttle_s=3600, max_points=bound)
+    sizes, points = {}, {}
+    for steps in (60, 6_000):
+        run = recorded_run(tmp_path, steps=steps, name=f"run-{steps}")
+        monitor = RunMonitor(throttle_s=3600, max_points=bound)
+        monitor.add_run(run, follow=False)
+        refreshes = _refreshes(monitor, run, steps + 1, 40)
+        assert len(refreshes) == 40 and all(m["type"] == "points" for m, _ in refreshes)
+        appends = [(m, size) for m, size in refreshes if all(keep > 0 for _, keep, _, _ in m["ops"])]
+        assert len(appends) >= 38, "a whole curve was sent more than once per doubling"
+        # 4 curves (loss, samples/s, step time, memory), each: 2 new points (or a finished bucket's min and max)
+        # and the unfinished bucket's min, max and last point.
+        for message, _ in appends:
+            assert len(message["ops"]) == 4
+            assert all(len(xs) == len(ys) <= 2 + 3 for _, _, xs, ys in message["ops"])
+        sizes[steps] = max(size for _, size in appends)
+        points[steps] = max(sum(len(xs) for _, _, xs, _ in m["ops"]) for m, _ in appends)
+        # What the browser holds after applying every message is what the kernel says is drawn.
+        xs, ys = monitor.drawn(run.id)
+        assert len(xs) <= bound + 3 and ys[0] == 1.0 and xs[-1] == steps + 80
+        if steps > bound:
+            assert max(ys) == 1.0 and min(ys) == 1 / steps  # the envelope survives the buckets
+            full_x, _ = monitor.series(run.id, "loss")
+            assert len(full_x) == steps + 80  # every point, for an export
+        monitor.close()
+    assert points[6_000] <= points[60] + 4
+    # Same number of points; the step numbers have more digits: a few bytes, not a curve's worth.
+    assert sizes[6_000] <= sizes[60] + 200, sizes
+
+
+def test_a_view_that_opens_gets_every_curve_once_then_appends(tmp_path):
+    """A browser view asks for a snapshot when it opens: each curve whole (bounded), after which appends fit."""
+    from ortlab.ui import RunMonitor
+
+    run = recorded_run(tmp_path, steps=500)
+    monitor = RunMonitor(throttle_s=3600, max_points=100)
     monitor.add_run(run, follow=False)
-    counts = _count_sent(monitor.figure)
-    refreshes = []
-    for step in range(steps + 1, steps + 41):  # 40 refreshes of 2 new steps each, as a live run brings them
-        record = {"event": "step", "step": step, "loss": 0.01, "samples_per_s": 9.0, "step_time_s": 0.5}
-        monitor.consume(run.id, {**record, "peak_mem_mb": 900.0})
-        if step % 2 == 0:
-            monitor.flush()
-            refreshes.append(monitor.last_points_sent)
-    assert len(counts) == 20
-    # 4 curves (loss, samples/s, step time, memory), each at most bound + 3 points (x and y: twice the numbers).
-    assert max(refreshes) <= 4 * (bound + 3)
-    assert max(counts) <= 2 * 4 * (bound + 3)
-    if steps <= bound:
-        return
-    # The long run: every point is still there, in the kernel and in the run folder, for an export.
-    xs, ys = monitor.series(run.id, "loss")
-    assert len(xs) == steps + 40 and ys[0] == 1.0 and xs[-1] == steps + 40
-    assert sum(1 for r in run.dir.records() if r.get("event") == "step") == steps
-    train_loss = next(t for t in monitor.figure.data if t.name.endswith("(train)"))
-    assert len(train_loss.x) <= bound + 3 and train_loss.y[0] == 1.0  # drawn: bounded, from the first point
-    assert max(train_loss.y) == 1.0 and min(train_loss.y) == 1 / steps  # the envelope survives the buckets
+    sent = _messages(monitor.chart)
+    monitor.chart._on_message(monitor.chart, {"type": "snapshot"}, [])
+    (snapshot,) = sent
+    assert snapshot["snapshot"] is True and all(keep == 0 for _, keep, _, _ in snapshot["ops"])
+    held = {index: (list(xs), list(ys)) for index, _, xs, ys in snapshot["ops"]}
+    assert all(len(xs) <= 103 for xs, _ in held.values()) and len(held) == len(monitor.figure.data)
+    for step in range(501, 521):
+        monitor.consume(run.id, {"event": "step", "step": step, "loss": 0.5})
+        monitor.flush()
+    for message in sent[1:]:
+        for index, keep, xs, ys in message["ops"]:
+            assert keep <= len(held[index][0])
+            held[index] = (held[index][0][:keep] + xs, held[index][1][:keep] + ys)
+    loss = next(i for i, t in enumerate(monitor.figure.data) if t.name.endswith("(train)"))
+    assert held[loss] == monitor.drawn(run.id)
+    # The browser's reports of its drawing time space the refreshes: 0.5 s fastest, slower for a slow browser.
+    chart = monitor.chart
+    assert chart.interval(0.5) == 0.5
+    for _ in range(20):
+        chart._on_message(chart, {"type": "rendered", "ms": 40.0}, [])
+    assert 1.4 < chart.interval(0.5) <= 5.0  # 40 ms of drawing is 2.5 % of a core at 1.6 s
+    chart._on_message(chart, {"type": "rendered", "ms": "a lot"}, [])  # ignored, not an error
+    monitor.close()
+
+
+def test_the_chart_loads_plotly_js_from_the_installed_package_and_escapes_legends(tmp_path):
+    from ortlab.ui import RunMonitor
+
+    run = recorded_run(tmp_path, steps=3)
+    monitor = RunMonitor()
+    monitor.add_run(run, follow=False)
+    # An acceleration's name comes from the run's metrics file: hostile, and plotly draws legends as HTML.
+    monitor.consume(run.id, {"event": "train_end", "accelerations": {"<b>x</b>&": {"applied": True}}})
+    monitor.flush()
+    sent = []
+    monitor.chart.send = lambda content, buffers=None: sent.append((content, buffers))
+    monitor.chart._on_message(monitor.chart, {"type": "plotly"}, [])
+    ((content, (source,)),) = sent
+    assert content == {"type": "plotly"} and b"plotly.js v" in source[:200] and len(source) > 1_000_000
+    names = [t["name"] for t in monitor.chart.traces]
+    assert names and all("[&lt;b&gt;x&lt;/b&gt;&amp;]" in n and "<b>" not in n for n in names)
+    assert "extendTraces" in monitor.chart._esm and "http" not in monitor.chart._esm  # nothing from the network
     monitor.close()
 
 

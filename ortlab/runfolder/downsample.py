@@ -106,6 +106,10 @@ class LiveSeries:
     again. So a redraw (work in the run's length) happens only each time the length doubles, and adding a point
     costs O(1) amortized: a refresh's work depends on `bound`, not on how long the run is.
 
+    The unfinished bucket keeps its running minimum and maximum (not its points): its min, max and last point are
+    drawn provisionally, and reading them costs the same whether the bucket holds 1 point or 400. `take()` gives a
+    chart only what changed since it last asked: the finished points it lacks and the provisional tail.
+
     The full series is kept (compact `array`s) for those redraws and for `full()`; the run folder keeps it anyway.
     """
 
@@ -117,10 +121,14 @@ class LiveSeries:
         self.ys: Any = array("d")
         self._drawn_x: list[float] = []
         self._drawn_y: list[float] = []
-        self._bucket: list[int] = []  # indices into xs/ys of the unfinished bucket
         self._k = 1  # points per bucket (1: every point is drawn)
         self._redraw_at = bound  # the length past which the curve is redrawn downsampled
         self.redraws = 0  # how many times the whole curve was redrawn (what tests and benchmarks count)
+        # The unfinished bucket: how many points, and the indices (into xs/ys) of its min, max and last point.
+        self._count = 0
+        self._low = self._high = self._last = -1
+        self._taken = 0  # finished points a chart was given by take()
+        self._taken_redraws = 0  # ... since the redraw it saw last
 
     def __len__(self) -> int:
         return len(self.xs)
@@ -132,9 +140,23 @@ class LiveSeries:
         if n > self._redraw_at:
             self._redraw()
             return
-        self._bucket.append(n - 1)
-        if len(self._bucket) >= self._k:
-            self._close_bucket()
+        i = n - 1
+        v = _value(self.ys[i])
+        if self._count == 0:
+            self._low = self._high = i
+        elif v is not None:
+            low, high = _value(self.ys[self._low]), _value(self.ys[self._high])
+            if low is None or v < low:
+                self._low = i
+            if high is None or v > high:
+                self._high = i
+        self._last = i
+        self._count += 1
+        if self._count >= self._k:
+            for j in self._tail(last=self._k == 1):
+                self._drawn_x.append(self.xs[j])
+                self._drawn_y.append(self.ys[j])
+            self._count = 0
 
     def extend(self, xs: Sequence[float], ys: Sequence[float]) -> None:
         """Add many points at once (a run's history when a chart opens): on an empty series past the bound, one
@@ -149,19 +171,14 @@ class LiveSeries:
         self.ys.extend(array("d", ys))
         self._redraw()
 
-    def _extremes(self, indices: list[int], last: bool = False) -> list[int]:
-        """Of `indices`, those of the minimum and the maximum (and the last, if `last`), ascending."""
-        finite = [(v, i) for i in indices if (v := _value(self.ys[i])) is not None]
-        keep = {min(finite)[1], max(finite)[1]} if finite else {indices[0]}
+    def _tail(self, last: bool) -> list[int]:
+        """The unfinished bucket's points to draw: its min and max (and its last, if `last`), ascending."""
+        if self._count == 0:
+            return []
+        keep = {self._low, self._high}
         if last:
-            keep.add(indices[-1])
+            keep.add(self._last)
         return sorted(keep)
-
-    def _close_bucket(self) -> None:
-        for i in self._bucket if self._k == 1 else self._extremes(self._bucket):
-            self._drawn_x.append(self.xs[i])
-            self._drawn_y.append(self.ys[i])
-        self._bucket = []
 
     def _redraw(self) -> None:
         n = len(self.xs)
@@ -169,17 +186,30 @@ class LiveSeries:
         # The drawn count may grow by bound/2 before the length doubles: two points per bucket of k.
         self._k = max(1, math.ceil(4 * n / self.bound))
         self._redraw_at = 2 * n
-        self._bucket = []
+        self._count = 0
         self.redraws += 1
 
     def points(self) -> tuple[list[float], list[float]]:
         """What to draw: the finished buckets and, of the unfinished one, its min, max and last point."""
         xs, ys = list(self._drawn_x), list(self._drawn_y)
-        if self._bucket:
-            for i in self._extremes(self._bucket, last=True):
-                xs.append(self.xs[i])
-                ys.append(self.ys[i])
+        for i in self._tail(last=True):
+            xs.append(self.xs[i])
+            ys.append(self.ys[i])
         return xs, ys
+
+    def take(self) -> tuple[int, list[float], list[float]]:
+        """What a chart that holds what the last `take()` gave must change: (keep, xs, ys) says keep your first
+        `keep` points (drop the provisional tail after them) and append (xs, ys). `keep` is 0 after a redraw:
+        replace the curve. Costs the new points, not the curve's length (but for the redraw, once per doubling)."""
+        if self._taken_redraws != self.redraws:
+            self._taken_redraws, self._taken = self.redraws, 0
+        keep = self._taken
+        xs, ys = self._drawn_x[keep:], self._drawn_y[keep:]
+        for i in self._tail(last=True):
+            xs.append(self.xs[i])
+            ys.append(self.ys[i])
+        self._taken = len(self._drawn_x)
+        return keep, xs, ys
 
     def full(self) -> tuple[list[float], list[float]]:
         """Every point added, in order (an export of what was drawn, at full resolution)."""

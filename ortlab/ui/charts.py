@@ -1,18 +1,18 @@
 """Live charts of runs: train/eval loss, samples/s, step time, peak memory, MFU, and on a GPU reserved memory
 (the last row drawn only once a run brings such numbers), several runs overlaid.
 
-`RunMonitor(run)` follows each run's metrics stream in a background thread and draws with a plotly
-`FigureWidget`. Points are buffered and sent at most every `throttle_s` seconds in one `batch_update`: a
-per-point update sends one comm message per trace per step (1,600 messages for 200 steps were seen), which
-floods the browser. Each legend entry says which accelerations really applied to that run.
+`RunMonitor(run)` follows each run's metrics stream in a background thread and draws it in a `LiveChart`
+(`ortlab.ui.livechart`: plotly.js, fed only new points). Points are buffered and sent together, one message per
+refresh: a per-point update floods the browser (1,600 messages for 200 steps were seen with plotly's widget). The
+refreshes are spaced by what drawing them costs (`LiveChart.interval`: a small share of a core, never faster than
+`throttle_s`). Each legend entry says which accelerations really applied to that run.
 
 What a refresh costs does not grow with the run: each curve is drawn with at most `max_points` points
 (`ortlab.runfolder.downsample.LiveSeries`: min and max per bucket, redrawn downsampled only when the run's length
-has doubled), only the curves that got new points are sent, and the kernel keeps the drawn points itself instead of
-rebuilding them from the figure's arrays. plotly 7's FigureWidget has no extend-traces message (its front end
-knows restyle, relayout, update, add/delete/move traces): a changed curve travels whole, but whole is bounded. Before
-this, every refresh sent every point of every curve (100,000 per curve for a 100,000-step run). The full data stays
-in the run folder, and `series()` gives it back at full resolution.
+has doubled), and a refresh sends each changed curve's new points only (`LiveSeries.take()`), appended in the
+browser; a whole curve travels only when it is redrawn (once per doubling) or a view opens. `self.figure` is a
+plotly `Figure` holding the layout and the traces' styles and names, without data; the drawn points are
+`drawn()`, and the full data stays in the run folder (`series()` gives it back at full resolution).
 
 Where widgets cannot render (papermill, nbconvert, GitHub, a terminal), the monitor's output carries a static view
 instead: the curves as SVG and the runs table (`ortlab.ui.summary`), kept up to date by `ortlab.ui.display`.
@@ -36,6 +36,7 @@ from ortlab.runfolder.downsample import LiveSeries
 from ortlab.runfolder.history import History, as_float, read_history
 from ortlab.runfolder.stream import RunSummary
 from ortlab.ui.display import RefreshedDisplay
+from ortlab.ui.livechart import SMOOTHING, LiveChart, Op
 from ortlab.ui.summary import run_label, static_summary
 from ortlab.ui.svg import PALETTE
 
@@ -70,7 +71,7 @@ def _figure() -> Any:
     fig = make_subplots(
         rows=3, cols=2, subplot_titles=[title for _, title in PANELS], horizontal_spacing=0.08, vertical_spacing=0.14
     )
-    widget = go.FigureWidget(fig)
+    widget = go.Figure(fig)
     widget.update_layout(
         height=740,
         margin={"l": 40, "r": 10, "t": 40, "b": 30},
@@ -95,33 +96,34 @@ def _arrange(widget: Any, with_data: set[str]) -> None:
 
     rows = 3 if with_data & set(GPU_PANELS) else 2
     grid = make_subplots(rows=rows, cols=2, horizontal_spacing=0.08, vertical_spacing=ROWS_SPACING[rows]).layout
-    with widget.batch_update():
-        widget.layout.height = ROWS_HEIGHT[rows]
-        for i, (name, _) in enumerate(PANELS):
-            shown = name not in GPU_PANELS or name in with_data
-            axis = "" if i == 0 else str(i + 1)
-            title = widget.layout.annotations[i]
-            widget.layout[f"xaxis{axis}"].visible = shown
-            widget.layout[f"yaxis{axis}"].visible = shown
-            title.visible = shown
-            if i < rows * 2:
-                widget.layout[f"yaxis{axis}"].domain = grid[f"yaxis{axis}"].domain
-                title.y = grid[f"yaxis{axis}"].domain[1]
+    widget.layout.height = ROWS_HEIGHT[rows]
+    for i, (name, _) in enumerate(PANELS):
+        shown = name not in GPU_PANELS or name in with_data
+        axis = "" if i == 0 else str(i + 1)
+        title = widget.layout.annotations[i]
+        widget.layout[f"xaxis{axis}"].visible = shown
+        widget.layout[f"yaxis{axis}"].visible = shown
+        title.visible = shown
+        if i < rows * 2:
+            widget.layout[f"yaxis{axis}"].domain = grid[f"yaxis{axis}"].domain
+            title.y = grid[f"yaxis{axis}"].domain[1]
 
 
 class RunMonitor(RefreshedDisplay, widgets.VBox):
     """Live charts for one or more runs (`ortlab.Run` objects). Works alone: `RunMonitor(run)`."""
 
     def __init__(self, *runs: Any, throttle_s: float = 0.5, max_points: int = MAX_POINTS, **kwargs: Any):
-        self.figure = _figure()
+        self.figure = _figure()  # layout and trace styles; the points live in the series and the browser
+        self.chart = LiveChart(snapshot=self._snapshot)
+        self._figure_changed = True  # a trace added or renamed, or the panels rearranged, since the last refresh
         self.status = widgets.HTML()
-        super().__init__([self.status, self.figure], **kwargs)
+        super().__init__([self.status, self.chart], **kwargs)
         self.throttle_s = throttle_s
         self.max_points = max_points
-        self.updates_sent = 0  # batch updates sent to the front end (what the throttle bounds)
+        self.updates_sent = 0  # refreshes sent to the front end (what the throttle bounds)
         self.points_received = 0
-        self.points_sent = 0  # points sent to the front end, over all updates (what max_points bounds per update)
-        self.last_points_sent = 0  # ... in the last update
+        self.points_sent = 0  # points sent to the front end, over all refreshes
+        self.last_points_sent = 0  # ... in the last refresh (the new points; a curve's whole only when redrawn)
         self._lock = threading.Lock()
         self._series: dict[int, LiveSeries] = {}  # trace index -> its curve (every point, and what is drawn)
         self._changed: set[int] = set()  # traces with points not sent yet
@@ -226,6 +228,7 @@ class RunMonitor(RefreshedDisplay, widgets.VBox):
             if panel in GPU_PANELS and panel not in self._with_data:
                 self._with_data.add(panel)
                 _arrange(self.figure, self._with_data)
+                self._figure_changed = True
             index = [p for p, _ in PANELS].index(panel)
             row, col = index // 2 + 1, index % 2 + 1
             summary = self.summaries.get(run_id)
@@ -247,6 +250,7 @@ class RunMonitor(RefreshedDisplay, widgets.VBox):
                 col=col,
             )
             self._traces[key] = len(self.figure.data) - 1
+            self._figure_changed = True
         return self._traces[key]
 
     def _relabel(self, run_id: str, record: dict[str, Any]) -> None:
@@ -261,26 +265,44 @@ class RunMonitor(RefreshedDisplay, widgets.VBox):
                 if rid == run_id:
                     kind = what.split("/")[1]
                     self.figure.data[index].name = f"{label} ({kind})" if what.startswith("loss") else label
+                    self._figure_changed = True
 
     def flush(self) -> None:
-        """Send the curves that got new points, in one batch update (each at most `max_points` points)."""
+        """Send the new points of the curves that got some, in one message (a curve whole only when redrawn)."""
         with self._lock:
             changed, self._changed = self._changed, set()
             if not changed:
+                self._sync_figure()  # a relabel (the accelerations that applied) without new points
                 return
-            sent = 0
-            with self.figure.batch_update():
-                for index in sorted(changed):
-                    xs, ys = self._series[index].points()
-                    trace = self.figure.data[index]
-                    trace.x, trace.y = xs, ys
-                    sent += len(xs)
+            started = time.perf_counter()
+            self._sync_figure()
+            ops: list[Op] = [(index, *self._series[index].take()) for index in sorted(changed)]
+            self.chart.send_points(ops)
+            sent = sum(len(xs) for _, _, xs, _ in ops)
             self.updates_sent += 1
             self.points_sent += sent
             self.last_points_sent = sent
+            self.chart.kernel_s += SMOOTHING * (time.perf_counter() - started - self.chart.kernel_s)
         self._set_status()
         if self.on_change is not None:
             self.on_change()
+
+    def _sync_figure(self) -> None:
+        if self._figure_changed:
+            self.chart.set_figure(self.figure)
+            self._figure_changed = False
+
+    def _snapshot(self) -> list[Op]:
+        """Every curve as drawn, for a view that just opened (or lost track): bounded by `max_points` a curve."""
+        with self._lock:
+            self._sync_figure()
+            return [(index, 0, *series.points()) for index, series in sorted(self._series.items())]
+
+    def drawn(self, run_id: str, panel: str = "loss", kind: str = "train") -> tuple[list[float], list[float]]:
+        """The points of one curve as the browser draws them (at most `max_points` and the newest bucket's 3)."""
+        with self._lock:
+            index = self._traces.get((run_id, f"{panel}/{kind}"))
+            return self._series[index].points() if index in self._series else ([], [])
 
     def series(self, run_id: str, panel: str = "loss", kind: str = "train") -> tuple[list[float], list[float]]:
         """Every point of one curve (steps, values) at full resolution, whatever was drawn: an export on demand.
@@ -290,7 +312,7 @@ class RunMonitor(RefreshedDisplay, widgets.VBox):
             return self._series[index].full() if index in self._series else ([], [])
 
     def _flush_loop(self) -> None:
-        while not self._stop.wait(self.throttle_s):
+        while not self._stop.wait(self.chart.interval(self.throttle_s)):
             self.flush()
 
     def _set_status(self) -> None:
@@ -305,6 +327,7 @@ class RunMonitor(RefreshedDisplay, widgets.VBox):
 
     def close(self) -> None:
         self._stop.set()
+        self.chart.close()
         super().close()
 
     # --- where widgets cannot render -------------------------------------------------------------------------

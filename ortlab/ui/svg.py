@@ -1,8 +1,9 @@
 """Runs' curves as inline SVG: what a notebook shows where the live plotly chart cannot render.
 
 A saved or executed notebook (papermill, nbconvert's HTML, GitHub's viewer, a kernel that has gone away) has no
-widget JavaScript: the live `FigureWidget` renders as nothing, and without a picture a reader cannot tell whether
-the run learned. So every run view carries a small static chart beside the widget, in its `text/html` output.
+widget JavaScript: the live chart (`ortlab.ui.livechart`) renders as nothing, and without a picture a reader cannot
+tell whether the run learned. So every run view carries a small static chart beside the widget, in its `text/html`
+output.
 
 It is plain SVG written here (no matplotlib or kaleido: heavy, and kaleido wants a browser) and theme-neutral:
 text, axes and grid use `currentColor`, so they take the page's text colour in JupyterLab's light and dark themes

@@ -1,0 +1,35 @@
+"""benchmarks/bench_live_browser.py runs end to end in its --smoke mode (JupyterLab, chromium, one round of short
+runs watched and unwatched, a 2,000-step run followed) and writes the JSON the committed results have. What it
+reads must be real: the watched run's chart drew points in the page, the browser reported its drawing times to
+the kernel, and the followed run's refreshes carried its new points only."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+from conftest import ROOT
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+def test_the_live_browser_benchmark_writes_its_report(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("bench_live_browser", ROOT / "benchmarks" / "bench_live_browser.py")
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_live_browser", bench)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "live-browser.json"
+    report = bench.main(["--smoke", "--out", str(out)])
+    assert out.is_file() and report["benchmark"] == "bench_live_browser" and report["smoke"] is True
+    (row,) = report["rounds"]
+    assert row["watched"]["samples_per_s"] > 0 and row["unwatched"]["samples_per_s"] > 0 and row["ratio"] > 0
+    assert row["watched"]["points_drawn"] > 0  # the workbench's chart drew the watched run in the page
+    follow = report["follow"]
+    assert follow["render_refreshes"] > 0 and follow["render_ms_p50"] > 0  # timed in the browser, per refresh
+    assert follow["refreshes"] > 0 and follow["steps_at_end"] > follow["steps_at_start"]
+    # 4 curves, each with at most its new steps and the newest bucket's 3 points: not the curve's 1,000 drawn.
+    assert 0 < follow["points_per_refresh"] <= 4 * (follow["steps_per_refresh"] + 3) + 4
+    assert 0.5 <= follow["interval_s"] <= 5.0
+    assert follow["frames"] > 0
