@@ -61,8 +61,8 @@ class Mirror:
         self, stored: StoredRun, local: RunDir, checkpoints: bool = True, metrics_every: float = METRICS_SYNC_S
     ):
         """`checkpoints`: push each whole checkpoint from here (a Ray Train run uploads them from every node
-        instead, see `ortlab.job.raytrain`); `metrics_every`: seconds between pushes of metrics.jsonl (a Ray Train
-        driver reads it from the store, so its rank 0 pushes it every LIVE_S)."""
+        instead, see `ortlab.job.raytrain`); `metrics_every`: seconds between pushes of metrics.jsonl at least (the
+        local monitor of a Ray Train run reads it from the store, so its rank 0 pushes it every LIVE_S)."""
         self.stored, self.local = stored, local
         self.checkpoints, self.metrics_every = checkpoints, metrics_every
         self.pushed_checkpoints: set[str] = set()

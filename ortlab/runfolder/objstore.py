@@ -9,11 +9,12 @@ both sides open. With `target.storage` a URI, the run folder lives in three plac
     the job's node        a node-local run folder the job trains in (`ortlab.job.mirror`), pulled from the store at
                           the start and pushed back while it trains and when it ends
 
-The live records still come home through the job's log (`ortlab.job.channel`); the store is for what must survive the
-job: the spec it starts from, the checkpoints a resume needs, the results `export` and `push` read, and the stop
-and pause requests on their way in. Files go through pyarrow's file systems (installed with `datasets`), which
-take credentials from each side's own environment (AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL, a GCP service account):
-ortlab never reads, writes or passes them.
+The live records come home through the job's log (`ortlab.job.channel`); a Ray Train run's also from the stored
+stream, which its monitor follows (`StoredStream`, the shorter way: `ortlab.runner.livestream`). The store is for what
+must survive the job: the spec it starts from, the checkpoints a resume needs, the results `export` and `push` read,
+and the stop and pause requests on their way in. Files go through pyarrow's file systems (installed with
+`datasets`), which take credentials from each side's own environment (AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL, a GCP
+service account): ortlab never reads, writes or passes them.
 
 The store is not trusted more than a run folder: a key with `..` or an absolute part is never downloaded (it would
 land outside the folder), downloads are written through `safeio` (no link followed), and small files are read

@@ -10,8 +10,9 @@
 The monitor (`python -m ortlab.runner.rayentry monitor RUN --cluster ADDRESS`, detached, its PID recorded in
 status.json like a local worker's) tails the job's log stream for the lines the job's end prints
 (`ortlab.job.channel`), appends the records it has not got yet, mirrors the job's state, forwards stop and pause,
-and brings the results home (`runfolder.place.bring_home`). The launcher that submits the job and starts the
-monitor is `ortlab.runner.rayjob`.
+and brings the results home (`runfolder.place.bring_home`). A Ray Train run's records are also read from the run
+place itself, the shorter way home (`ortlab.runner.livestream`); each is written once, whichever way came first.
+The launcher that submits the job and starts the monitor is `ortlab.runner.rayjob`.
 """
 
 from __future__ import annotations
