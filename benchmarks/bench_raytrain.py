@@ -12,6 +12,9 @@ Measured, each against a baseline in the same run:
 - the metrics' delay from the workers' stamp to the local run folder (the monitor's poll of the job's log), p95
   (goal <= 2 s). The local runs' delay is what the file watcher alone costs.
 
+`--delay-only` runs only the cluster side (`--rounds` x 2 runs, no local runs, no killed worker) and reports its
+metric delay: to compare two versions of ortlab by turns on a shared machine (run this file from each checkout).
+
 `--storage s3-local` runs the cluster side through object storage instead of the cluster's shared folder: an
 S3-protocol server (moto, from the dev dependencies) started here on loopback, each node training in its own copy
 (the delay then includes rank 0's push to the store and the driver's pull from it). `--storage URI` uses a store
@@ -96,6 +99,28 @@ def killed_worker(ortlab, spec: dict, target: dict, save_steps: int) -> dict:
     }
 
 
+def delay_only(ortlab, spec: dict, on_cluster: dict, opts: argparse.Namespace, load: list[float]) -> dict:
+    """The cluster side alone, `--rounds` x 2 runs: its metric delay (the 1-minute load before and after)."""
+    from bench_remote import percentile
+
+    delays: list[float] = []
+    for i in range(opts.rounds * 2):
+        delays += run_once(ortlab, spec, f"cluster-{i}", on_cluster)["delays"]
+    load.append(os.getloadavg()[0])
+    return {
+        "benchmark": "raytrain --delay-only",
+        "date": date.today().isoformat(),
+        "storage": opts.storage,
+        "steps": opts.steps,
+        "runs": opts.rounds * 2,
+        "load_1min_at_start_and_end": [round(x, 2) for x in load],
+        "delay_p50_s": round(percentile(delays, 50), 3),
+        "delay_p95_s": round(percentile(delays, 95), 3),
+        "delay_max_s": round(max(delays), 3),
+        "records": len(delays),
+    }
+
+
 @contextlib.contextmanager
 def local_s3(work: Path) -> Iterator[str]:
     """An S3-protocol server (moto) on loopback with a fresh bucket and dummy credentials for both sides (the
@@ -138,6 +163,7 @@ def main() -> None:
     parser.add_argument(
         "--storage", default="shared", help="'shared' (the cluster's folder), 's3-local' (moto here) or a store URI"
     )
+    parser.add_argument("--delay-only", action="store_true", help="only the cluster side's metric delay")
     parser.add_argument("--out", type=Path, default=None, help="JSON file (default: results/raytrain[-s3]-DATE.json)")
     opts = parser.parse_args()
     kind = "" if opts.storage == "shared" else "-s3" if opts.storage == "s3-local" else "-store"
@@ -167,11 +193,19 @@ def main() -> None:
             cluster.start(num_cpus=opts.cpus_per_node, nodes=2)
             stack.callback(cluster.stop)
         start_s = time.monotonic() - started
+        load = [os.getloadavg()[0]]
+        if opts.delay_only:
+            report = delay_only(ortlab, spec, on_cluster, opts, load)
+            opts.out.parent.mkdir(parents=True, exist_ok=True)
+            opts.out.write_text(json.dumps(report, indent=2) + "\n")
+            print(json.dumps(report, indent=2))
+            return
         for i in range(opts.rounds):
             for name in ("local", "cluster", "cluster", "local"):
                 target = on_cluster if name == "cluster" else {"processes": 2}
                 runs[name].append(run_once(ortlab, spec, f"{name}-{i}-{len(runs[name])}", target))
         kill = killed_worker(ortlab, spec, {**on_cluster, "max_failures": 1}, save_steps=max(4, opts.steps // 6))
+        load.append(os.getloadavg()[0])
     results, pairs = sides(runs, "local", "cluster")
     for name, done in runs.items():
         results[name]["optimizer_state_share_by_rank"] = [r.get("optimizer_state_share_by_rank") for r in done]
@@ -191,6 +225,7 @@ def main() -> None:
         "gpus_per_worker": opts.gpus_per_worker,
         "model": "tiny-bert (tests/helpers)" if opts.model is None else str(opts.model),
         "cluster_start_s": round(start_s, 1),
+        "load_1min_at_start_and_end": [round(x, 2) for x in load],
         **results,
         "samples_per_s_ratio_pairs": [round(p, 3) for p in pairs],
         "samples_per_s_ratio": round(ratio, 3),

@@ -26,7 +26,10 @@ from ortlab.runfolder.rundir import RunDir, pause_step
 
 SYNC_S = 1.0  # how often the job pulls stop/pause and pushes its status
 METRICS_SYNC_S = 10.0  # ... and its metrics.jsonl (the live records go through the job's log; this is the backup)
-LIVE_S = 0.25  # a Ray Train run's live path: rank 0 pushes a grown stream, the driver looks for one, this often
+# A Ray Train run's live path, whose stream the local monitor reads from the store: rank 0 pushes a grown stream
+# at most this often, the monitor looks for one this often (one HEAD when nothing was added).
+LIVE_S = 0.25
+WATCH_S = 0.05  # how often rank 0 looks at its stream (a local stat): a new record waits this long, not LIVE_S
 # An object cannot be appended to, so a pushed stream is rewritten whole: a long one is pushed less often, to keep
 # under this many bytes a second (a 250 KB stream every LIVE_S, a 10 MB one every 10 s).
 STREAM_PUSH_BYTES_PER_S = 1 << 20
@@ -58,8 +61,8 @@ class Mirror:
         self, stored: StoredRun, local: RunDir, checkpoints: bool = True, metrics_every: float = METRICS_SYNC_S
     ):
         """`checkpoints`: push each whole checkpoint from here (a Ray Train run uploads them from every node
-        instead, see `ortlab.job.raytrain`); `metrics_every`: seconds between pushes of metrics.jsonl (a Ray Train
-        driver reads it from the store, so its rank 0 pushes it every LIVE_S)."""
+        instead, see `ortlab.job.raytrain`); `metrics_every`: seconds between pushes of metrics.jsonl at least (the
+        local monitor of a Ray Train run reads it from the store, so its rank 0 pushes it every LIVE_S)."""
         self.stored, self.local = stored, local
         self.checkpoints, self.metrics_every = checkpoints, metrics_every
         self.pushed_checkpoints: set[str] = set()
@@ -100,10 +103,11 @@ class Mirror:
         elif self.local.read_pause() != pause:
             self.local.request_pause(pause_step(pause))
 
-    def push_small(self, names: tuple[str, ...]) -> None:
+    def push_small(self, names: tuple[str, ...]) -> list[str]:
         """Each of `names` that changed since it was last pushed (by its size and modification time: the stream
         is not read whole every second to find that nothing was added), copied in pieces: a stream past any
-        bound is still pushed, with flat memory."""
+        bound is still pushed, with flat memory. Returns the names pushed."""
+        pushed = []
         for name in names:
             try:
                 info = os.stat(self.local.path / name, follow_symlinks=False)
@@ -114,6 +118,8 @@ class Mirror:
             except FileNotFoundError:
                 continue
             self.sent[name] = seen
+            pushed.append(name)
+        return pushed
 
     def push_checkpoints(self) -> None:
         """Every whole local checkpoint not stored yet: its files, then the marker that says it is whole."""
@@ -128,18 +134,26 @@ class Mirror:
         self.pushed_checkpoints.add(last.name)
 
     def sync(self, force: bool = False) -> None:
-        """Called every tick (the shorter of SYNC_S and `metrics_every`): the stream when it is due and grew (a
-        local stat, no request, when it did not); the controls, checkpoints and status every SYNC_S. `force`:
-        all of it now."""
+        """The stream when it grew and is due, the rest when due (see `push_stream`, `push_rest`); `force`: all of
+        it now."""
+        _each([lambda: self.push_stream(force), lambda: self.push_rest(force)])
+
+    def push_stream(self, force: bool = False) -> None:
+        """The stream, if it grew (a local stat, no request, when it did not) and its last push was at least
+        `_metrics_interval()` ago. Leading edge: a record written after a quiet spell goes out at the next look,
+        a burst of records in the pushes one interval apart (at most one PUT per interval, whatever the step rate)."""
         now = time.monotonic()
-        steps: list[Callable[[], None]] = []
-        if force or now - self.metrics_at >= self._metrics_interval():
-            steps.append(lambda: self.push_small(("metrics.jsonl",)))
+        if not force and now - self.metrics_at < self._metrics_interval():
+            return
+        if self.push_small(("metrics.jsonl",)):
             self.metrics_at = now
+
+    def push_rest(self, force: bool = False) -> None:
+        """Every SYNC_S (`force`: now): stop and pause in, whole checkpoints and the status out."""
+        now = time.monotonic()
         if force or now - self.rest_at >= SYNC_S:
-            steps += [self.pull_controls, self.push_checkpoints, lambda: self.push_small(("status.json", "tune.json"))]
             self.rest_at = now
-        _each(steps)
+            _each([self.pull_controls, self.push_checkpoints, lambda: self.push_small(("status.json", "tune.json"))])
 
     def _metrics_interval(self) -> float:
         try:
@@ -157,32 +171,38 @@ class Mirror:
         _each(steps)
         self.push_small(("status.json",))
 
-    def syncing(self) -> contextlib.AbstractContextManager[None]:
-        """`sync` every tick while the block trains, then `push_end`."""
-        every = min(SYNC_S, self.metrics_every)
-        return _repeating(self.sync, f"syncing with {self.stored.path}", self.push_end, every)
+    @contextlib.contextmanager
+    def syncing(self) -> Iterator[None]:
+        """`sync` while the block trains, then `push_end`. A live stream (`metrics_every` under SYNC_S: a Ray Train
+        rank 0, whose stream the local monitor reads from the store) is looked at every WATCH_S in a thread of its
+        own, so that a push never waits behind the requests of the controls, checkpoints and status."""
+        what = f"syncing with {self.stored.path}"
+        if self.metrics_every >= SYNC_S:
+            with _repeating(self.sync, what, self.push_end, SYNC_S):
+                yield
+            return
+        # (the stream's thread is ended first: push_end then pushes the stream's last records, one writer at a time)
+        with _repeating(self.push_rest, what, self.push_end, SYNC_S), _repeating(self.push_stream, what, _no, WATCH_S):
+            yield
 
 
 class Follower:
     """A Ray Train driver's node-local copy of the run, following the store: rank 0 (wherever Ray placed it)
-    pushes its stream and status there, and the driver prints them for the monitor from this copy. The stream
-    is only ever extended (a new rank 0 starts from the stored one), so what is new is read from where the local
-    copy ends."""
+    pushes its stream and status there, and the driver prints them for the monitor from this copy (the job's log
+    channel; the monitor reads the stored stream itself as well, which is the faster way home, so this copy is
+    pulled once a second). The stream is only ever extended (a new rank 0 starts from the stored one), so what is
+    new is read from where the local copy ends."""
 
     def __init__(self, stored: StoredRun, local: RunDir):
         self.stored, self.local = stored, local
-        self.status_at = 0.0
 
     def pull(self) -> None:
-        """Every LIVE_S: the stream's new part, if it grew (one request to learn that it did not); every SYNC_S:
-        the status."""
+        """The status, and the stream's new part if it grew (one request to learn that it did not)."""
         from pyarrow import fs as pafs
 
         store = self.stored.store
-        if time.monotonic() - self.status_at >= SYNC_S:
-            with contextlib.suppress(FileNotFoundError):
-                safeio.write_bytes(self.local.path, "status.json", store.read_bytes("status.json"))
-            self.status_at = time.monotonic()
+        with contextlib.suppress(FileNotFoundError):
+            safeio.write_bytes(self.local.path, "status.json", store.read_bytes("status.json"))
         info = store.fs.get_file_info(store.key("metrics.jsonl"))
         if info.type != pafs.FileType.File:  # (none until rank 0's first push: nothing to read, nothing to say)
             return
@@ -198,13 +218,12 @@ class Follower:
                 have += len(piece)
 
     def following(self) -> contextlib.AbstractContextManager[None]:
-        """`pull` every LIVE_S seconds while the block runs, and once more after it (the status too)."""
+        """`pull` every SYNC_S seconds while the block runs, and once more after it."""
+        return _repeating(self.pull, f"reading {self.stored.path}", self.pull, SYNC_S)
 
-        def last() -> None:
-            self.status_at = 0.0
-            self.pull()
 
-        return _repeating(self.pull, f"reading {self.stored.path}", last, LIVE_S)
+def _no() -> None:
+    pass
 
 
 def _each(steps: list[Callable[[], None]]) -> None:

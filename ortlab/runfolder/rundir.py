@@ -38,7 +38,7 @@ import fcntl
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -409,6 +409,10 @@ class RunDir:
         """Every record of a JSON-lines file of the run (its metrics by default), read in bounded pieces: memory
         for one piece, not for the whole file."""
         return stream_records(self.path, name=name)
+
+    def follow(self, name: str = METRICS_FILE, on_restart: Callable[[], None] | None = None) -> MetricsStream:
+        """The records of `name` as they are added: each `read()` returns the new complete ones (bounded)."""
+        return MetricsStream(self.path, name=name, on_restart=on_restart)
 
     def append_records(self, name: str, records: list[dict[str, Any]]) -> None:
         """JSON lines appended to a file of the run (opened without following a link)."""

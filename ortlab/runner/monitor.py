@@ -10,8 +10,9 @@
 The monitor (`python -m ortlab.runner.rayentry monitor RUN --cluster ADDRESS`, detached, its PID recorded in
 status.json like a local worker's) tails the job's log stream for the lines the job's end prints
 (`ortlab.job.channel`), appends the records it has not got yet, mirrors the job's state, forwards stop and pause,
-and brings the results home (`runfolder.place.bring_home`). The launcher that submits the job and starts the
-monitor is `ortlab.runner.rayjob`.
+and brings the results home (`runfolder.place.bring_home`). A Ray Train run's records are also read from the run
+place itself, the shorter way home (`ortlab.runner.livestream`); each is written once, whichever way came first.
+The launcher that submits the job and starts the monitor is `ortlab.runner.rayjob`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from ortlab.runfolder.objstore import Store
 from ortlab.runfolder.place import RunPlace, Storage, bring_home, place_in, storage_at
 from ortlab.runfolder.rundir import TERMINAL, RunDir, RunStateError, pause_step, read_metrics
 from ortlab.runner.launcher import RunError
+from ortlab.runner.livestream import LiveStream
 from ortlab.safeio import dumps
 from ortlab.spec import RunSpec
 
@@ -113,6 +115,9 @@ class Monitor:
         # Every read starts at the log's beginning, so the run's log gets a line only past the most lines any
         # read got to (re-reading after each reconnect once wrote one line 32 times).
         self.line_no, self.logged = 0, 0
+        # A Ray Train run (several processes) has its stream read from the run place as well: its rank 0 pushes
+        # it there every LIVE_S, and that way home is shorter than the job's log (`livestream`).
+        self.live = LiveStream(self.remote) if self.spec.target.processes > 1 else None
 
     def begin_read(self) -> None:
         """A new read of the job's log from its beginning."""
@@ -145,25 +150,39 @@ class Monitor:
             if value is None:
                 self._skip(line, new)
             elif tag == METRIC_TAG:
-                if value["seq"] == self.have:
-                    fresh.append(value["record"])
-                    self.have += 1
+                fresh.append((value["seq"], value["record"]))
             elif tag == PAUSED_TAG:
                 self.run.update_status(paused=value)
             else:
                 self.final = value
-        if fresh:
-            with self.run.metrics_path.open("a", encoding="utf-8") as f:
-                f.write("".join(dumps(r) + "\n" for r in fresh))
-            steps = [r["step"] for r in fresh if r.get("event") == events.STEP and _is_int(r.get("step"))]
-            if self.run.read_status().get("state") == "pending":
-                with contextlib.suppress(RunStateError):
-                    self.run.set_status("running", started=time.time(), **self.skipped_fields())
-            if steps:
-                self.run.update_status(step=max(steps))
+        self._append(fresh)
         if self.skipped_most != self.skipped_recorded:
             self.run.update_status(**self.skipped_fields())
             self.skipped_recorded = self.skipped_most
+        self.log.flush()
+
+    def _append(self, numbered: list[tuple[int, dict[str, Any]]]) -> None:
+        """The records whose sequence number is the next one this folder needs, in order: each once, whichever way
+        it came first (the job's log, the run place), and none out of order (a gap is filled by the other way, or
+        by the catch-up at the end)."""
+        fresh = []
+        for seq, record in numbered:
+            if seq == self.have:
+                fresh.append(record)
+                self.have += 1
+        if not fresh:
+            return
+        with self.run.metrics_path.open("a", encoding="utf-8") as f:
+            f.write("".join(dumps(r) + "\n" for r in fresh))
+        steps = [r["step"] for r in fresh if r.get("event") == events.STEP and _is_int(r.get("step"))]
+        if self.run.read_status().get("state") == "pending":
+            with contextlib.suppress(RunStateError):
+                self.run.set_status("running", started=time.time(), **self.skipped_fields())
+        if steps:
+            self.run.update_status(step=max(steps))
+
+    def say(self, line: str) -> None:
+        self.log.write(line + "\n")
         self.log.flush()
 
     def _skip(self, line: str, new: bool) -> None:
@@ -297,11 +316,14 @@ class Monitor:
                 await asyncio.sleep(0.5)
                 self.forward_controls()
 
-        side = asyncio.ensure_future(controls())
+        sides = [asyncio.ensure_future(controls())]
+        if self.live is not None:
+            sides.append(asyncio.ensure_future(self.live.follow(self._append, self.say)))
         try:
             await self._tail(client)
         finally:
-            side.cancel()
+            for side in sides:
+                side.cancel()
 
     def catch_up(self, client: Any) -> None:
         """The log stream may close before its last lines came through: the job's whole log, read once it has
@@ -344,6 +366,8 @@ class Monitor:
         problem in one (a bad line, a lost connection) never keeps a finished job's model from coming home."""
         if self.buffer:
             self._step("reading the last line", self.feed, "\n")
+        if self.live is not None:
+            self._step("taking what was read from the run place", lambda: self._append(self.live.take()))
         if client is not None:
             self._step("catching up with the job's log", self.catch_up, client)
         self._step("bringing the results home", self.bring_home)
