@@ -6,6 +6,7 @@ path: no Arrow conversion of the file, checks on a head).
     .venv/bin/python benchmarks/bench_data.py                      # 20k and 400k rows, both paths
     .venv/bin/python benchmarks/bench_data.py --sizes 20000 400000 4000000 --format parquet
     .venv/bin/python benchmarks/bench_data.py --smoke              # 2k rows, seconds (the test runs this)
+    .venv/bin/python benchmarks/bench_data.py --task chat          # causal-lm: raw text (--task text) or chat
 
 Why this way: the cost being measured is what a run does with its data before step 1 (loading, checking,
 splitting, tokenizing), so the model is the tests' tiny BERT (built here in a second, no download) and every row
@@ -74,6 +75,8 @@ WORDS = [
 
 
 PATHS = ("eager", "lazy", "stream")  # data.lazy false; data.lazy true; data.lazy and data.streaming true
+TASKS = ("classification", "text", "chat")  # reviews with labels; raw text for a causal LM; conversations, packed
+LM_LENGTH = 64  # causal-lm blocks and packed rows (the tiny LMs have 128 positions)
 
 
 def generate(path: Path, rows: int, seed: int = 0) -> Path:
@@ -96,7 +99,40 @@ def generate(path: Path, rows: int, seed: int = 0) -> Path:
     return path
 
 
-def child(data: str, model: str, path: str, out: str, steps: int) -> None:
+def generate_lm(path: Path, rows: int, task: str, seed: int = 0) -> Path:
+    """`rows` of JSON lines: raw text (a paragraph of 5 to 40 words) or a conversation (a review to judge, a
+    one-word answer), the causal-lm rows of `task`."""
+    rng = random.Random(seed)
+    with open(path, "w", encoding="utf-8") as f:
+        for _ in range(rows):
+            words = " ".join(rng.choices(WORDS, k=rng.randint(5, 40)))
+            if task == "text":
+                row: dict = {"text": words}
+            else:
+                answer = rng.choice(("fresh", "rotten"))
+                question = {"role": "user", "content": f"Fresh or rotten? {words}"}
+                turns = [question, {"role": "assistant", "content": answer}]
+                row = {"messages": turns}
+            f.write(json.dumps(row) + "\n")
+    return path
+
+
+def _spec(task: str, data: str, model: str, path: str, steps: int, out: str) -> dict:
+    spec = {
+        "task": "sequence-classification",
+        "model": {"name": model},
+        "data": {"source": data, "lazy": path != "eager", "streaming": path == "stream", "max_eval_samples": 64},
+        "hyper": {"max_steps": steps, "batch_size": 16, "logging_steps": 1},
+        "output_dir": str(Path(out).parent / "runs"),
+    }
+    if task != "classification":
+        spec["task"] = "causal-lm"
+        spec["hyper"]["max_length"] = LM_LENGTH
+        spec["data"]["packing"] = task == "chat"
+    return spec
+
+
+def child(task: str, data: str, model: str, path: str, out: str, steps: int) -> None:
     """One row: train `steps` steps and write its timings to `out` (runs in its own process)."""
     import resource
 
@@ -126,15 +162,7 @@ def child(data: str, model: str, path: str, out: str, steps: int) -> None:
         if record.get("event") == "step" and "first_step_s" not in first:
             first["first_step_s"] = time.monotonic() - STARTED
 
-    spec = RunSpec.model_validate(
-        {
-            "task": "sequence-classification",
-            "model": {"name": model},
-            "data": {"source": data, "lazy": path != "eager", "streaming": path == "stream", "max_eval_samples": 64},
-            "hyper": {"max_steps": steps, "batch_size": 16, "logging_steps": 1},
-            "output_dir": str(Path(out).parent / "runs"),
-        }
-    )
+    spec = RunSpec.model_validate(_spec(task, data, model, path, steps, out))
     train_spec(spec, progress=False, on_metrics=on_metrics, log=lambda line: None)
     peak_mb = _peak_rss_mb() or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     Path(out).write_text(json.dumps({**first, **phases, "total_s": time.monotonic() - STARTED, "peak_mem_mb": peak_mb}))
@@ -153,10 +181,10 @@ def _peak_rss_mb() -> float | None:
     return None
 
 
-def run_row(data: Path, model: Path, path: str, steps: int, work: Path, round_: int = 0) -> dict:
+def run_row(task: str, data: Path, model: Path, path: str, steps: int, work: Path, round_: int = 0) -> dict:
     out = work / f"row-{path}-{data.stem}-{round_}.json"  # its own cache too: every round starts cold
     env = {**os.environ, "HF_DATASETS_CACHE": str(work / f"cache-{out.stem}"), "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(data), str(model), path, str(out)]
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", task, str(data), str(model), path, str(out)]
     proc = subprocess.run([*cmd, str(steps)], capture_output=True, text=True, env=env, cwd=ROOT)
     if proc.returncode != 0:
         return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"}
@@ -172,29 +200,37 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=1, help="rounds of every row; the medians are reported")
     p.add_argument("--smoke", action="store_true", help="2,000 rows, both paths (seconds)")
     p.add_argument("--output", default=None, help="result JSON (default: benchmarks/results/data-<date>.json)")
-    p.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    p.add_argument("--task", choices=TASKS, default="classification", help="text, chat: causal-lm rows (JSONL)")
+    p.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     opts = p.parse_args()
     if opts.child:
-        data, model, path, out, steps = opts.child
-        child(data, model, path, out, int(steps))
+        task, data, model, path, out, steps = opts.child
+        child(task, data, model, path, out, int(steps))
         return
     sizes = [2_000] if opts.smoke else opts.sizes
     sys.path.insert(0, str(ROOT))
-    from tests.helpers.tiny_models import build_tiny_bert
+    from tests.helpers.tiny_models import build_tiny_bert, build_tiny_chat_llama, build_tiny_gpt2
 
     results = []
+    task, fmt = opts.task, opts.format if opts.task == "classification" else "jsonl"
     with tempfile.TemporaryDirectory(prefix="bench-data-") as tmp:
         work = Path(tmp)
-        model = build_tiny_bert(work / "tiny-bert")
+        build = {"classification": build_tiny_bert, "text": build_tiny_gpt2, "chat": build_tiny_chat_llama}[task]
+        model = build(work / f"tiny-{task}")
         for n in sizes:
             t = time.monotonic()
-            data = generate(work / f"reviews-{n}.{opts.format}", n)
+            if task == "classification":
+                data = generate(work / f"reviews-{n}.{fmt}", n)
+            else:
+                data = generate_lm(work / f"{task}-{n}.jsonl", n, task)
             made = time.monotonic() - t
-            rows = {path: {"rows": n, "format": opts.format, "path": path, "generate_s": made} for path in opts.paths}
+            rows = {
+                path: {"rows": n, "task": task, "format": fmt, "path": path, "generate_s": made} for path in opts.paths
+            }
             for r in range(opts.repeat):  # rounds in turn: a busy spell of the machine hits every path alike
                 for path in opts.paths:
                     print(f"[bench] {n:,} rows, {path}, round {r + 1}/{opts.repeat} ...", flush=True)
-                    rows[path].setdefault("runs", []).append(run_row(data, model, path, opts.steps, work, r))
+                    rows[path].setdefault("runs", []).append(run_row(task, data, model, path, opts.steps, work, r))
                     print(f"[bench]   {json.dumps(rows[path]['runs'][-1])}", flush=True)
             for row in rows.values():
                 done = [x for x in row["runs"] if "error" not in x]
@@ -212,8 +248,11 @@ def main() -> None:
             r["first_step_vs_smallest"] = r["first_step_s"] / ref["first_step_s"]
     report = {
         "benchmark": "bench_data",
-        "method": "one process per row, a cold datasets cache each; tiny BERT; seconds from process start "
-        "to the first step record; peak memory is the row process's VmHWM",
+        "method": "one process per row, a cold datasets cache each; tiny BERT (classification), tiny GPT-2 (raw "
+        f"text), tiny ChatML Llama (chat, packed); causal-lm blocks of {LM_LENGTH} tokens; seconds from process "
+        "start to the first step record; peak memory is the row process's VmHWM",
+        "task": task,
+        "load": os.getloadavg(),
         "date": date.today().isoformat(),
         "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
@@ -223,7 +262,8 @@ def main() -> None:
         "batch_size": 16,
         "results": results,
     }
-    name = f"data-{date.today().isoformat()}{'-smoke' if opts.smoke else ''}.json"
+    kind = "" if task == "classification" else f"-{task}"
+    name = f"data-{date.today().isoformat()}{kind}{'-smoke' if opts.smoke else ''}.json"
     path = Path(opts.output) if opts.output else HERE / "results" / name
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2))

@@ -141,36 +141,34 @@ def test_lazy_and_eager_cut_the_same_rows_in_the_same_order(kind, tiny_gpt2, tin
 
 def test_a_lazy_run_reads_about_its_blocks_and_trains_as_the_eager_one(tiny_gpt2, tmp_path, monkeypatch):
     """Raw text, no shuffling: the lazy run tokenizes one batch of JOIN_ROWS rows (it cuts blocks from 1,000 rows at
-    a time) instead of all 2,992, and its steps get the eager run's blocks, with the same losses."""
+    a time) instead of all 2,700, and its steps get the eager run's blocks, with the same losses."""
     from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
+    from ortlab.data.lazylm import JOIN_ROWS
+
     source = _text(tmp_path / "t.jsonl")
-    rows_read: dict[str, int] = {}
     original = PreTrainedTokenizerBase.__call__
+    counted: list[int] = []
+
+    def counting(tokenizer, text=None, *args, **kwargs):
+        if isinstance(text, list) and kwargs.get("add_special_tokens", True):
+            counted.append(len(text))
+        return original(tokenizer, text, *args, **kwargs)
+
+    monkeypatch.setattr(PreTrainedTokenizerBase, "__call__", counting)
+    runs = {}
     for name, lazy in (("eager", False), ("lazy", True)):
-        counted: list[int] = []
-
-        def counting(tokenizer, text=None, *args, **kwargs):
-            if isinstance(text, list) and kwargs.get("add_special_tokens", True):
-                counted.append(len(text))
-            return original(tokenizer, text, *args, **kwargs)
-
-        monkeypatch.setattr(PreTrainedTokenizerBase, "__call__", counting)
+        counted.clear()
         result, trained = _train(_spec(tiny_gpt2, source, tmp_path / name, name, lazy, shuffle=False))
-        monkeypatch.setattr(PreTrainedTokenizerBase, "__call__", original)
-        rows_read[name] = sum(counted)
-        result["trained"], result["losses"] = trained.steps, _losses(Path(result["run_dir"]))
-        rows_read[name + "_result"] = result  # type: ignore[assignment]
-    eager, lazy = rows_read["eager_result"], rows_read["lazy_result"]
-    assert lazy["trained"] == eager["trained"] and len(lazy["trained"]) == STEPS
+        runs[name] = {"read": sum(counted), "steps": trained.steps, "losses": _losses(Path(result["run_dir"]))}
+    eager, lazy = runs["eager"], runs["lazy"]
+    assert lazy["steps"] == eager["steps"] and len(lazy["steps"]) == STEPS
     assert sorted(lazy["losses"]) == list(range(1, STEPS + 1))
     for step, loss in eager["losses"].items():
         assert lazy["losses"][step] == pytest.approx(loss, abs=1e-6), step
-    from ortlab.data.lazylm import JOIN_ROWS
-
     # eager: every training row; lazy: one batch of rows, the eval rows, the fit check's rows (until a block fills)
-    assert rows_read["eager"] > 0.9 * ROWS
-    assert rows_read["lazy"] <= JOIN_ROWS + 2 * EVAL + 100
+    assert eager["read"] > 0.9 * ROWS
+    assert lazy["read"] <= JOIN_ROWS + 2 * EVAL + 100
 
 
 def test_a_shuffled_lazy_run_resumes_at_the_same_rows(tiny_chat_llama, tmp_path):
