@@ -235,3 +235,19 @@ def test_a_large_share_of_cut_off_examples_fails_the_lazy_run(tiny_chat_llama, t
     source.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(DataError, match=r"training examples read were dropped.*more than 50%"):
         _train(_spec(tiny_chat_llama, source, tmp_path, "long", True))
+
+
+def test_loader_workers_read_every_row_once_and_count_the_drops_together(tiny_chat_llama, tmp_path):
+    """On a GPU the DataLoader has worker processes: each reads its own shards of the lazy split, and the cut-off
+    examples they drop are counted in one place (shared memory), as the run's report needs."""
+    import torch
+
+    source = _chat(tmp_path / "c.jsonl", rows=600)
+    eager, eager_train, _ = _prepared(_spec(tiny_chat_llama, source, tmp_path, "e", False), tiny_chat_llama, False)
+    lazy, lazy_train, _ = _prepared(_spec(tiny_chat_llama, source, tmp_path, "l", True), tiny_chat_llama, True)
+    loader = torch.utils.data.DataLoader(lazy_train, batch_size=4, num_workers=2, collate_fn=list)
+    rows = [row for batch in loader for row in batch]
+    key = lambda row: tuple(row["input_ids"])  # noqa: E731
+    assert sorted(rows, key=key) == sorted(eager_train.to_list(), key=key)  # shuffled: the same rows, once each
+    assert (lazy.dropped.read, lazy.dropped.dropped) == (eager.dropped.read, eager.dropped.dropped)
+    assert lazy.dropped.dropped > 0
