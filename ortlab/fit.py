@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ortlab.data import DataError, Prepared, load_and_check
+from ortlab.data import checks as data_checks
 from ortlab.data.lazylm import plan
 from ortlab.spec import RunSpec
 from ortlab.tasks import ModelError, check_model_fits_task, load_tokenizer, resolve_model
@@ -234,6 +235,8 @@ def _check_blocks(tokenizer: Any, prepared: Prepared, max_length: int) -> None:
         total += sum(len(ids) + eos for ids in tokenizer(texts)["input_ids"]) if texts else 0
         if total >= max_length:
             return
+    if prepared.streamed and len(ds) >= data_checks.HEAD_ROWS:
+        return  # a stream's head is not all of it: later rows may fill a block
     raise DataError(
         f"data: the training text is {total:,} tokens, less than one block of hyper.max_length={max_length} (a "
         "causal LM trains on full blocks); add text or lower hyper.max_length"
