@@ -6,6 +6,7 @@ path: no Arrow conversion of the file, checks on a head).
     .venv/bin/python benchmarks/bench_data.py                      # 20k and 400k rows, both paths
     .venv/bin/python benchmarks/bench_data.py --sizes 20000 400000 4000000 --format parquet
     .venv/bin/python benchmarks/bench_data.py --smoke              # 2k rows, seconds (the test runs this)
+    .venv/bin/python benchmarks/bench_data.py --task chat          # causal-lm: raw text (--task text) or chat
 
 Why this way: the cost being measured is what a run does with its data before step 1 (loading, checking,
 splitting, tokenizing), so the model is the tests' tiny BERT (built here in a second, no download) and every row
@@ -74,6 +75,8 @@ WORDS = [
 
 
 PATHS = ("eager", "lazy", "stream")  # data.lazy false; data.lazy true; data.lazy and data.streaming true
+TASKS = ("classification", "text", "chat")  # reviews with labels; raw text for a causal LM; conversations, packed
+LM_LENGTH = 64  # causal-lm blocks and packed rows (the tiny LMs have 128 positions)
 
 
 def generate(path: Path, rows: int, seed: int = 0) -> Path:
@@ -96,7 +99,40 @@ def generate(path: Path, rows: int, seed: int = 0) -> Path:
     return path
 
 
-def child(data: str, model: str, path: str, out: str, steps: int) -> None:
+def generate_lm(path: Path, rows: int, task: str, seed: int = 0) -> Path:
+    """`rows` of JSON lines: raw text (a paragraph of 5 to 40 words) or a conversation (a review to judge, a
+    one-word answer), the causal-lm rows of `task`."""
+    rng = random.Random(seed)
+    with open(path, "w", encoding="utf-8") as f:
+        for _ in range(rows):
+            words = " ".join(rng.choices(WORDS, k=rng.randint(5, 40)))
+            if task == "text":
+                row: dict = {"text": words}
+            else:
+                answer = rng.choice(("fresh", "rotten"))
+                question = {"role": "user", "content": f"Fresh or rotten? {words}"}
+                turns = [question, {"role": "assistant", "content": answer}]
+                row = {"messages": turns}
+            f.write(json.dumps(row) + "\n")
+    return path
+
+
+def _spec(task: str, data: str, model: str, path: str, steps: int, out: str) -> dict:
+    spec = {
+        "task": "sequence-classification",
+        "model": {"name": model},
+        "data": {"source": data, "lazy": path != "eager", "streaming": path == "stream", "max_eval_samples": 64},
+        "hyper": {"max_steps": steps, "batch_size": 16, "logging_steps": 1},
+        "output_dir": str(Path(out).parent / "runs"),
+    }
+    if task != "classification":
+        spec["task"] = "causal-lm"
+        spec["hyper"]["max_length"] = LM_LENGTH
+        spec["data"]["packing"] = task == "chat"
+    return spec
+
+
+def child(task: str, data: str, model: str, path: str, out: str, steps: int) -> None:
     """One row: train `steps` steps and write its timings to `out` (runs in its own process)."""
     import resource
 
@@ -127,15 +163,7 @@ def child(data: str, model: str, path: str, out: str, steps: int) -> None:
         if record.get("event") == "step" and "first_step_s" not in first:
             first["first_step_s"] = time.monotonic() - STARTED
 
-    spec = RunSpec.model_validate(
-        {
-            "task": "sequence-classification",
-            "model": {"name": model},
-            "data": {"source": data, "lazy": path != "eager", "streaming": path == "stream", "max_eval_samples": 64},
-            "hyper": {"max_steps": steps, "batch_size": 16, "logging_steps": 1},
-            "output_dir": str(Path(out).parent / "runs"),
-        }
-    )
+    spec = RunSpec.model_validate(_spec(task, data, model, path, steps, out))
     train_spec(spec, progress=False, on_metrics=on_metrics, log=lambda line: None)
     peak_mb = _peak_rss_mb() or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     record = {**first, **phases, "total_s": time.monotonic() - STARTED, "peak_mem_mb": peak_mb}
@@ -183,12 +211,20 @@ def _peak_rss_mb() -> float | None:
 
 
 def run_row(
-    data: Path, model: Path, path: str, steps: int, work: Path, round_: int = 0, root: Path = ROOT, tree: str = "this"
+    task: str,
+    data: Path,
+    model: Path,
+    path: str,
+    steps: int,
+    work: Path,
+    round_: int = 0,
+    root: Path = ROOT,
+    tree: str = "this",
 ) -> dict:
     """One row in its own process, with ortlab from `root` (this checkout, or `--baseline`'s)."""
     out = work / f"row-{path}-{tree}-{data.stem}-{round_}.json"  # its own cache too: every round starts cold
     env = {**os.environ, "HF_DATASETS_CACHE": str(work / f"cache-{out.stem}"), "PYTHONPATH": str(root)}
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(data), str(model), path, str(out)]
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", task, str(data), str(model), path, str(out)]
     proc = subprocess.run([*cmd, str(steps)], capture_output=True, text=True, env=env, cwd=root)
     if proc.returncode != 0:
         return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"}
@@ -214,36 +250,45 @@ def main() -> None:
         help="keep the generated files here and reuse them in a later invocation (the same seed writes the same "
         "rows; generating 4M rows holds them in this process for a while, a burden on a machine short of memory)",
     )
-    p.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    p.add_argument("--task", choices=TASKS, default="classification", help="text, chat: causal-lm rows (JSONL)")
+    p.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     opts = p.parse_args()
     if opts.child:
-        data, model, path, out, steps = opts.child
-        child(data, model, path, out, int(steps))
+        task, data, model, path, out, steps = opts.child
+        child(task, data, model, path, out, int(steps))
         return
     sizes = [2_000] if opts.smoke else opts.sizes
     trees = {"this": ROOT, **({"baseline": Path(opts.baseline).resolve()} if opts.baseline else {})}
     load_at_start = os.getloadavg()  # the machine is shared: its load goes beside the figures
     sys.path.insert(0, str(ROOT))
-    from tests.helpers.tiny_models import build_tiny_bert
+    from tests.helpers.tiny_models import build_tiny_bert, build_tiny_chat_llama, build_tiny_gpt2
 
     results = []
+    task, fmt = opts.task, opts.format if opts.task == "classification" else "jsonl"
     with tempfile.TemporaryDirectory(prefix="bench-data-") as tmp:
         work = Path(tmp)
-        model = build_tiny_bert(work / "tiny-bert")
+        build = {"classification": build_tiny_bert, "text": build_tiny_gpt2, "chat": build_tiny_chat_llama}[task]
+        model = build(work / f"tiny-{task}")
         for n in sizes:
             t = time.monotonic()
-            kept = Path(opts.data_dir) / f"reviews-{n}.{opts.format}" if opts.data_dir else None
-            data = kept if kept and kept.exists() else generate(kept or work / f"reviews-{n}.{opts.format}", n)
+            name = f"reviews-{n}.{fmt}" if task == "classification" else f"{task}-{n}.jsonl"
+            kept = Path(opts.data_dir) / name if opts.data_dir else None
+            if kept and kept.exists():
+                data = kept
+            elif task == "classification":
+                data = generate(kept or work / name, n)
+            else:
+                data = generate_lm(kept or work / name, n, task)
             made = time.monotonic() - t
             rows = {
-                (path, tree): {"rows": n, "format": opts.format, "path": path, "tree": tree, "generate_s": made}
+                (path, tree): {"rows": n, "task": task, "format": fmt, "path": path, "tree": tree, "generate_s": made}
                 for path in opts.paths
                 for tree in trees
             }
             for r in range(opts.repeat):  # rounds in turn: a busy spell of the machine hits every path alike
                 for (path, tree), row in rows.items():
                     print(f"[bench] {n:,} rows, {path} ({tree}), round {r + 1}/{opts.repeat} ...", flush=True)
-                    got = run_row(data, model, path, opts.steps, work, r, trees[tree], tree)
+                    got = run_row(task, data, model, path, opts.steps, work, r, trees[tree], tree)
                     row.setdefault("runs", []).append(got)
                     print(f"[bench]   {json.dumps(got)}", flush=True)
             for row in rows.values():
@@ -262,9 +307,11 @@ def main() -> None:
             r["first_step_vs_smallest"] = r["first_step_s"] / ref["first_step_s"]
     report = {
         "benchmark": "bench_data",
-        "method": "one process per row, a cold datasets cache each; tiny BERT; seconds from process start "
-        "to the first step record; peak memory is the row process's VmHWM (which counts the pages of the memory-"
-        "mapped Arrow files it touched), peak_anon_mb its anonymous resident memory sampled every 20 ms",
+        "method": "one process per row, a cold datasets cache each; tiny BERT (classification), tiny GPT-2 (raw "
+        f"text), tiny ChatML Llama (chat, packed); causal-lm blocks of {LM_LENGTH} tokens; seconds from process "
+        "start to the first step record; peak memory is the row process's VmHWM (which counts the pages of the "
+        "memory-mapped Arrow files it touched), peak_anon_mb its anonymous resident memory sampled every 20 ms",
+        "task": task,
         "load_at_start": load_at_start,
         "load_at_end": os.getloadavg(),
         "date": date.today().isoformat(),
@@ -276,7 +323,8 @@ def main() -> None:
         "batch_size": 16,
         "results": results,
     }
-    name = f"data-{date.today().isoformat()}{'-smoke' if opts.smoke else ''}.json"
+    kind = "" if task == "classification" else f"-{task}"
+    name = f"data-{date.today().isoformat()}{kind}{'-smoke' if opts.smoke else ''}.json"
     path = Path(opts.output) if opts.output else HERE / "results" / name
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2))

@@ -161,11 +161,6 @@ class PackedCollator:
         return {k: torch.tensor(v, dtype=torch.long) for k, v in out.items()}
 
 
-def strip_labels(dataset: Any) -> Any:
-    """Drop examples whose assistant tokens were all cut off by max_length (they would teach nothing)."""
-    return dataset.filter(lambda row: any(t != IGNORE for t in row["labels"]), desc="dropping cut-off examples")
-
-
 # --- generations ----------------------------------------------------------------------------------------------
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069]")

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from ortlab.data import DataError, Prepared, load_and_check
+from ortlab.data import checks as data_checks
+from ortlab.data.lazylm import plan
 from ortlab.spec import RunSpec
 from ortlab.tasks import ModelError, check_model_fits_task, load_tokenizer, resolve_model
 
@@ -225,14 +227,16 @@ def _max_length(config: Any, spec: Any, log: Callable[[str], None]) -> int:
 def _check_blocks(tokenizer: Any, prepared: Prepared, max_length: int) -> None:
     """Raw text for a causal LM is cut into blocks of max_length tokens: the training split must fill one, or the
     run fails after the model loads ('no training examples'). Counted until one block is full (cheap)."""
-    column, ds = prepared.text_column, prepared.train
+    column, ds = prepared.text_column, prepared.head if prepared.head is not None else prepared.train
     eos = 1 if tokenizer.eos_token_id is not None else 0
     total = 0
-    for start in range(0, len(ds), 1000):
-        texts = [t for t in ds[start : start + 1000][column] if isinstance(t, str) and t.strip()]
+    for start in range(0, len(ds), 100):
+        texts = [t for t in ds[start : start + 100][column] if isinstance(t, str) and t.strip()]
         total += sum(len(ids) + eos for ids in tokenizer(texts)["input_ids"]) if texts else 0
         if total >= max_length:
             return
+    if prepared.streamed and len(ds) >= data_checks.HEAD_ROWS:
+        return  # a stream's head is not all of it: later rows may fill a block
     raise DataError(
         f"data: the training text is {total:,} tokens, less than one block of hyper.max_length={max_length} (a "
         "causal LM trains on full blocks); add text or lower hyper.max_length"
@@ -267,6 +271,9 @@ def check(spec: RunSpec, log: Callable[[str], None] = print):
             "data.streaming: a streamed dataset has no known length, so hyper.epochs cannot be counted; set "
             "hyper.max_steps (or data.streaming: false to read it whole)"
         )
+    eager_why = plan(prepared, spec.task, spec.data.lazy, spec.hyper.max_steps, spec.seed, spec.data.shuffle)
+    if eager_why:
+        log(eager_why)
     model_path = resolve_model(spec.model.name)  # the embedded LLM is made here, once, now that the data is good
     check_model_fits_task(model_path, spec.task)  # again: the embedded LLM's config exists only now
     tokenizer = check_fit(model_path, spec, prepared, log)

@@ -75,7 +75,13 @@ class DataSpec(_Strict):
     lazy: bool = Field(
         True,
         description="Tokenize rows as training reads them, so step 1 comes in seconds at any size (false: every row "
-        "before step 1, cached by datasets). Raw-text causal LM and packed chat data are always prepared whole.",
+        "before step 1, cached by datasets). Causal-lm data (raw text cut into blocks, chat data) is prepared as read "
+        "when hyper.max_steps is set, else whole (epochs need the number of blocks).",
+    )
+    shuffle: bool = Field(
+        True,
+        description="Train on the rows in a seeded random order (false: in the data's order; causal-lm blocks and "
+        "packed rows in the order they are cut).",
     )
     streaming: bool | Literal["auto"] = Field(
         "auto",

@@ -1,5 +1,6 @@
 """benchmarks/bench_data.py runs end to end (its --smoke mode: 2,000 generated rows through the eager, lazy and
-streamed paths, one `ortlab train` process each) and writes the JSON its committed results have."""
+streamed paths, one `ortlab train` process each; reviews for a classifier, or conversations for a causal LM) and
+writes the JSON its committed results have."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ from conftest import PYTHON, ROOT
 
 @pytest.mark.slow  # three training processes that import torch: ~1 min on a busy 2-core machine
 @pytest.mark.multiprocess
-def test_the_data_benchmark_writes_time_to_first_step_per_path(tmp_path):
+@pytest.mark.parametrize("task", ["classification", "chat"])
+def test_the_data_benchmark_writes_time_to_first_step_per_path(task, tmp_path):
     out = tmp_path / "data.json"
     proc = subprocess.run(
-        [PYTHON, str(ROOT / "benchmarks" / "bench_data.py"), "--smoke", "--output", str(out)],
+        [PYTHON, str(ROOT / "benchmarks" / "bench_data.py"), "--smoke", "--task", task, "--output", str(out)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -25,7 +27,7 @@ def test_the_data_benchmark_writes_time_to_first_step_per_path(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
-    assert report["benchmark"] == "bench_data" and report["smoke"] is True
+    assert report["benchmark"] == "bench_data" and report["smoke"] is True and report["task"] == task
     rows = {r["path"]: r for r in report["results"]}
     assert set(rows) == {"eager", "lazy", "stream"}
     for path, row in rows.items():

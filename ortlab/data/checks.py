@@ -203,8 +203,8 @@ def load_and_check(spec: DataSpec, task: str, seed: int) -> Prepared:
         (text, target), pair, label = check_seq2seq(raw, spec), None, None
     else:
         text, pair, label = check(raw, spec, task)
-    lazy = spec.lazy and chat is None and task != "causal-lm"
-    if lazy:  # before any split or shuffle: the position a late failure names is the row's place in its source
+    lazy = spec.lazy and chat is None and task != "causal-lm"  # causal-lm: ortlab.data.lazylm.plan decides
+    if spec.lazy:  # before any split or shuffle: the position a late failure names is the row's place in its source
         import numpy as np
 
         used = {spec.train_split, spec.eval_split}
@@ -246,11 +246,6 @@ def _check_stream(raw: dict, files: list[str], spec: DataSpec, task: str, seed: 
     show, a value that cannot be tokenized) fails the run naming where it is."""
     import datasets
 
-    if task == "causal-lm":
-        raise DataError(
-            "data.streaming: causal-lm data (raw text cut into blocks, chat templates, packing) is prepared whole; "
-            "set data.streaming: false"
-        )
     if spec.train_split not in raw:
         raise DataError(f"data.train_split: no split {spec.train_split!r}; the data has {sorted(raw)}")
     if spec.eval_split is not None and spec.eval_split not in raw:
@@ -284,8 +279,12 @@ def _check_stream(raw: dict, files: list[str], spec: DataSpec, task: str, seed: 
             f"{n_eval} held out for evaluation; set data.streaming: false for a small dataset"
         )
     checked = {spec.train_split: head, **({spec.eval_split: evaluation} if spec.eval_split else {})}
-    target = None
-    if task == "seq2seq":
+    target, chat = None, check_chat(checked, spec) if task == "causal-lm" else None
+    if spec.packing and chat is None:
+        raise DataError("data.packing: packing is for chat data; raw text is already cut into full blocks")
+    if chat is not None:  # the head's and the eval rows' conversations checked; later rows as training reads them
+        text, pair, label, read = None, None, None, {}
+    elif task == "seq2seq":
         (text, target), pair, label = check_seq2seq(checked, spec), None, None
         read = {"source": text, "target": target}
     else:
@@ -296,10 +295,26 @@ def _check_stream(raw: dict, files: list[str], spec: DataSpec, task: str, seed: 
     names = label_names(head, label, task) if label else []
     if label:
         _check_labels_known(evaluation, label, task, names, "eval split")
-    train = train.shuffle(seed=seed, buffer_size=SHUFFLE_BUFFER)
+    if spec.shuffle:
+        train = train.shuffle(seed=seed, buffer_size=SHUFFLE_BUFFER)
     if spec.max_train_samples:
         train = train.take(spec.max_train_samples)
-    return Prepared(train, evaluation, text, pair, label, names, files, target, lazy=True, head=head)
+    return Prepared(
+        train,
+        evaluation,
+        text,
+        pair,
+        label,
+        names,
+        files,
+        target,
+        **(chat or {}),
+        packing=spec.packing,
+        lazy=True,
+        head=head,
+        seed=seed,
+        shuffle=spec.shuffle,
+    )
 
 
 def _check_values(ds: Dataset, split: str, task: str, **columns: str | None) -> None:

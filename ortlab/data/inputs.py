@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ortlab.chat import ChatDataError, check_messages, encode, from_pair, pack, strip_labels
-from ortlab.data.prepared import ROW_COLUMN, DataError, Prepared
+from ortlab.chat import ChatDataError
+from ortlab.data.lazylm import JOIN_ROWS, Dropped, chat_rows, lazy_train, named_rows, packed, text_blocks
+from ortlab.data.prepared import DataError, Prepared
 
 if TYPE_CHECKING:  # pragma: no cover
     from datasets import Dataset
@@ -61,29 +62,26 @@ def tokenize(
             return out
 
     else:  # causal-lm: concatenate and cut into blocks of max_length
-
-        def fn(batch: dict) -> dict:
-            ids = tokenizer([t for t in batch[text] if t and t.strip()])["input_ids"]
-            eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-            flat = [tok for row in ids for tok in row + eos]
-            n = (len(flat) // max_length) * max_length
-            blocks = [flat[i : i + max_length] for i in range(0, n, max_length)]
-            return {"input_ids": blocks, "attention_mask": [[1] * max_length for _ in blocks], "labels": blocks}
+        fn = text_blocks(tokenizer, text, max_length)
+        if prepared.lazy:  # ortlab.data.lazylm.plan: max_steps set (or a stream): blocks cut as training reads
+            return lazy_train(prepared, tokenizer, max_length), _eager(prepared.eval, fn, "eval")
 
     if prepared.lazy and task != "causal-lm":  # one row in, one row out: tokenized as the trainer reads it
         columns = prepared.head.column_names if prepared.head is not None else None  # a stream's columns
         return lazy_rows(prepared.train, fn, "train", columns), lazy_rows(prepared.eval, fn, "eval")
 
-    def run(ds: Dataset, what: str) -> Dataset:
-        return ds.map(fn, batched=True, remove_columns=ds.column_names, desc=f"tokenizing {what}")
-
-    train, evaluation = run(prepared.train, "train"), run(prepared.eval, "eval")
+    train, evaluation = _eager(prepared.train, fn, "train"), _eager(prepared.eval, fn, "eval")
     if len(train) == 0:
         raise DataError(
             f"data: no training examples after tokenizing (causal LM needs at least {max_length} tokens of text; "
             "lower hyper.max_length or add text)"
         )
     return train, evaluation
+
+
+def _eager(ds: Dataset, fn: Callable[[dict], dict], what: str) -> Dataset:
+    """Every row of `ds` through `fn` now (in datasets' batches of JOIN_ROWS rows), cached by datasets."""
+    return ds.map(fn, batched=True, batch_size=JOIN_ROWS, remove_columns=ds.column_names, desc=f"tokenizing {what}")
 
 
 STREAM_BATCH = 64  # a stream's rows tokenized together: a few training batches ahead, not datasets' default 1000
@@ -98,34 +96,11 @@ def lazy_rows(ds: Dataset, fn: Callable[[dict], dict], split: str, columns: list
     word list and its tags of different lengths) fails the run with the row's position in its source split.
     A stream (streamed data: `columns` are its raw columns, dropped from the output) is mapped the same way."""
 
-    def transform(batch: dict) -> dict:
-        rows = batch.get(ROW_COLUMN)
-        batch = {k: v for k, v in batch.items() if k != ROW_COLUMN}
-        try:
-            return fn(batch)
-        except DataError:
-            raise
-        except Exception:
-            _raise_for_bad_row(fn, batch, rows, split)
-            raise
+    transform = named_rows(fn, split)
 
     if not hasattr(ds, "__len__"):  # a stream (IterableDataset): its map is lazy, run as the trainer iterates
         return ds.map(transform, batched=True, batch_size=STREAM_BATCH, remove_columns=columns)
     return ds.with_transform(transform)
-
-
-def _raise_for_bad_row(fn: Callable[[dict], dict], batch: dict, rows: list[int] | None, split: str) -> None:
-    """Find the row of a failed batch that fails on its own, and raise a DataError naming its position."""
-    size = len(next(iter(batch.values()), []))
-    for i in range(size):
-        try:
-            fn({k: v[i : i + 1] for k, v in batch.items()})
-        except Exception as e:
-            where = f"row {rows[i]}" if rows is not None else "a row"
-            raise DataError(
-                f"data: {where} of the {split!r} split (data rows counted from 0) cannot be used: "
-                f"{type(e).__name__}: {e}; fix or drop that row"
-            ) from e
 
 
 def _tokenize_chat(prepared: Prepared, tokenizer: Any, max_length: int) -> tuple[Dataset, Dataset]:
@@ -134,34 +109,27 @@ def _tokenize_chat(prepared: Prepared, tokenizer: Any, max_length: int) -> tuple
 
     if not tokenizer.is_fast:
         raise DataError("chat data needs a fast tokenizer (it maps tokens to characters); this one is not")
-    messages, prompt, response = prepared.messages_column, prepared.prompt_column, prepared.response_column
-
-    def fn(batch: dict) -> dict:
-        if messages:
-            convs = [check_messages(m, "row") for m in batch[messages]]
-        else:
-            convs = [from_pair(p, r, "row") for p, r in zip(batch[prompt], batch[response], strict=True)]
-        rows = [encode(tokenizer, c, max_length) for c in convs]
-        return {"input_ids": [r["input_ids"] for r in rows], "labels": [r["labels"] for r in rows]}
-
-    def packed(batch: dict) -> dict:
-        return pack(batch["input_ids"], batch["labels"], max_length)
+    fn = chat_rows(tokenizer, prepared, max_length)  # cut-off examples dropped (counted below)
 
     def run(ds: Dataset, what: str) -> Dataset:
         try:
-            out = ds.map(fn, batched=True, remove_columns=ds.column_names, desc=f"formatting chat {what}")
+            return ds.map(fn, batched=True, remove_columns=ds.column_names, desc=f"formatting chat {what}")
         except ChatDataError as e:
             raise DataError(f"data: {e}") from None
-        return strip_labels(out)
 
-    train, evaluation = run(prepared.train, "train"), run(prepared.eval, "eval")
+    evaluation = run(prepared.eval, "eval")
+    if prepared.lazy:  # ortlab.data.lazylm.plan: max_steps set (or a stream): templated and packed as read
+        return lazy_train(prepared, tokenizer, max_length), evaluation
+    train = run(prepared.train, "train")
+    prepared.dropped = Dropped.counted(len(prepared.train), len(prepared.train) - len(train))
+    prepared.dropped.check(max_length)  # a large share dropped fails here, as it does on the lazy path
     if len(train) == 0:
         raise DataError(
             f"data: no training example keeps an assistant token within hyper.max_length={max_length}; raise "
             "hyper.max_length or shorten the prompts"
         )
     if prepared.packing:
-        train = train.map(packed, batched=True, batch_size=1000, desc="packing train")
+        train = train.map(packed(max_length), batched=True, batch_size=JOIN_ROWS, desc="packing train")
     return train, evaluation
 
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ortlab.chat import check_messages, from_pair
 from ortlab.errors import OrtlabError
@@ -40,6 +40,10 @@ class Prepared:
     packing: bool = False
     max_length: int | None = None  # hyper.max_length as the model allows it (set by ortlab.fit.check_fit)
     lazy: bool = False  # rows tokenized as training reads them (ortlab.data.inputs.tokenize); they carry ROW_COLUMN
+    # causal-lm data prepared lazily (ortlab.data.lazylm.plan): the seeded order, and the cut-off examples counted
+    seed: int = 42
+    shuffle: bool = True
+    dropped: Any = None  # lazylm.Dropped: chat examples read and dropped (every assistant token cut off)
 
     head: Dataset | None = None  # streamed data: the first training rows, read for the checks (train is a stream)
 

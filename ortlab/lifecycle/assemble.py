@@ -67,12 +67,16 @@ def load(spec: RunSpec, model_path: str, prepared: Prepared, log: Callable[[str]
     if note:
         log(note)
     train_ds, eval_ds = tokenize(prepared, tokenizer, spec.task, spec.hyper.max_length, spec.hyper.max_target_length)
-    if prepared.chat:
+    if prepared.chat and prepared.lazy:
+        log(f"chat data: train rows templated{' and packed' if prepared.packing else ''} as read, {len(eval_ds)} eval")
+    elif prepared.chat:
         log(
             f"chat data: {len(train_ds)} train rows"
             + (" (packed)" if prepared.packing else "")
             + f", {len(eval_ds)} eval"
         )
+        if prepared.dropped is not None and prepared.dropped.dropped:
+            log(prepared.dropped.note(spec.hyper.max_length))
     pad = COMPILE_PAD_MULTIPLE if spec.accel.torch_compile else None
     collate = collator(spec.task, tokenizer, model, prepared, pad_to_multiple_of=pad)
     return Loaded(spec, prepared, tokenizer, model, train_ds, eval_ds, collate)
@@ -122,7 +126,7 @@ def build_trainer(
         on_metrics=on_metrics,
         # The generations callback answers at on_evaluate only: after the view's own on_evaluate (its eval bar
         # closes before the answers are printed), and apart from every other callback's events.
-        callbacks=[*callbacks, *([generations] if generations is not None else [])],
+        callbacks=[*callbacks, *([generations] if generations is not None else []), *_dropped_report(loaded, log)],
     )
     # Steps already in the stream (a killed run, or a restarted worker group, trains again from an earlier
     # checkpoint) are not written twice: every view counts each step once.
@@ -179,6 +183,7 @@ def training_arguments(spec: RunSpec, run: RunDir, progress: bool, choice: dict[
         save_steps=h.save_steps or 500,
         seed=spec.seed,
         data_seed=spec.seed,
+        train_sampling_strategy="random" if spec.data.shuffle else "sequential",
         # Experiment trackers (ortlab.trackers): offline, in the run folder, with ortlab's config. trackio must not
         # publish a Space after training: trackio_static_space_id=False.
         report_to=list(spec.report_to),
@@ -188,6 +193,15 @@ def training_arguments(spec: RunSpec, run: RunDir, progress: bool, choice: dict[
         ortlab_config=run_config(spec, a) if spec.report_to else None,
         disable_tqdm=not progress,
     )
+
+
+def _dropped_report(loaded: Loaded, log: Callable[[str], None]) -> list[Any]:
+    """Lazy chat data: the callback that says at the end how many cut-off examples training read and dropped."""
+    if not (loaded.prepared.chat and loaded.prepared.lazy):
+        return []
+    from ortlab.data.lazylm import report_callback
+
+    return [report_callback(loaded.prepared, loaded.spec.hyper.max_length, log)]
 
 
 def _dataloader_settings() -> dict[str, Any]:

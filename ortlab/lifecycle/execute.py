@@ -229,7 +229,7 @@ def _auto_mix(loaded: Loaded, run: RunDir, model_path: str, log: Callable[[str],
         spec,
         model_path=model_path,
         label_names=prepared.label_names,
-        train_dataset=loaded.train_ds,
+        train_dataset=_lookup_rows(loaded),
         collate=loaded.collate,
         progress=log,
         log_dir=run.path / "logs",
@@ -252,6 +252,20 @@ def _auto_mix(loaded: Loaded, run: RunDir, model_path: str, log: Callable[[str],
     if auto:
         log("auto accelerations: " + ", ".join(f"{k}={v}" for k, v in auto.items()) + f" ({why})")
     return choice
+
+
+def _lookup_rows(loaded: Loaded) -> Any:
+    """The rows the acceleration lookup draws batches from: the training split, or for causal-lm data prepared as
+    read (no length, no shuffled access) its first prepared rows, enough for the lookup's batches."""
+    spec = loaded.spec
+    if not (loaded.prepared.lazy and spec.task == "causal-lm"):
+        return loaded.train_ds
+    if not spec.accel.auto_fields() or spec.accel.tune == "off" or spec.target.processes > 1:
+        return None  # `decide` reads no rows then: none are prepared for it
+    from ortlab.data.lazylm import lookup_sample
+    from ortlab.tune.auto import BATCHES
+
+    return lookup_sample(loaded.train_ds, BATCHES * spec.hyper.batch_size, loaded.prepared)
 
 
 def _yield_to_packing(loaded: Loaded, choice: dict[str, Any] | None, log: Callable[[str], None]) -> Any:
