@@ -203,10 +203,14 @@ def _print_result(result: dict) -> None:
         f"tokens/s; warm-up {s['warmup_time_s']:.1f} s; peak memory {s['peak_mem_mb']:.0f} MB"
     )
     if isinstance(s.get("steady_mfu"), (int, float)):
-        console.print(
-            f"model FLOPs: {s.get('steady_model_tflops_per_s', 0):.3f} TFLOP/s, MFU {100 * s['steady_mfu']:.1f}% of "
-            "this machine's measured matmul peak"
-        )
+        from rich.markup import escape
+
+        from ortlab.runfolder.compare import OVER_PEAK, over_peak
+
+        mfu = f"MFU {100 * s['steady_mfu']:.1f}% of this machine's measured matmul peak"
+        if over_peak(s["steady_mfu"]):
+            mfu = f"[yellow]MFU {100 * s['steady_mfu']:.1f}%: {escape(OVER_PEAK)}[/]"
+        console.print(f"model FLOPs: {s.get('steady_model_tflops_per_s', 0):.3f} TFLOP/s, {mfu}", soft_wrap=True)
     console.print(f"accelerations applied: {', '.join(applied) or 'none'}")
     params = result.get("parameters") or {}
     if params.get("total"):

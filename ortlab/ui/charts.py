@@ -32,6 +32,7 @@ from typing import Any
 import ipywidgets as widgets
 
 from ortlab.runfolder import events
+from ortlab.runfolder.compare import OVER_PEAK, over_peak
 from ortlab.runfolder.downsample import LiveSeries
 from ortlab.runfolder.stream import RunSummary
 from ortlab.ui.display import RefreshedDisplay
@@ -124,6 +125,7 @@ class RunMonitor(RefreshedDisplay, widgets.VBox):
         self._changed: set[int] = set()  # traces with points not sent yet
         self._traces: dict[tuple[str, str], int] = {}
         self._with_data: set[str] = set()  # the GPU panels some run brought a point for (see _arrange)
+        self.over_peak = False  # some run's MFU went over 100 %: the panel's title says what that means
         self._runs: dict[str, Any] = {}
         # Each run's summary, folded from the records as they are drawn: the workbench's table reads these instead
         # of re-reading every run's metrics file on each refresh.
@@ -183,6 +185,8 @@ class RunMonitor(RefreshedDisplay, widgets.VBox):
         with self._lock:
             for panel, kind, value in points:
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    if panel == "mfu" and over_peak(value) and not self.over_peak:
+                        self._flag_over_peak()
                     index = self._trace(run_id, panel, kind)
                     series = self._series.get(index)
                     if series is None:
@@ -223,6 +227,14 @@ class RunMonitor(RefreshedDisplay, widgets.VBox):
             )
             self._traces[key] = len(self.figure.data) - 1
         return self._traces[key]
+
+    def _flag_over_peak(self) -> None:
+        """MFU over 100 % is impossible: the cached peak was measured under load. The MFU panel's title says so."""
+        self.over_peak = True
+        index = [p for p, _ in PANELS].index("mfu")
+        title = self.figure.layout.annotations[index]
+        title.text = f"{dict(PANELS)['mfu']}<br>{OVER_PEAK.replace('`', '')}"
+        title.font = {"color": "#c07000", "size": 11}
 
     def _relabel(self, run_id: str, record: dict[str, Any]) -> None:
         label = run_label(self._runs.get(run_id), run_id, record.get("accelerations"))
