@@ -453,6 +453,10 @@ def print_table(report: dict) -> None:
     for precision, peak in report.get("measured_peak", {}).items():
         how = f"{peak['size']}^2 matmuls, {peak['threads']} threads"
         print(f"measured {precision} peak: {peak['flops'] / 1e12:.3f} TFLOP/s ({how})")
+    if any(r.get("peak_pct", 0) > 100 for r in report["results"]):
+        from ortlab.runfolder.compare import OVER_PEAK
+
+        print(f"a row's % peak is {OVER_PEAK}")
     if report["tuned"]:
         t = report["tuned"]
         print(f"autotune picked {t['chosen']} in {t['calibration_s']:.0f} s ({t['rounds']} rounds)")

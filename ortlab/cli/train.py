@@ -145,7 +145,8 @@ def tune_cmd(
 
     with reported():
         spec = build_spec(spec_file, given)
-        result = tune_spec(spec, progress=lambda m: typer.echo(m, err=json_out), use_cache=cache, compile=compile)
+        say = lambda m: typer.echo(m, err=json_out)  # noqa: E731
+        result = tune_spec(spec, progress=say, use_cache=cache, compile=compile, baselines=True)
     if json_out:
         print(json.dumps(result.to_dict(), indent=2, default=str))
         return
@@ -154,22 +155,39 @@ def tune_cmd(
 
 def _print_tune(result: Any) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
+
+    from ortlab.runfolder.compare import OVER_PEAK
+
+    def times(value: float | None) -> str:
+        return num(value, ".2f") + ("x" if value is not None else "")
 
     console = Console(highlight=False)
     table = Table(title=None)
-    for col, justify in (("mix", "left"), ("samples/s", "right"), ("vs plain", "right"), ("warm-up", "right")):
-        table.add_column(col, justify=justify, overflow="fold")
+    columns = ("mix", "samples/s", "vs plain", "vs Trainer", "vs Trainer bf16", "% of peak", "warm-up")
+    for col in columns:
+        table.add_column(col, justify="left" if col == "mix" else "right", overflow="fold")
     table.add_column("verdict", overflow="fold")
-    for m in result.candidates:
+    for m in [*result.candidates, *result.references]:
         table.add_row(
             m.name,
             num(m.samples_per_s, ".1f"),
-            num(m.ratio, ".2f") + ("x" if m.ratio is not None else ""),
+            times(m.ratio),
+            times(m.vs_trainer),
+            times(m.vs_trainer_bf16),
+            num(m.peak_pct, ".0f") + ("%" if m.peak_pct is not None else "") + ("!" if (m.peak_pct or 0) > 100 else ""),
             num(m.warmup_s, ".1f") + (" s" if m.warmup_s is not None else ""),
             m.verdict,
         )
     console.print(table)
+    if result.peaks:
+        peaks = ", ".join(
+            f"{p} {v['flops'] / 1e12:.2f} TFLOP/s" for p, v in result.peaks.items() if isinstance(v.get("flops"), float)
+        )
+        console.print(f"% of peak: model FLOP/s over this machine's measured matmul peak ({peaks})")
+    if any((m.peak_pct or 0) > 100 for m in [*result.candidates, *result.references]):
+        console.print(f"[yellow]! {escape(OVER_PEAK)}[/]")
     how = "cached measurement" if result.cached else f"measured in {result.calibration_s:.0f} s"
     console.print(f"fastest here: [bold]{result.chosen}[/] ({how}, {result.rounds} interleaved rounds)")
     if result.choice.get("torch_compile"):
