@@ -121,6 +121,7 @@ def _candidate_trainer(config: dict, c: Candidate) -> Any:
 def _reference_trainer(settings: dict, model: Any, dataset: Any, warmup: int) -> Any:
     """Plain `transformers.Trainer` (torch's AdamW, its own loop) on the same batches, timed the same way; it
     records each step's loss and samples as ORTTrainer does, for the slices."""
+    import torch
     from transformers import Trainer, TrainingArguments
 
     class Plain(Trainer):
@@ -131,7 +132,8 @@ def _reference_trainer(settings: dict, model: Any, dataset: Any, warmup: int) ->
             self.last = (float(loss), int(inputs["input_ids"].shape[0]))
             return loss
 
-    args = TrainingArguments(optim="adamw_torch", **settings)
+    # use_cpu: transformers refuses bf16 without a GPU unless told the CPU is meant (ORTTrainingArguments says so).
+    args = TrainingArguments(optim="adamw_torch", use_cpu=not torch.cuda.is_available(), **settings)
     trainer = Plain(model=model, args=args, train_dataset=dataset, data_collator=lambda items: items[0])
     trainer.add_callback(slice_callback(args.device.type == "cuda", warmup, lambda: trainer.last))
     return trainer
