@@ -154,30 +154,28 @@ def tune_cmd(
 
 
 def _print_tune(result: Any) -> None:
+    from rich import box
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
     from ortlab.runfolder.compare import OVER_PEAK
 
-    def times(value: float | None) -> str:
-        return num(value, ".2f") + ("x" if value is not None else "")
-
     console = Console(highlight=False)
-    table = Table(title=None)
-    columns = ("mix", "samples/s", "vs plain", "vs Trainer", "vs Trainer bf16", "% of peak", "warm-up")
-    for col in columns:
-        table.add_column(col, justify="left" if col == "mix" else "right", overflow="fold")
+    table = Table(title=None, box=box.SIMPLE_HEAD, pad_edge=False, caption="x: ratio, paired round by round")
+    table.add_column("mix", no_wrap=True)  # whole names: the verdicts fold instead
+    for col in ("samples /s", "x plain", "x Trainer", "x Trainer bf16", "% of peak", "warm-up s"):
+        table.add_column(col, justify="right", overflow="fold")
     table.add_column("verdict", overflow="fold")
     for m in [*result.candidates, *result.references]:
         table.add_row(
             m.name,
             num(m.samples_per_s, ".1f"),
-            times(m.ratio),
-            times(m.vs_trainer),
-            times(m.vs_trainer_bf16),
+            num(m.ratio, ".2f"),
+            num(m.vs_trainer, ".2f"),
+            num(m.vs_trainer_bf16, ".2f"),
             num(m.peak_pct, ".0f") + ("%" if m.peak_pct is not None else "") + ("!" if (m.peak_pct or 0) > 100 else ""),
-            num(m.warmup_s, ".1f") + (" s" if m.warmup_s is not None else ""),
+            num(m.warmup_s, ".1f"),
             m.verdict,
         )
     console.print(table)
