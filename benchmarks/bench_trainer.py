@@ -53,6 +53,7 @@ ALL_MIXES = ["fused_adam", "ort", "ort+fused_adam", "bf16", "bf16+fused_adam", "
 # The plain Trainer in bf16 (`bf16=True`, what a user who flips one flag gets): ortlab must beat it too, not only fp32.
 BF16_BASELINE = "baseline_bf16"
 BASELINES = ("baseline", BF16_BASELINE)
+PRELOADED = "preload"  # the tag of the row that runs with --preload's allocator (it trains the mix without the tag)
 # --smoke: the machinery end to end in seconds (three processes, two rounds of one step, a short sequence); the
 # ratios it writes mean nothing, its point is that every row still starts, trains and is analysed.
 SMOKE = {"batch_size": 2, "seq_len": 16, "rounds": 2, "slice": 1, "warmup": 1}
@@ -112,7 +113,7 @@ def child(opts: argparse.Namespace) -> None:
     }
     name, _, tag = opts.mix.partition("@")  # "baseline@2" is a second baseline; "default@X" trains mix X
     mix = (tag or "none") if name == "default" else name
-    parts = set(mix.split("+")) - {"none", "baseline", "default"}
+    parts = set(mix.split("+")) - {"none", "baseline", "default", PRELOADED}
     if mix in BASELINES:
         trainer = Trainer(
             model=model,
@@ -202,6 +203,12 @@ def main() -> None:
     p.add_argument("--mixes", default="available", help="'available', 'all' or comma-separated, e.g. ort,bf16")
     p.add_argument("--no-tune", action="store_true", help="skip the autotuner's calibration")
     p.add_argument(
+        "--preload",
+        default=None,
+        help="a memory allocator library (e.g. jemalloc's .so): adds a row of ortlab's default mix with it in "
+        "LD_PRELOAD, measured against the same mix without it",
+    )
+    p.add_argument(
         "--smoke",
         action="store_true",
         help="the smallest run (under a minute here, more on a crowded machine): plain Trainer fp32 and bf16 and "
@@ -240,7 +247,12 @@ def main() -> None:
     rows = {"baseline": sys.executable, BF16_BASELINE: sys.executable}
     if not opts.smoke:
         rows.update({"baseline@2": sys.executable, "none": sys.executable})
-    rows[f"default@{default}" if default != "none" else "default"] = sys.executable
+    default_row = f"default@{default}" if default != "none" else "default"
+    rows[default_row] = sys.executable
+    if opts.preload:
+        if not Path(opts.preload).is_file():
+            raise SystemExit(f"--preload {opts.preload}: no such library file")
+        rows[f"{default_row}+{PRELOADED}" if default != "none" else f"default@{PRELOADED}"] = sys.executable
     rows.update({m: sys.executable for m in mixes})
     compile_python = None if opts.smoke else _compile_runtime()
     if compile_python and opts.device == "cpu":
@@ -255,7 +267,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="ortlab-bench-") as tmp:
         procs = {}
         for name, python in rows.items():
-            cmd = [python, __file__, "--child", "--mix", name, "--out", f"{tmp}/{name.replace('@', '-')}"]
+            preload = ["env", f"LD_PRELOAD={opts.preload}"] if name.endswith(PRELOADED) else []
+            cmd = [*preload, python, __file__, "--child", "--mix", name, "--out", f"{tmp}/{name.replace('@', '-')}"]
             for key in ("model", "device", "batch_size", "seq_len", "warmup"):
                 cmd += [f"--{key.replace('_', '-')}", str(getattr(opts, key))]
             procs[name] = Stepper(cmd, Path(tmp) / f"{name.replace('@', '-')}.log")
@@ -299,6 +312,7 @@ def main() -> None:
         "packages": {d: package_version(d) for d in ("torch", "transformers", "onnxruntime-training", "deepspeed")},
         "smoke": opts.smoke,
         "note": opts.note,
+        "preload": opts.preload,
         "noise_floor_ci95": noise,
         "flops_per_sample": flops,
         "flops_method": FLOPS_METHOD,
@@ -453,6 +467,10 @@ def print_table(report: dict) -> None:
     for precision, peak in report.get("measured_peak", {}).items():
         how = f"{peak['size']}^2 matmuls, {peak['threads']} threads"
         print(f"measured {precision} peak: {peak['flops'] / 1e12:.3f} TFLOP/s ({how})")
+    if any(r.get("peak_pct", 0) > 100 for r in report["results"]):
+        from ortlab.runfolder.compare import OVER_PEAK
+
+        print(f"a row's % peak is {OVER_PEAK}")
     if report["tuned"]:
         t = report["tuned"]
         print(f"autotune picked {t['chosen']} in {t['calibration_s']:.0f} s ({t['rounds']} rounds)")

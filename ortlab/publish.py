@@ -34,6 +34,7 @@ from ortlab.adapters import load_merged
 from ortlab.chat import read_generations, strip_controls
 from ortlab.errors import OrtlabError
 from ortlab.hub import offline
+from ortlab.runfolder.compare import mfu_text
 from ortlab.runfolder.rundir import RunDir
 from ortlab.scores import format_scores
 from ortlab.spec import RunSpec
@@ -188,7 +189,7 @@ def model_card(run: Any, merged: bool = False) -> str:
         )
     if isinstance(summary.get("steady_mfu"), (int, float)):
         lines.append(
-            f"- model FLOPs utilisation (MFU): {100 * summary['steady_mfu']:.1f}% "
+            f"- model FLOPs utilisation (MFU): {mfu_text(summary['steady_mfu'])} "
             f"({summary.get('steady_model_tflops_per_s', 0):.2f} model TFLOP/s, steady state, against the matmul peak "
             "measured on the training machine; see ortlab.flops and ortlab.peak)"
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -138,7 +139,7 @@ def measured(tmp_path_factory, tiny_bert):
     try:
         spec = _tiny_spec(tmp, tiny_bert)
         lines: list[str] = []
-        result = tune.tune_spec(spec, progress=lines.append)
+        result = tune.tune_spec(spec, progress=lines.append, baselines=True)  # as `ortlab tune` measures
     finally:
         if saved is None:
             os.environ.pop("ORTLAB_CACHE_DIR")
@@ -166,6 +167,27 @@ def test_tune_measures_every_candidate_in_its_own_process_and_caches(measured, t
     assert by_name["plain"].ratio == 1.0
     assert result.chosen in by_name and by_name[result.chosen].verdict.startswith("chosen")
     assert any(line.startswith("tune: measuring, round") for line in lines), "long work shows progress"
+    # Plain transformers.Trainer, fp32 and bf16=True, trained in the same rounds: never chosen, every row's ratio to
+    # both (the median of the paired ratios), and each row's share of the peak of the precision it trains in.
+    refs = {m.name: m for m in result.references}
+    assert set(refs) == {"trainer_fp32", "trainer_bf16"} and result.chosen not in refs
+    trainer, trainer_bf16 = refs["trainer_fp32"], refs["trainer_bf16"]
+    assert trainer.verdict.startswith("reference: plain transformers.Trainer") and len(trainer.slices) == result.rounds
+    assert trainer.vs_trainer == 1.0 and trainer.samples_per_s > 0
+    assert result.flops_per_sample > 0 and result.peaks["fp32"]["flops"] > 0
+    for m in [*result.candidates, *result.references]:
+        if len(m.slices) != result.rounds:
+            continue  # not measured here (its verdict says why)
+        paired = sorted(a / b for a, b in zip(m.slices, trainer.slices, strict=True))
+        assert m.vs_trainer == pytest.approx(statistics.median(paired))
+        peak = result.peaks[m.choice["precision"]]["flops"]
+        assert m.peak_pct == pytest.approx(100 * m.samples_per_s * result.flops_per_sample / peak)
+        if len(trainer_bf16.slices) == result.rounds:
+            assert m.vs_trainer_bf16 == pytest.approx(
+                statistics.median(a / b for a, b in zip(m.slices, trainer_bf16.slices, strict=True))
+            )
+    if len(trainer_bf16.slices) != result.rounds:  # bf16 not measured on this CPU: the same reason as bf16's row
+        assert trainer_bf16.verdict == next(m.verdict for m in result.candidates if m.name == "bf16+fused_adam")
     stored = json.loads((cache / "tune" / f"{result.key}.json").read_text())
     assert stored["chosen"] == result.chosen
 
@@ -187,8 +209,9 @@ def test_tune_measures_every_candidate_in_its_own_process_and_caches(measured, t
     assert f"fastest here: {result.chosen} (cached measurement" in proc.stdout, proc.stdout
     assert "…" not in proc.stdout, proc.stdout
     assert max(len(line) for line in proc.stdout.splitlines()) <= 80
-    for name in planned:
+    for name in [*planned, "trainer_fp32", "trainer_bf16"]:
         assert name in proc.stdout, name
+    assert "of this machine's measured matmul peak" in " ".join(proc.stdout.split())
 
 
 @pytest.mark.slow

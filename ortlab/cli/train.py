@@ -145,7 +145,8 @@ def tune_cmd(
 
     with reported():
         spec = build_spec(spec_file, given)
-        result = tune_spec(spec, progress=lambda m: typer.echo(m, err=json_out), use_cache=cache, compile=compile)
+        say = lambda m: typer.echo(m, err=json_out)  # noqa: E731
+        result = tune_spec(spec, progress=say, use_cache=cache, compile=compile, baselines=True)
     if json_out:
         print(json.dumps(result.to_dict(), indent=2, default=str))
         return
@@ -153,23 +154,38 @@ def tune_cmd(
 
 
 def _print_tune(result: Any) -> None:
+    from rich import box
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
+    from ortlab.runfolder.compare import OVER_PEAK
+
     console = Console(highlight=False)
-    table = Table(title=None)
-    for col, justify in (("mix", "left"), ("samples/s", "right"), ("vs plain", "right"), ("warm-up", "right")):
-        table.add_column(col, justify=justify, overflow="fold")
+    table = Table(title=None, box=box.SIMPLE_HEAD, pad_edge=False, caption="x: ratio, paired round by round")
+    table.add_column("mix", no_wrap=True)  # whole names: the verdicts fold instead
+    for col in ("samples /s", "x plain", "x Trainer", "x Trainer bf16", "% of peak", "warm-up s"):
+        table.add_column(col, justify="right", overflow="fold")
     table.add_column("verdict", overflow="fold")
-    for m in result.candidates:
+    for m in [*result.candidates, *result.references]:
         table.add_row(
             m.name,
             num(m.samples_per_s, ".1f"),
-            num(m.ratio, ".2f") + ("x" if m.ratio is not None else ""),
-            num(m.warmup_s, ".1f") + (" s" if m.warmup_s is not None else ""),
+            num(m.ratio, ".2f"),
+            num(m.vs_trainer, ".2f"),
+            num(m.vs_trainer_bf16, ".2f"),
+            num(m.peak_pct, ".0f") + ("%" if m.peak_pct is not None else "") + ("!" if (m.peak_pct or 0) > 100 else ""),
+            num(m.warmup_s, ".1f"),
             m.verdict,
         )
     console.print(table)
+    if result.peaks:
+        peaks = ", ".join(
+            f"{p} {v['flops'] / 1e12:.2f} TFLOP/s" for p, v in result.peaks.items() if isinstance(v.get("flops"), float)
+        )
+        console.print(f"% of peak: model FLOP/s over this machine's measured matmul peak ({peaks})")
+    if any((m.peak_pct or 0) > 100 for m in [*result.candidates, *result.references]):
+        console.print(f"[yellow]! {escape(OVER_PEAK)}[/]")
     how = "cached measurement" if result.cached else f"measured in {result.calibration_s:.0f} s"
     console.print(f"fastest here: [bold]{result.chosen}[/] ({how}, {result.rounds} interleaved rounds)")
     if result.choice.get("torch_compile"):
@@ -203,10 +219,14 @@ def _print_result(result: dict) -> None:
         f"tokens/s; warm-up {s['warmup_time_s']:.1f} s; peak memory {s['peak_mem_mb']:.0f} MB"
     )
     if isinstance(s.get("steady_mfu"), (int, float)):
-        console.print(
-            f"model FLOPs: {s.get('steady_model_tflops_per_s', 0):.3f} TFLOP/s, MFU {100 * s['steady_mfu']:.1f}% of "
-            "this machine's measured matmul peak"
-        )
+        from rich.markup import escape
+
+        from ortlab.runfolder.compare import OVER_PEAK, over_peak
+
+        mfu = f"MFU {100 * s['steady_mfu']:.1f}% of this machine's measured matmul peak"
+        if over_peak(s["steady_mfu"]):
+            mfu = f"[yellow]MFU {100 * s['steady_mfu']:.1f}%: {escape(OVER_PEAK)}[/]"
+        console.print(f"model FLOPs: {s.get('steady_model_tflops_per_s', 0):.3f} TFLOP/s, {mfu}", soft_wrap=True)
     console.print(f"accelerations applied: {', '.join(applied) or 'none'}")
     params = result.get("parameters") or {}
     if params.get("total"):

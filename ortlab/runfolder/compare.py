@@ -91,10 +91,39 @@ def compare(runs: list[Any], baseline: str | None = None, summaries: dict[str, R
     return rows
 
 
+# MFU over 100 % cannot be true: the model's FLOPs cannot run faster than the machine's dense matmul peak. It means
+# the cached peak (`ortlab.peak`) was measured while other work ran and is too low (a later measurement never lowers
+# it, but only a quiet one raises it), so every face that shows MFU says so beside the number, never a bare "220%".
+OVER_PEAK = "over the measured peak: measure it again on a quiet machine with `ortlab doctor --refresh`"
+
+
+def over_peak(mfu: Any) -> bool:
+    """Whether an MFU (a fraction of the measured peak) is impossible, so the peak it was taken against is too low."""
+    return _number(mfu) and mfu > 1
+
+
+def mfu_text(mfu: float, digits: int = 1) -> str:
+    """MFU in percent; over 100 % with what it means and the remedy (`OVER_PEAK`) beside it."""
+    text = f"{100 * mfu:.{digits}f}%"
+    return f"{text} ({OVER_PEAK})" if over_peak(mfu) else text
+
+
 def _mfu_cell(r: Row) -> str:
-    """MFU in percent (against the measured peak of the machine that trained) where the run has it, else '-'."""
+    """MFU in percent (against the measured peak of the machine that trained) where the run has it, else '-'; over
+    100 % flagged (a table cell holds the short form; the remedy is printed under the table)."""
     mfu = r.summary.get("steady_mfu")
-    return f"{100 * mfu:.1f}%" if _number(mfu) else "-"
+    if not _number(mfu):
+        return "-"
+    return f"{100 * mfu:.1f}% (over the measured peak)" if over_peak(mfu) else f"{100 * mfu:.1f}%"
+
+
+def _print_over_peak(console: Any, rows: list[Row]) -> None:
+    """Under the table: the runs whose MFU is over 100 %, what it means and how to fix it."""
+    from rich.markup import escape
+
+    over = [r.run_id for r in rows if over_peak(r.summary.get("steady_mfu"))]
+    if over:
+        console.print(f"[yellow]MFU of {escape(', '.join(over))} is {escape(OVER_PEAK)}[/]", soft_wrap=True)
 
 
 def _num(v: Any, fmt: str = ".2f") -> str:
@@ -170,6 +199,7 @@ def render(rows: list[Row], console: Any = None) -> None:
         console.print(table)
         _print_workers(console, rows)
         _print_damaged(console, rows)
+        _print_over_peak(console, rows)
         return
     letters = [chr(ord("A") + i) if i < 26 else str(i + 1) for i in range(len(rows))]
     for letter, r in zip(letters, rows, strict=True):
@@ -204,6 +234,7 @@ def render(rows: list[Row], console: Any = None) -> None:
     console.print(narrow)
     _print_workers(console, rows)
     _print_damaged(console, rows)
+    _print_over_peak(console, rows)
 
 
 def worker_throughput(summary: dict[str, Any]) -> list[float] | None:

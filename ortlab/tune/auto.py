@@ -147,7 +147,11 @@ def _probed(
 
 
 def tune_spec(
-    spec: Any, progress: Callable[[str], None] = print, use_cache: bool = True, compile: bool = False
+    spec: Any,
+    progress: Callable[[str], None] = print,
+    use_cache: bool = True,
+    compile: bool = False,
+    baselines: bool = False,
 ) -> TuneResult:
     """`ortlab tune`: check the spec's model and data, then measure its candidate mixes (or reuse the cache)."""
     model_path, prepared = check(spec, progress)
@@ -169,6 +173,7 @@ def tune_spec(
         processes=spec.target.processes,
         use_cache=use_cache,
         compile=compile,
+        baselines=baselines,
         progress=progress,
     )
     assert result is not None  # measure=True always returns a result or raises

@@ -62,14 +62,10 @@ def _candidate_trainer(config: dict, c: Candidate) -> Any:
         def __getitem__(self, i: int) -> dict:
             return batches[i % len(batches)]
 
-    args = ORTTrainingArguments(
+    settings = dict(
         output_dir=config["out"],
-        use_ort=c.ort,
-        ort_log_level="ERROR",
-        optim="adamw_ort_fused" if c.fused_adam else "adamw_torch",
         fp16=c.precision == "fp16",
         bf16=c.precision == "bf16",
-        torch_compile=c.torch_compile,
         learning_rate=config["learning_rate"],
         weight_decay=config["weight_decay"],
         lr_scheduler_type="constant",
@@ -84,6 +80,16 @@ def _candidate_trainer(config: dict, c: Candidate) -> Any:
         seed=config["seed"],
         data_seed=config["seed"],
     )
+    warmup = int(config["warmup"])  # the driver's first run command is the warm-up
+    if c.reference:  # plain transformers.Trainer, as a user runs it (ortlab.tune.share)
+        return _reference_trainer(settings, model, Cycle(), warmup)
+    args = ORTTrainingArguments(
+        use_ort=c.ort,
+        ort_log_level="ERROR",
+        optim="adamw_ort_fused" if c.fused_adam else "adamw_torch",
+        torch_compile=c.torch_compile,
+        **settings,
+    )
     trainer = ORTTrainer(
         model=model,
         args=args,
@@ -92,7 +98,6 @@ def _candidate_trainer(config: dict, c: Candidate) -> Any:
         feature=TASK_FEATURES[config["task"]],
     )
     cuda = args.device.type == "cuda"
-    warmup = int(config["warmup"])  # the driver's first run command is the warm-up
 
     def applied() -> tuple[dict[str, bool], str | None]:
         records = [v for v in trainer.accelerations.values() if v.requested]
@@ -110,6 +115,27 @@ def _candidate_trainer(config: dict, c: Candidate) -> Any:
         return trainer._step_counters["loss"], trainer._step_counters["samples"]
 
     trainer.add_callback(slice_callback(cuda, warmup, step, applied))
+    return trainer
+
+
+def _reference_trainer(settings: dict, model: Any, dataset: Any, warmup: int) -> Any:
+    """Plain `transformers.Trainer` (torch's AdamW, its own loop) on the same batches, timed the same way; it
+    records each step's loss and samples as ORTTrainer does, for the slices."""
+    import torch
+    from transformers import Trainer, TrainingArguments
+
+    class Plain(Trainer):
+        last: tuple[float, int] = (float("nan"), 0)
+
+        def training_step(self, model, inputs, num_items_in_batch=None):
+            loss = super().training_step(model, inputs, num_items_in_batch)
+            self.last = (float(loss), int(inputs["input_ids"].shape[0]))
+            return loss
+
+    # use_cpu: transformers refuses bf16 without a GPU unless told the CPU is meant (ORTTrainingArguments says so).
+    args = TrainingArguments(optim="adamw_torch", use_cpu=not torch.cuda.is_available(), **settings)
+    trainer = Plain(model=model, args=args, train_dataset=dataset, data_collator=lambda items: items[0])
+    trainer.add_callback(slice_callback(args.device.type == "cuda", warmup, lambda: trainer.last))
     return trainer
 
 

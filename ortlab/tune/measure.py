@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -22,11 +23,13 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
+from ortlab.accel.mix import _cuda_available
 from ortlab.envvars import child_env
+from ortlab.tune import share
 from ortlab.tune.cache import cache_key, cached, environment, model_identity, store
 from ortlab.tune.child import MARK
 from ortlab.tune.judge import _applied, _judge
-from ortlab.tune.mixes import Candidate, plan
+from ortlab.tune.mixes import Candidate, bf16_skipped, plan
 from ortlab.tune.result import Measured, TuneError, TuneResult
 
 WARMUP_STEPS = 2  # step 1 holds ORT's export and graph build; step 2 settles the allocator
@@ -50,14 +53,19 @@ def tune_batches(
     use_cache: bool = True,
     measure: bool = True,
     compile: bool = False,
+    baselines: bool = False,
     progress: Callable[[str], None] = print,
     log_dir: Path | None = None,
 ) -> TuneResult | None:
     """Measure the candidate mixes on `batches` (collated batches of the run's own data) and pick the fastest.
 
-    With `measure=False` only a cached measurement is returned (None when there is none).
+    With `measure=False` only a cached measurement is returned (None when there is none). With `baselines`, plain
+    `transformers.Trainer` in fp32 and with bf16=True train in the same rounds (never chosen), and each row gets its
+    ratio to both and its share of the measured peak (`ortlab.tune.share`; what `ortlab tune` shows).
     """
     candidates = plan(processes, compile=compile)
+    cuda = _cuda_available()
+    refs = share.references(bf16_skipped(cuda)) if baselines else []
     shapes = {
         "task": task,
         "batch_shapes": sorted({tuple(b["input_ids"].shape) for b in batches}),
@@ -66,7 +74,8 @@ def tune_batches(
     shapes["batch_shapes"] = [list(s) for s in shapes["batch_shapes"]]
     env = environment()
     key = cache_key(model_identity(model_path, revision), shapes, candidates, env)
-    if use_cache and (hit := cached(key)) is not None:
+    hit = cached(key) if use_cache else None
+    if hit is not None and (hit.references or not baselines):  # one without the references is measured again
         progress(f"tune: reusing the measurement of {time.strftime('%Y-%m-%d %H:%M', time.localtime(hit.created))}")
         return hit
     if not measure:
@@ -74,6 +83,13 @@ def tune_batches(
 
     started = time.monotonic()
     import torch
+
+    peaks, flops = {}, None
+    if baselines:  # before any candidate starts: a peak is measured with nothing else of ours running
+        precisions = {c.precision for c in [*candidates, *refs] if c.skipped is None}
+        progress(f"tune: the measured matmul peak ({', '.join(sorted(precisions))}) ...")
+        peaks = share.measured_peaks(precisions, "cuda" if cuda else "cpu")
+        flops = share.flops_per_sample(model_path, task, label_names, revision, batches)
 
     with tempfile.TemporaryDirectory(prefix="ortlab-tune-") as tmp:
         work = Path(tmp)
@@ -91,11 +107,11 @@ def tune_batches(
             "batches": str(work / "batches.pt"),
             "warmup": WARMUP_STEPS,
         }
-        measured = {c.name: Measured(c.name, c.choice()) for c in candidates}
+        measured = {c.name: Measured(c.name, c.choice()) for c in [*candidates, *refs]}
         live: dict[str, Stepper] = {}
         procs: dict[str, Stepper] = {}
         try:
-            to_run = [c for c in candidates if c.skipped is None]
+            to_run = [c for c in [*candidates, *refs] if c.skipped is None]
             # All start at once (importing torch and loading the model take most of a candidate's start-up), then
             # warm up one at a time, so each warm-up time is its own.
             progress(f"tune: starting {len(to_run)} candidate processes ({', '.join(c.name for c in to_run)}) ...")
@@ -112,7 +128,7 @@ def tune_batches(
                     continue
                 m.warmup_s, m.applied = reply["warmup_s"], reply["applied"]
                 missing = [k for k, v in c.choice().items() if v and v != "fp32" and not _applied(m.applied, k, v)]
-                if missing:
+                if missing and not c.reference:
                     m.verdict = f"rejected: {', '.join(missing)} did not apply ({reply.get('why') or 'see log'})"
                     proc.close()
                     continue
@@ -147,11 +163,21 @@ def tune_batches(
 
     if "plain" not in live:
         raise TuneError(f"tune: the plain mix failed while measuring: {measured['plain'].verdict}")
-    chosen = _judge(measured, losses, live)
-    for c in candidates:
+    ref_names = {c.name for c in refs}
+    chosen = _judge(measured, losses, {n: p for n, p in live.items() if n not in ref_names})
+    for c in [*candidates, *refs]:
         if c.skipped is not None:
             note = c.skipped if c.skipped.startswith("not measured") else f"not available: {c.skipped}"
             measured[c.name].verdict = note
+    for name in ref_names:
+        m = measured[name]
+        if m.slices and len(m.slices) == len(measured["plain"].slices):
+            m.samples_per_s = statistics.median(m.slices)
+            m.ratio = statistics.median(a / b for a, b in zip(m.slices, measured["plain"].slices, strict=True))
+            m.verdict = share.reference_verdict(name)
+    rows = list(measured.values())
+    share.add_reference_ratios(rows, {n: measured[n] for n in ref_names})
+    share.add_peak_share(rows, flops, peaks)
     result = TuneResult(
         chosen=chosen,
         choice=measured[chosen].choice,
@@ -162,6 +188,9 @@ def tune_batches(
         key=key,
         environment=env,
         shapes=shapes,
+        references=[measured[c.name] for c in refs],
+        peaks=peaks,
+        flops_per_sample=flops,
     )
     if use_cache:
         store(result)

@@ -25,6 +25,7 @@ class Candidate:
     torch_compile: bool = False
     python: str | None = None
     skipped: str | None = None  # why it is not measured here (not available, known to be emulated, ...)
+    reference: bool = False  # plain transformers.Trainer, measured for the table, never chosen (ortlab.tune.share)
 
     def choice(self) -> dict[str, Any]:
         return {
@@ -57,12 +58,7 @@ def plan(processes: int = 1, use_cpu: bool = False, compile: bool = False) -> li
     else:
         out.append(Candidate("ort", ort=True, skipped=ort_why))
         out.append(Candidate("ort+fused_adam", ort=True, fused_adam=True, skipped=ort_why or fused_ok.reason))
-    bf16 = precision.check_bf16()
-    bf16_why = None
-    if not bf16.available:
-        bf16_why = bf16.reason
-    elif bf16.slow and not cuda:
-        bf16_why = f"not measured: {bf16.reason}"
+    bf16_why = bf16_skipped(cuda)
     out.append(Candidate("bf16+fused_adam", fused_adam=fused_ok.available, precision="bf16", skipped=bf16_why))
     if cuda:
         out.append(Candidate("fp16+fused_adam", fused_adam=fused_ok.available, precision="fp16"))
@@ -80,6 +76,16 @@ def plan(processes: int = 1, use_cpu: bool = False, compile: bool = False) -> li
             if c.name != "plain" and c.skipped is None:
                 c.skipped = "not measured: ortlab tunes single-process runs only (processes > 1)"
     return out
+
+
+def bf16_skipped(cuda: bool) -> str | None:
+    """Why bf16 is not measured here (not available; emulated, so ~10x slower, on a CPU), or None."""
+    bf16 = precision.check_bf16()
+    if not bf16.available:
+        return bf16.reason
+    if bf16.slow and not cuda:
+        return f"not measured: {bf16.reason}"
+    return None
 
 
 def _compile_runtime() -> str | None:

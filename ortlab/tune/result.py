@@ -34,6 +34,10 @@ class Measured:
     applied: dict[str, bool] = field(default_factory=dict)
     verdict: str = ""  # "chosen", or why it lost / was not measured
     slices: list[float] = field(default_factory=list)
+    # Beside plain transformers.Trainer measured in the same rounds (`ortlab tune` only; see ortlab.tune.share):
+    vs_trainer: float | None = None  # median paired ratio to Trainer in fp32
+    vs_trainer_bf16: float | None = None  # ... and to Trainer with bf16=True
+    peak_pct: float | None = None  # model FLOP/s over the measured matmul peak of the precision it trains in
 
 
 @dataclass
@@ -49,6 +53,9 @@ class TuneResult:
     shapes: dict[str, Any]
     cached: bool = False
     created: float = field(default_factory=time.time)
+    references: list[Measured] = field(default_factory=list)  # plain Trainer, fp32 and bf16 (never chosen)
+    peaks: dict[str, Any] = field(default_factory=dict)  # the measured peak per precision the shares use
+    flops_per_sample: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -57,6 +64,7 @@ class TuneResult:
     def from_dict(cls, d: dict[str, Any]) -> TuneResult:
         d = dict(d)
         d["candidates"] = [Measured(**m) for m in d["candidates"]]
+        d["references"] = [Measured(**m) for m in d.get("references", [])]
         return cls(**d)
 
     def table(self) -> list[dict[str, Any]]:
@@ -69,7 +77,10 @@ class TuneResult:
                 "spread": (m.ratio_min, m.ratio_max) if m.ratio_min is not None else None,
                 "warm-up s": m.warmup_s,
                 "peak MB": m.peak_mem_mb,
+                "vs Trainer": m.vs_trainer,
+                "vs Trainer bf16": m.vs_trainer_bf16,
+                "% of peak": m.peak_pct,
                 "verdict": m.verdict,
             }
-            for m in self.candidates
+            for m in [*self.candidates, *self.references]
         ]

@@ -32,6 +32,7 @@ from typing import Any
 import ipywidgets as widgets
 
 from ortlab.runfolder import events
+from ortlab.runfolder.compare import OVER_PEAK, over_peak
 from ortlab.runfolder.downsample import LiveSeries
 from ortlab.runfolder.history import History, as_float, read_history
 from ortlab.runfolder.stream import RunSummary
@@ -129,6 +130,7 @@ class RunMonitor(RefreshedDisplay, widgets.VBox):
         self._changed: set[int] = set()  # traces with points not sent yet
         self._traces: dict[tuple[str, str], int] = {}
         self._with_data: set[str] = set()  # the GPU panels some run brought a point for (see _arrange)
+        self.over_peak = False  # some run's MFU went over 100 %: the panel's title says what that means
         self._runs: dict[str, Any] = {}
         # Each run's summary, folded from the records as they are drawn: the workbench's table reads these instead
         # of re-reading every run's metrics file on each refresh.
@@ -172,6 +174,8 @@ class RunMonitor(RefreshedDisplay, widgets.VBox):
                 if series is None:
                     series = self._series[index] = LiveSeries(self.max_points)
                 series.extend(xs, ys)
+                if name == "mfu" and not self.over_peak and any(over_peak(y) for y in ys):
+                    self._flag_over_peak()
                 self._changed.add(index)
                 self.points_received += len(xs)
         relabels = [r for e, r in history.last.items() if e in _RELABEL]
@@ -210,6 +214,8 @@ class RunMonitor(RefreshedDisplay, widgets.VBox):
         with self._lock:
             for panel, kind, value in points:
                 if (value := as_float(value)) is not None:
+                    if panel == "mfu" and over_peak(value) and not self.over_peak:
+                        self._flag_over_peak()
                     index = self._trace(run_id, panel, kind)
                     series = self._series.get(index)
                     if series is None:
@@ -252,6 +258,15 @@ class RunMonitor(RefreshedDisplay, widgets.VBox):
             self._traces[key] = len(self.figure.data) - 1
             self._figure_changed = True
         return self._traces[key]
+
+    def _flag_over_peak(self) -> None:
+        """MFU over 100 % is impossible: the cached peak was measured under load. The MFU panel's title says so."""
+        self.over_peak = True
+        index = [p for p, _ in PANELS].index("mfu")
+        title = self.figure.layout.annotations[index]
+        title.text = f"{dict(PANELS)['mfu']}<br>{OVER_PEAK.replace('`', '')}"
+        title.font = {"color": "#c07000", "size": 11}
+        self._figure_changed = True
 
     def _relabel(self, run_id: str, record: dict[str, Any]) -> None:
         accelerations = record.get("accelerations")
