@@ -170,3 +170,22 @@ def test_measuring_on_the_way_changes_nothing_the_run_trains(tmp_path, tiny_bert
             assert auto["precision_probe"]["cached"] == (name == "cached")
         losses.append([r["loss"] for r in records if r.get("event") == "step"])
     assert losses[0] == losses[1]
+
+
+def test_a_probe_too_slow_for_the_machine_stops_at_its_bound_and_keeps_fp32(monkeypatch):
+    """An LLM on a loaded CPU once took 43 minutes to probe (MIN_ROUNDS rounds always ran): past HARD_S no new
+    round starts, fp32 is kept, and the verdict says how to choose bf16 anyway."""
+    clock = iter(range(0, 10_000, 7))  # every look at the clock: 7 s later
+    monkeypatch.setattr(pp.time, "monotonic", lambda: float(next(clock)))
+    steps: list[bool] = []
+    real_autocast = torch.autocast
+
+    def autocast(device_type, dtype=None, enabled=True):
+        steps.append(enabled)
+        return real_autocast(device_type, dtype=dtype, enabled=enabled)
+
+    monkeypatch.setattr(torch, "autocast", autocast)
+    probe = pp._measure(_tiny_classifier(), _batches(), "bf16")
+    assert probe.chosen == "fp32" and probe.rounds < pp.MIN_ROUNDS, probe
+    assert f"stopped at its {pp.HARD_S:.0f} s bound" in probe.verdict and "accel.precision: bf16" in probe.verdict
+    assert len(steps) <= 2 + 2 * 2, steps  # the warm-up pair and at most the rounds the bound let start

@@ -37,9 +37,12 @@ from ortlab.tune.judge import LOSS_ATOL, LOSS_RTOL, _clearly_faster
 
 WIN_MARGIN = 0.05  # the candidate must be >= 5 % faster than fp32 in the median of its paired ratios
 MIN_ROUNDS, MAX_ROUNDS = 4, 8  # 4 rounds won of 4 passes the sign test (p = 1/16)
-BUDGET_S = 8.0  # no new round starts after this (the minimum rounds always run)
+BUDGET_S = 8.0  # no new round starts after this once the minimum rounds are done
+# ... and none at all after this: on a model too large for the machine (an LLM on a CPU, a machine out of memory)
+# MIN_ROUNDS rounds took 43 minutes once; a probe that cannot finish in this keeps fp32 and says how to choose.
+HARD_S = 30.0
 LOSSES_DECIDE = 2  # two rounds lost: no sign test over at most MAX_ROUNDS rounds can pass (7 of 8 is p = 0.035)
-PROBE_VERSION = 1
+PROBE_VERSION = 2  # 2: bounded by HARD_S (a cut probe says so)
 
 
 @dataclass
@@ -129,7 +132,10 @@ def probe_precision(
     key = probe_key(model_path, revision, model, batches, candidate)
     if use_cache and (hit := _cached(key)) is not None:
         return hit
-    progress(f"precision: timing fp32 against {candidate} on this model's batches (a few seconds, once) ...")
+    progress(
+        f"precision: timing fp32 against {candidate} on this model's batches (a few seconds, {HARD_S:.0f} at most; "
+        "once) ..."
+    )
     probe = _measure(model, batches, candidate)
     _store(key, probe)
     return probe
@@ -163,11 +169,16 @@ def _measure(model: Any, batches: list[dict], candidate: str) -> PrecisionProbe:
     started = time.monotonic()
     times: dict[str, list[float]] = {"fp32": [], candidate: []}
     losses: dict[str, float] = {}
+    cut = False  # stopped by HARD_S before the minimum rounds
     try:
         for precision in ("fp32", candidate):  # warm-up: the first call of each prepares its kernels
+            if time.monotonic() - started > HARD_S:
+                cut = True
+                break
             step(batches[0], precision)
         for r, batch in enumerate(batches[1 : MAX_ROUNDS + 1]):
-            if r >= MIN_ROUNDS and time.monotonic() - started > BUDGET_S:
+            if cut or time.monotonic() - started > (BUDGET_S if r >= MIN_ROUNDS else HARD_S):
+                cut = cut or r < MIN_ROUNDS
                 break
             lost = sum(a < b for a, b in zip(times["fp32"], times[candidate], strict=True))
             if lost >= LOSSES_DECIDE:
@@ -184,10 +195,12 @@ def _measure(model: Any, batches: list[dict], candidate: str) -> PrecisionProbe:
         torch.set_rng_state(cpu_rng)
         if cuda_rng is not None:
             torch.cuda.set_rng_state_all(cuda_rng)
-    return _decide(candidate, times, losses, time.monotonic() - started)
+    return _decide(candidate, times, losses, time.monotonic() - started, cut)
 
 
-def _decide(candidate: str, times: dict[str, list[float]], losses: dict[str, float], spent: float) -> PrecisionProbe:
+def _decide(
+    candidate: str, times: dict[str, list[float]], losses: dict[str, float], spent: float, cut: bool = False
+) -> PrecisionProbe:
     """fp32 unless the candidate computes the same loss and is clearly faster (the default must never lose)."""
     paired = [a / b for a, b in zip(times["fp32"], times[candidate], strict=True) if b > 0]
     ratio = statistics.median(paired) if paired else None
@@ -204,7 +217,13 @@ def _decide(candidate: str, times: dict[str, list[float]], losses: dict[str, flo
         times=times,
     )
     ref, got = probe.loss_fp32, probe.loss_candidate
-    if got is None or ref is None or not math.isfinite(got):
+    if cut:
+        probe.verdict = (
+            f"fp32: the probe stopped at its {HARD_S:.0f} s bound after {len(paired)} of {MIN_ROUNDS} rounds (too "
+            f"slow to compare here); set accel.precision: {candidate} to train in {candidate}, or measure it with "
+            "`ortlab tune`"
+        )
+    elif got is None or ref is None or not math.isfinite(got):
         probe.verdict = f"fp32: {candidate}'s loss is not finite"
     elif abs(got - ref) > LOSS_ATOL + LOSS_RTOL * abs(ref):
         probe.verdict = f"fp32: {candidate}'s loss {got:.4f} strays from fp32's {ref:.4f} on the same batch"
