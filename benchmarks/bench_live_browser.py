@@ -11,6 +11,8 @@ Two measurements, against one JupyterLab server (a real jupyter_server and kerne
   page open (unwatched), interleaved: watched, unwatched, watched, unwatched. The run's own `steady_samples_per_s`
   (its summary: steps after the warm-up) is the number; beside it, the CPU seconds the kernel and chromium spent
   while each run went (where the cost would be).
+- the floor: the unwatched run again with JupyterLab open in chromium on a notebook that draws nothing
+  (`page_open`): what the page costs by itself, so the charts' own cost is watched over page_open.
 - follow: a run folder of N steps (100,000) that a thread in the kernel extends at a live run's pace (8 steps/s)
   is followed by a `RunMonitor` in the page for `--follow-s` seconds: the browser's drawing time per refresh (what
   livechart.js measures around extendTraces, and reports to the kernel), its frame intervals and long tasks
@@ -217,6 +219,25 @@ def unwatched(folder: Path, name: str, steps: int) -> dict:
     return {"samples_per_s": round(samples_per_s(run.dir.path), 3), **cpu}
 
 
+def page_open(browser, url: str, folder: Path, name: str, steps: int) -> dict:
+    """The unwatched run again, with JupyterLab open in chromium on a notebook that draws nothing (its kernel
+    idle): what an open JupyterLab page costs a run by itself, the floor under the charts' own cost."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1800})
+    page.set_default_timeout(180_000)
+    try:
+        open_and_run(page, url, notebook(folder, f"{name}-page", "import ortlab\nortlab.__version__"))
+        page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=120_000)
+        return unwatched(folder, name, steps)
+    finally:
+        page.close()
+        shut_down_kernels(url)
+
+
+def _mean(rounds: list[dict], key: str) -> float | None:
+    values = [r[key] for r in rounds if key in r]
+    return round(statistics.mean(values), 3) if values else None
+
+
 def _render(ms: list[float]) -> dict:
     if not ms:
         return {"render_refreshes": 0}
@@ -381,6 +402,8 @@ def main(argv: list[str] | None = None) -> dict:
             "run": run_spec("<name>", opts.steps),
             "rounds": rounds,
             "ratio_mean": round(statistics.mean(ratios), 3) if ratios else None,
+            "ratio_page_open_mean": _mean(rounds, "ratio_page_open"),
+            "ratio_watched_vs_page_open_mean": _mean(rounds, "ratio_watched_vs_page_open"),
             "follow": followed,
         }
         opts.out.parent.mkdir(parents=True, exist_ok=True)
@@ -412,7 +435,13 @@ def main(argv: list[str] | None = None) -> dict:
                     row["watched"] = watched(browser, url, folder, f"watched-{i}", opts.steps)
                     print(f"[bench] round {i + 1}: unwatched ...", flush=True)
                     row["unwatched"] = unwatched(folder, f"unwatched-{i}", opts.steps)
-                    row["ratio"] = round(row["watched"]["samples_per_s"] / row["unwatched"]["samples_per_s"], 3)
+                    print(f"[bench] round {i + 1}: JupyterLab open, nothing drawn ...", flush=True)
+                    row["page_open"] = page_open(browser, url, folder, f"page-{i}", opts.steps)
+                    speed = {k: row[k]["samples_per_s"] for k in ("watched", "unwatched", "page_open")}
+                    row["ratio"] = round(speed["watched"] / speed["unwatched"], 3)
+                    # The floor: an open JupyterLab page alone; and the charts' own cost above it.
+                    row["ratio_page_open"] = round(speed["page_open"] / speed["unwatched"], 3)
+                    row["ratio_watched_vs_page_open"] = round(speed["watched"] / speed["page_open"], 3)
                     row["load_after"] = load()
                     print(f"[bench] {json.dumps(row)}", flush=True)
                     rounds.append(row)

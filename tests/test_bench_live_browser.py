@@ -26,6 +26,7 @@ def test_the_live_browser_benchmark_writes_its_report(tmp_path, monkeypatch):
     (row,) = report["rounds"]
     assert row["watched"]["samples_per_s"] > 0 and row["unwatched"]["samples_per_s"] > 0 and row["ratio"] > 0
     assert row["watched"]["points_drawn"] > 0  # the workbench's chart drew the watched run in the page
+    assert row["page_open"]["samples_per_s"] > 0 and row["ratio_page_open"] > 0  # the floor: a page alone
     follow = report["follow"]
     assert follow["render_refreshes"] > 0 and follow["render_ms_p50"] > 0  # timed in the browser, per refresh
     assert follow["refreshes"] > 0 and follow["steps_at_end"] > follow["steps_at_start"]

@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 SHARE = 0.025  # of one core, for drawing a refresh (browser) and preparing it (kernel)
 MAX_INTERVAL_S = 5.0  # a slow browser still sees the run move
 SMOOTHING = 0.3  # weight of the newest render time in the running estimate
+# Until a view has reported one: a refresh of the four panels drawn and painted took 60-200 ms in chromium on 2
+# cores; starting from 0 made the first refreshes of a short run come every 0.5 s, where most of its cost was.
+ASSUMED_RENDER_S = 0.05
 
 # One curve's change: (trace index, points the browser keeps, xs to append, ys to append).
 Op = tuple[int, int, list[float], list[float]]
@@ -57,7 +60,7 @@ class LiveChart(anywidget.AnyWidget):
         super().__init__(**kwargs)
         self._snapshot = snapshot  # every curve as the browser should hold it: what a new view is sent
         self.render_ms: list[float] = []  # as the browser reported them (the last 1,000)
-        self.render_s = 0.0  # running estimate of one refresh's drawing time
+        self.render_s = ASSUMED_RENDER_S  # running estimate of one refresh's drawing time (until a view reports)
         self.kernel_s = 0.0  # ... and of the kernel's part (set by the monitor)
         self.messages_sent = 0
         self.bytes_sent = 0
