@@ -107,7 +107,9 @@ def test_a_run_at_auto_precision_trains_in_what_the_probe_chose(tmp_path, tiny_b
     # Force the verdict: bf16 measured faster (the measurement itself is covered above).
     real_decide = pp._decide
     monkeypatch.setattr(
-        pp, "_decide", lambda c, times, losses, spent: real_decide(c, _times([1.0] * 4, [0.5] * 4), losses, spent)
+        pp,
+        "_decide",
+        lambda c, times, losses, spent, cut=False: real_decide(c, _times([1.0] * 4, [0.5] * 4), losses, spent),
     )
     spec = RunSpec.parse(
         {

@@ -211,7 +211,7 @@ def test_tune_measures_every_candidate_in_its_own_process_and_caches(measured, t
     assert max(len(line) for line in proc.stdout.splitlines()) <= 80
     for name in [*planned, "trainer_fp32", "trainer_bf16"]:
         assert name in proc.stdout, name
-    assert "of this machine's measured matmul peak" in " ".join(proc.stdout.split())
+    assert "over this machine's measured matmul peak" in " ".join(proc.stdout.split())
 
 
 @pytest.mark.slow
