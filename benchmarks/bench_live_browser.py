@@ -44,19 +44,9 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "tests" / "helpers"))
 
 from common import cpu_name  # noqa: E402
+from lab_server import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 TOKEN = "ortlab-bench-browser"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-dev-shm-usage",
-]
 
 
 def run_spec(name: str, steps: int) -> dict:

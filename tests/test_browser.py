@@ -10,18 +10,16 @@ cannot end before the checks see it running, however fast the machine. A screens
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 
 import nbformat
 import pytest
 from conftest import ROOT
-from lab_server import start_lab
+from lab_server import CHROMIUM, CHROMIUM_ARGS, start_lab
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = ROOT / "test-artifacts"
 TOKEN = "ortlab-browser-test"
 
@@ -98,16 +96,7 @@ def test_workbench_launches_a_run_and_the_loss_chart_grows(jupyter_lab):
     with sync_playwright() as p:
         browser = p.chromium.launch(
             executable_path=CHROMIUM,
-            args=[
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--no-first-run",
-                "--disable-dev-shm-usage",
-            ],
+            args=CHROMIUM_ARGS,
         )
         page = browser.new_page(viewport={"width": 1400, "height": 1800})
         try:

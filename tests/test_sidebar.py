@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 from fake_runs import append, make_fake_run
-from lab_server import start_lab
-from test_browser import CHROMIUM, _wait_for
+from lab_server import CHROMIUM, CHROMIUM_ARGS, start_lab
+from test_browser import _wait_for
 
 from ortlab.runfolder.rundir import RunDir, write_json
 from ortlab.spec import TASKS, HyperSpec, RunSpec
@@ -36,16 +36,6 @@ ARTIFACTS = ROOT / "test-artifacts"
 LABEXTENSION = ROOT / "ortlab" / "labextension"
 TOKEN = "ortlab-sidebar-test"
 RUN = "sidebar-run"
-BROWSER_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-dev-shm-usage",
-]
 
 
 @pytest.fixture
@@ -151,7 +141,7 @@ def test_sidebar_launches_watches_and_stops_a_run(lab_with_ortlab, tiny_bert):
     status = json.loads((failed / "status.json").read_text())
     write_json(failed / "status.json", {**status, "error": FAILURE})
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1280, "height": 900})
         try:
             page.goto(f"{url}/lab?token={TOKEN}", timeout=90_000)

@@ -1,9 +1,11 @@
-"""A real JupyterLab server for the browser tests: loopback, a free port, a token, no news toasts."""
+"""A real JupyterLab server for the browser tests: loopback, a free port, a token, no news toasts; and the
+chromium they drive it with."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -12,6 +14,19 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+# Debian's chromium (Playwright cannot download its own here), headless, with nothing of its own on the network.
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-dev-shm-usage",
+]
 
 
 def free_port() -> int:
