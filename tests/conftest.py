@@ -216,6 +216,23 @@ def remote_spec(tiny_bert, tmp_path_factory):
 _SESSION_STARTED: list[float] = []
 
 
+@pytest.fixture
+def load_benchmark(monkeypatch):
+    """`load_benchmark(name)`: benchmarks/<name>.py imported as module `name` (with benchmarks/ on the path for its
+    `common` import), for a test that runs its `main`; both undone after the test."""
+    import importlib.util
+
+    def load(name: str):
+        monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, name, module)  # (dataclasses and pickling look a module up by name)
+        spec.loader.exec_module(module)
+        return module
+
+    return load
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--suite-budget-s",

@@ -5,21 +5,13 @@ the kernel, and the followed run's refreshes carried its new points only."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import pytest
-from conftest import ROOT
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
-def test_the_live_browser_benchmark_writes_its_report(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("bench_live_browser", ROOT / "benchmarks" / "bench_live_browser.py")
-    bench = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "bench_live_browser", bench)
-    spec.loader.exec_module(bench)
+def test_the_live_browser_benchmark_writes_its_report(tmp_path, load_benchmark):
+    bench = load_benchmark("bench_live_browser")
     out = tmp_path / "live-browser.json"
     report = bench.main(["--smoke", "--out", str(out)])
     assert out.is_file() and report["benchmark"] == "bench_live_browser" and report["smoke"] is True

@@ -5,18 +5,9 @@ max_points honoured."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 
-from conftest import ROOT
-
-
-def test_the_live_view_benchmark_writes_its_report(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("bench_live_view", ROOT / "benchmarks" / "bench_live_view.py")
-    bench = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "bench_live_view", bench)
-    spec.loader.exec_module(bench)
+def test_the_live_view_benchmark_writes_its_report(tmp_path, load_benchmark):
+    bench = load_benchmark("bench_live_view")
     out = tmp_path / "live.json"
     report = bench.main(["--smoke", "--out", str(out)])
     assert out.is_file() and report["benchmark"] == "bench_live_view" and report["smoke"] is True

@@ -11,20 +11,13 @@ import json
 from pathlib import Path
 
 import pytest
+from tiny_models import write_reviews
 
 ROWS, STEPS, BATCH, EVAL = 3000, 6, 8, 5
 
 
 def _reviews(path: Path, rows: int = ROWS) -> Path:
-    import csv
-
-    words = ["good", "bad", "film", "plot", "actor", "slow", "funny", "great", "dull", "scene"]
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(["text", "label"])
-        for i in range(rows):
-            w.writerow([f"review {i} " + " ".join(words[(i * 7 + k) % len(words)] for k in range(6)), "ab"[i % 2]])
-    return path
+    return write_reviews(path, rows, words=6)
 
 
 def _spec(tiny_bert: Path, source: Path, out: Path, name: str, lazy: bool, **data) -> dict:

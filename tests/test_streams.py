@@ -7,7 +7,6 @@ records the rows that reached its model (`tests/helpers/stream_rank_rows.py`).""
 
 from __future__ import annotations
 
-import csv
 import json
 import re
 import subprocess
@@ -15,18 +14,13 @@ from pathlib import Path
 
 import pytest
 from conftest import PYTHON, ROOT
+from tiny_models import write_reviews
 
 BATCH, STEPS, EVAL = 8, 4, 5
 
 
 def _reviews(path: Path, rows: int) -> Path:
-    words = ["good", "bad", "film", "plot", "actor", "slow", "funny", "great", "dull", "scene"]
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(["text", "label"])
-        for i in range(rows):
-            w.writerow([f"review {i} " + " ".join(words[(i * 7 + k) % len(words)] for k in range(4)), "ab"[i % 2]])
-    return path
+    return write_reviews(path, rows, words=4)
 
 
 def _spec(tiny_bert: Path, source: Path, out: Path, name: str, **extra) -> dict:

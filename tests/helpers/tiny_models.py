@@ -237,6 +237,23 @@ def write_reverse_pairs(path: Path, n: int = 200, seed: int = 0) -> Path:
     return path
 
 
+REVIEW_WORDS = ["good", "bad", "film", "plot", "actor", "slow", "funny", "great", "dull", "scene"]
+
+
+def write_reviews(path: Path, rows: int, words: int = 6) -> Path:
+    """A CSV of `rows` numbered reviews ("review <i> " and `words` words) labelled 'a'/'b' in turn: every row
+    tells which row it is, so a test can see which rows a run (or each of its processes) read, and in what order."""
+    import csv
+
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["text", "label"])
+        for i in range(rows):
+            text = " ".join(REVIEW_WORDS[(i * 7 + k) % len(REVIEW_WORDS)] for k in range(words))
+            w.writerow([f"review {i} {text}", "ab"[i % 2]])
+    return path
+
+
 CHATML = (
     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
