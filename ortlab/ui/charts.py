@@ -169,10 +169,7 @@ class RunMonitor(RefreshedDisplay, widgets.VBox):
         with self._lock:
             for (event, name), (xs, ys) in history.series.items():
                 panel, kind = (name, "train") if event == events.STEP else ("loss", "eval")
-                index = self._trace(run_id, panel, kind)
-                series = self._series.get(index)
-                if series is None:
-                    series = self._series[index] = LiveSeries(self.max_points)
+                index, series = self._curve(run_id, panel, kind)
                 series.extend(xs, ys)
                 if name == "mfu" and not self.over_peak and any(over_peak(y) for y in ys):
                     self._flag_over_peak()
@@ -216,15 +213,20 @@ class RunMonitor(RefreshedDisplay, widgets.VBox):
                 if (value := as_float(value)) is not None:
                     if panel == "mfu" and over_peak(value) and not self.over_peak:
                         self._flag_over_peak()
-                    index = self._trace(run_id, panel, kind)
-                    series = self._series.get(index)
-                    if series is None:
-                        series = self._series[index] = LiveSeries(self.max_points)
+                    index, series = self._curve(run_id, panel, kind)
                     series.add(step, value)
                     self._changed.add(index)
                     self.points_received += 1
 
     # --- drawing -----------------------------------------------------------------------------------------
+
+    def _curve(self, run_id: str, panel: str, kind: str) -> tuple[int, LiveSeries]:
+        """One run's curve in one panel: its trace index and its points (both made on its first point)."""
+        index = self._trace(run_id, panel, kind)
+        series = self._series.get(index)
+        if series is None:
+            series = self._series[index] = LiveSeries(self.max_points)
+        return index, series
 
     def _trace(self, run_id: str, panel: str, kind: str) -> int:
         key = (run_id, f"{panel}/{kind}")
