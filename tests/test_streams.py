@@ -77,6 +77,30 @@ def test_the_whole_column_checks_run_in_chunks_and_name_rows_across_them(tmp_pat
         assert train["n"][:] == split["train"]["n"][:] and evaluation["n"][:] == split["test"]["n"][:]
 
 
+def test_a_split_of_a_many_chunked_column_reads_in_order_and_its_labels_leave_out_the_held_rows(monkeypatch):
+    """A column stored in many Arrow chunks (as datasets stores a large CSV: one per 1,000 rows), read through a
+    split's random indices: `column_chunks` gives every value in the split's order (gathered chunk by chunk, not
+    by joining the column), and the training labels are those of the rows not held out (a label found only in
+    held-out rows is not one, as reading the rest would say)."""
+    import datasets
+    import pyarrow as pa
+
+    from ortlab.data.columnar import column_chunks, distinct_values, distinct_values_outside, hold_out
+
+    monkeypatch.setattr("ortlab.data.columnar.CHECK_CHUNK", 13)
+    labels = ["a", "b"] * 150 + ["rare"]
+    tables = [pa.table({"n": list(range(i, min(i + 10, 301))), "label": labels[i : i + 10]}) for i in range(0, 301, 10)]
+    ds = datasets.Dataset(datasets.table.InMemoryTable(pa.concat_tables(tables)))
+    assert ds.data.column("n").num_chunks == 31
+    train, held = hold_out(ds, 0.2, 3)
+    got = [v for _, chunk in column_chunks(train, "n") for v in chunk.to_pylist()]
+    assert got == train["n"][:] and sorted(got + held["n"][:]) == list(range(301))
+    rare_held = 300 in held["n"][:]
+    assert sorted(distinct_values_outside(ds, held, "label")) == sorted(distinct_values(train, "label"))
+    assert ("rare" in distinct_values_outside(ds, held, "label")) is not rare_held
+    assert distinct_values_outside(train, held, "label") is None  # a selection itself: the caller reads the rest
+
+
 @pytest.mark.slow
 def test_two_processes_each_train_on_their_own_rows_of_a_stream(tiny_bert, tmp_path):
     """Rank 0 and rank 1 train on disjoint rows, and together on the stream's first STEPS x BATCH x 2 rows (in the

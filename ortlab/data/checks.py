@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ortlab.chat import ChatDataError, check_messages, from_pair
-from ortlab.data.columnar import column_chunks, distinct_values, hold_out, values_of
+from ortlab.data.columnar import column_chunks, distinct_values, distinct_values_outside, hold_out, values_of
 from ortlab.data.columns import (
     SOURCE_NAMES,
     TARGET_NAMES,
@@ -144,14 +144,15 @@ def check_seq2seq(raw: dict[str, Dataset], spec: DataSpec) -> tuple[str, str]:
     return source, target
 
 
-def label_names(train: Dataset, label: str, task: str) -> list[str]:
-    """Sorted label names; checks the labels fit the task (several classes, no regression targets)."""
+def label_names(train: Dataset, label: str, task: str, values: list | None = None) -> list[str]:
+    """Sorted label names; checks the labels fit the task (several classes, no regression targets). `values`: the
+    distinct labels of `train` when the caller has them (read `distinct_values` otherwise)."""
     feature = train.features[label]
     names = getattr(feature, "names", None) or getattr(getattr(feature, "feature", None), "names", None)
     if names:
         return list(names)
     # The distinct values decide everything below: 400,000 rows of two labels are two values.
-    values = distinct_values(train, label)
+    values = distinct_values(train, label) if values is None else values
     if task == "token-classification":
         if not all(isinstance(v, list) for v in values):
             raise DataError(f"data.label_column: token classification needs a list of tags per row in {label!r}")
@@ -204,6 +205,7 @@ def load_and_check(spec: DataSpec, task: str, seed: int) -> Prepared:
     else:
         text, pair, label = check(raw, spec, task)
     lazy = spec.lazy and chat is None and task != "causal-lm"  # causal-lm: ortlab.data.lazylm.plan decides
+    distinct = None  # the training split's distinct labels, when read on the way (label_names reads them if not)
     if spec.lazy:  # before any split or shuffle: the position a late failure names is the row's place in its source
         import numpy as np
 
@@ -225,12 +227,15 @@ def load_and_check(spec: DataSpec, task: str, seed: int) -> Prepared:
     else:
         if len(train) < 2:
             raise DataError("data.source: need at least 2 rows to hold some out for evaluation")
+        source = train
         train, evaluation = hold_out(train, spec.eval_fraction, seed)
+        if label and not spec.max_train_samples:  # the labels trained on: the source's less the held-out rows'
+            distinct = distinct_values_outside(source, evaluation, label)
     if spec.max_train_samples:
         train = train.shuffle(seed=seed).select(range(min(spec.max_train_samples, len(train))))
     if spec.max_eval_samples:
         evaluation = evaluation.select(range(min(spec.max_eval_samples, len(evaluation))))
-    names = label_names(train, label, task) if label else []
+    names = label_names(train, label, task, distinct) if label else []
     if label:
         _check_labels_known(evaluation, label, task, names, "eval split")
     return Prepared(

@@ -40,7 +40,29 @@ def column_chunks(ds: Dataset, column: str, rows: int | None = None) -> Iterator
         if positions is None:
             yield start, values.slice(start, rows)
         else:
-            yield start, values.take(positions.slice(start, rows))
+            yield start, gather(values, positions.slice(start, rows))
+
+
+def gather(values: Any, positions: Any) -> Any:
+    """`values.take(positions)` for a chunked column, one stored chunk at a time.
+
+    Why: Arrow's take on a chunked array first joins all its chunks into one array, a copy of the whole column
+    for every call (a 4M-row CSV's label column is 4,000 chunks: 48 MB per call, kept by the allocator after)."""
+    import numpy as np
+    import pyarrow as pa
+
+    if values.num_chunks <= 1:
+        return values.take(positions)
+    wanted = np.asarray(positions.to_numpy() if hasattr(positions, "to_numpy") else positions, dtype=np.int64)
+    order = np.argsort(wanted, kind="stable")
+    ordered = wanted[order]
+    starts = np.cumsum([0] + [len(c) for c in values.chunks])
+    bounds = np.searchsorted(ordered, starts)  # ordered[bounds[i]:bounds[i + 1]] fall in chunk i
+    pieces = []
+    for i in np.flatnonzero(np.diff(bounds)):
+        pieces.append(values.chunk(int(i)).take(pa.array(ordered[bounds[i] : bounds[i + 1]] - starts[i])))
+    joined = pa.concat_arrays(pieces) if pieces else pa.array([], type=values.type)
+    return pa.chunked_array([joined.take(pa.array(np.argsort(order, kind="stable")))])
 
 
 def values_of(ds: Dataset, column: str) -> list:
@@ -64,6 +86,36 @@ def distinct_values(ds: Dataset, column: str) -> list:
             return values_of(ds, column)
     values = list(seen)
     return [values] if is_list else values  # one "row" holding every tag: the label checks see the same tags
+
+
+def distinct_values_outside(ds: Dataset, held: Dataset, column: str) -> list | None:
+    """`distinct_values` of the rows of `ds` that are not in `held` (some of `ds`'s own rows, as `hold_out` leaves
+    them), read from `ds` in its stored order a slice at a time with the held rows masked out. None when `ds` is
+    itself a selection (the caller reads the rest with `distinct_values`).
+
+    Why not `distinct_values` of the rest: the rest is a random permutation of the table, gathered a chunk at a
+    time (0.9 s of a 4M-row CSV's start, half its checks); here the reads are contiguous and the mask is a byte a
+    row."""
+    import numpy as np
+    import pyarrow as pa
+
+    held_indices = getattr(held, "_indices", None)
+    if getattr(ds, "_indices", None) is not None or held_indices is None:
+        return None
+    keep = np.ones(len(ds), dtype=bool)
+    keep[held_indices.column(0).to_numpy()] = False
+    seen: dict = {}
+    is_list = False
+    for start, chunk in column_chunks(ds, column):
+        is_list = pa.types.is_list(chunk.type) or pa.types.is_large_list(chunk.type)
+        kept = chunk.filter(pa.array(keep[start : start + len(chunk)]))
+        try:
+            flat = kept.combine_chunks().flatten() if is_list else kept
+            seen.update(dict.fromkeys(flat.unique().to_pylist()))
+        except (pa.ArrowNotImplementedError, pa.ArrowInvalid):  # a type Arrow cannot take distinct values of
+            return None
+    values = list(seen)
+    return [values] if is_list else values  # as distinct_values: one "row" holding every tag
 
 
 def hold_out(ds: Dataset, fraction: float, seed: int) -> tuple[Dataset, Dataset]:
