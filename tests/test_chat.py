@@ -172,6 +172,38 @@ def test_bad_rows_and_raw_text_packing_fail_before_any_model(chat_files, tmp_pat
         load_and_check(spec.data, "causal-lm", 0)
 
 
+@pytest.mark.parametrize(
+    ("bad", "says"),
+    [
+        ([], "a conversation is a non-empty list"),
+        ([{"role": "user", "content": "hi"}], "no assistant turn"),
+        ([{"role": "critic", "content": "hi"}, {"role": "assistant", "content": "a"}], "role 'critic' is not one"),
+        ([{"role": "user"}, {"role": "assistant", "content": "a"}], "'content' must be text"),
+        (None, "a conversation is a non-empty list"),
+    ],
+)
+def test_every_conversation_is_checked_in_arrow_and_a_bad_one_is_named_by_its_row(monkeypatch, bad, says):
+    """Good chunks of a messages column pass in Arrow without a row read in Python; a chunk with a bad row is read
+    row by row, and the error names that row (counted across chunks) in the words of `check_messages`."""
+    import datasets
+
+    from ortlab.chat import ChatDataError
+    from ortlab.data import chatcolumns
+
+    monkeypatch.setattr("ortlab.data.columnar.CHECK_CHUNK", 4)
+    read = []
+    rule = chatcolumns.check_messages
+    monkeypatch.setattr(chatcolumns, "check_messages", lambda value, where: read.append(where) or rule(value, where))
+    good = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    rows = [good] * 9 + [[{"role": "system", "content": "s"}, *good]] * 2
+    chatcolumns.check_messages_column(datasets.Dataset.from_dict({"m": rows}), "m", "split")
+    assert read == []
+    ds = datasets.Dataset.from_dict({"m": [*rows[:9], bad, *rows[9:]]})
+    with pytest.raises(ChatDataError, match=rf"split row 9(, turn \d)?: .*{says}"):
+        chatcolumns.check_messages_column(ds, "m", "split")
+    assert read[0] == "split row 8"  # only the chunk that failed in Arrow (rows 8 to 11) was read row by row
+
+
 def test_a_model_without_chat_template_gets_the_fix(tiny_gpt2, chat_files):
     from ortlab.fit import check
 

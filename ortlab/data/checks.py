@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ortlab.chat import ChatDataError, check_messages, from_pair
-from ortlab.data.columnar import column_chunks, distinct_values, distinct_values_outside, hold_out, values_of
+from ortlab.chat import ChatDataError
+from ortlab.data.chatcolumns import check_messages_column, check_pairs_columns
+from ortlab.data.columnar import column_chunks, distinct_values, distinct_values_outside, hold_out
 from ortlab.data.columns import (
     SOURCE_NAMES,
     TARGET_NAMES,
@@ -46,13 +47,10 @@ def check_chat(raw: dict[str, Dataset], spec: DataSpec) -> dict[str, str | None]
     try:
         for split, ds in splits:
             if chat["messages_column"]:
-                for i, value in enumerate(values_of(ds, chat["messages_column"])):
-                    check_messages(value, f"data.messages_column: {split!r} row {i}")
+                check_messages_column(ds, chat["messages_column"], f"data.messages_column: {split!r}")
             else:
-                for i, (p, r) in enumerate(
-                    zip(values_of(ds, chat["prompt_column"]), values_of(ds, chat["response_column"]), strict=True)
-                ):
-                    from_pair(p, r, f"data.prompt_column/response_column: {split!r} row {i}")
+                where = f"data.prompt_column/response_column: {split!r}"
+                check_pairs_columns(ds, chat["prompt_column"], chat["response_column"], where)
     except ChatDataError as e:
         raise DataError(str(e)) from None
     return chat
