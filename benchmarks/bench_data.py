@@ -162,6 +162,8 @@ def child(task: str, data: str, model: str, path: str, out: str, steps: int) -> 
     def on_metrics(record: dict) -> None:
         if record.get("event") == "step" and "first_step_s" not in first:
             first["first_step_s"] = time.monotonic() - STARTED
+        if isinstance(record.get("summary"), dict) and record["summary"].get("steady_samples_per_s"):
+            first["steady_samples_per_s"] = record["summary"]["steady_samples_per_s"]  # steps after the warm-up
 
     spec = RunSpec.model_validate(_spec(task, data, model, path, steps, out))
     train_spec(spec, progress=False, on_metrics=on_metrics, log=lambda line: None)
@@ -295,7 +297,8 @@ def main() -> None:
                 done = [x for x in row["runs"] if "error" not in x]
                 if not done:
                     row["error"] = row["runs"][0]["error"]
-                for key in ("first_step_s", "load_and_check_s", "tokenize_s", "total_s", "peak_mem_mb", "peak_anon_mb"):
+                keys = ("first_step_s", "load_and_check_s", "tokenize_s", "total_s", "peak_mem_mb", "peak_anon_mb")
+                for key in (*keys, "steady_samples_per_s"):
                     if done and all(key in x for x in done):
                         row[key] = statistics.median(x[key] for x in done)  # the median of the rounds
                 results.append(row)
@@ -305,6 +308,9 @@ def main() -> None:
         ref = base.get((smallest, r["path"], r["tree"]), {})
         if "first_step_s" in r and "first_step_s" in ref:
             r["first_step_vs_smallest"] = r["first_step_s"] / ref["first_step_s"]
+        eager = base.get((r["rows"], "eager", r["tree"]), {})
+        if r.get("steady_samples_per_s") and eager.get("steady_samples_per_s"):  # the preparation keeps ahead?
+            r["throughput_vs_eager"] = r["steady_samples_per_s"] / eager["steady_samples_per_s"]
     report = {
         "benchmark": "bench_data",
         "method": "one process per row, a cold datasets cache each; tiny BERT (classification), tiny GPT-2 (raw "
@@ -332,7 +338,10 @@ def main() -> None:
         print(
             f"{r['rows']:>9,} {r['path']:<6} {r['tree']:<8} first step {r.get('first_step_s', float('nan')):6.1f} s  "
             f"load+check {r.get('load_and_check_s', float('nan')):5.1f} s  tokenize {r.get('tokenize_s', 0):5.1f} s  "
-            f"peak {r.get('peak_mem_mb', 0):6.0f} MB (anon {r.get('peak_anon_mb', 0):5.0f})  {r.get('error', '')}"
+            f"peak {r.get('peak_mem_mb', 0):6.0f} MB (anon {r.get('peak_anon_mb', 0):5.0f})  "
+            f"{r.get('steady_samples_per_s', 0):6.1f} samples/s"
+            + (f" ({r['throughput_vs_eager']:.2f}x eager)" if "throughput_vs_eager" in r else "")
+            + f"  {r.get('error', '')}"
         )
     print(f"\nwritten to {path}")
 

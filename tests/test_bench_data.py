@@ -38,3 +38,9 @@ def test_the_data_benchmark_writes_time_to_first_step_per_path(task, tmp_path):
     # Measured, not assumed: the eager path tokenizes the whole training split before step 1, the lazy ones do not
     # (their tokenize only wraps the splits; the rows are tokenized inside the steps).
     assert rows["lazy"]["tokenize_s"] < rows["eager"]["tokenize_s"]
+    # Training speed once started, each path against the eager one of the same size (the preparation keeps ahead).
+    assert all(row["steady_samples_per_s"] > 0 for row in rows.values())
+    assert (
+        rows["lazy"]["throughput_vs_eager"]
+        == rows["lazy"]["steady_samples_per_s"] / rows["eager"]["steady_samples_per_s"]
+    )
