@@ -18,15 +18,12 @@ import {
   requestAPI,
   runPath
 } from './api';
+import { addPoint, emptySeries, ISeries } from './series';
 
 /** A run is live while its process may still write metrics. */
 export const LIVE_STATES = new Set(['pending', 'running']);
 
-export interface ISeries {
-  steps: number[];
-  loss: number[];
-  samplesPerS: number[];
-}
+export type { ISeries } from './series';
 
 interface IFollowed {
   offset: number;
@@ -39,7 +36,7 @@ export interface IModelOptions {
   liveInterval: number;
   /** Poll period when nothing runs (ms). */
   idleInterval: number;
-  /** Points kept per sparkline. */
+  /** Points per sparkline: each draws the whole run in at most twice this many (see series.ts). */
   maxPoints: number;
 }
 
@@ -188,7 +185,7 @@ export class RunsModel {
   private async readMetrics(id: string): Promise<void> {
     let followed = this._followed.get(id);
     if (!followed) {
-      followed = { offset: 0, series: { steps: [], loss: [], samplesPerS: [] }, lastStep: null };
+      followed = { offset: 0, series: emptySeries(), lastStep: null };
       this._followed.set(id, followed);
     }
     // A long history comes in several pages: read until the server has nothing new (bounded per tick).
@@ -215,22 +212,13 @@ export class RunsModel {
     if (record.event !== 'step' || typeof record.step !== 'number') {
       return;
     }
-    const s = followed.series;
-    // A resumed run starts again from its checkpoint's step: keep the curve monotonic in steps.
-    while (s.steps.length > 0 && s.steps[s.steps.length - 1] >= record.step) {
-      s.steps.pop();
-      s.loss.pop();
-      s.samplesPerS.pop();
-    }
-    s.steps.push(record.step);
-    s.loss.push(typeof record.loss === 'number' ? record.loss : NaN);
-    s.samplesPerS.push(typeof record.samples_per_s === 'number' ? record.samples_per_s : NaN);
-    const extra = s.steps.length - this.options.maxPoints;
-    if (extra > 0) {
-      s.steps.splice(0, extra);
-      s.loss.splice(0, extra);
-      s.samplesPerS.splice(0, extra);
-    }
+    addPoint(
+      followed.series,
+      record.step,
+      typeof record.loss === 'number' ? record.loss : NaN,
+      typeof record.samples_per_s === 'number' ? record.samples_per_s : NaN,
+      Math.max(2, Math.round(this.options.maxPoints))
+    );
     followed.lastStep = record.step;
   }
 
