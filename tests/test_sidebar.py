@@ -306,6 +306,11 @@ def _sparkline(page, kind: str) -> dict:
     )
 
 
+def _card_state(page) -> str:
+    card = page.locator(f'.ortlab-Run[data-run-id="{LONG}"]')
+    return (card.get_attribute("data-state") or "") if card.count() else ""
+
+
 def _loss_reaching(page, step: int):
     """A predicate for `_wait_for`: the loss sparkline's attributes once its newest step is `step`."""
     return lambda: (shown := _sparkline(page, "loss")) and shown["last"] == step and shown
@@ -314,7 +319,8 @@ def _loss_reaching(page, step: int):
 def test_sidebar_draws_a_long_run_whole_at_bounded_points(lab_with_ortlab):
     """A running run with a history of 100,000 steps: its sparklines cover the whole run (its first step to its
     newest) in at most 2 * 200 points, keep an early loss spike and an early stall of samples/s where they were,
-    and keep up, still whole and bounded, as more steps are written than a sparkline holds."""
+    keep up, still whole and bounded, as more steps are written than a sparkline holds, and end at its last step
+    when it ends."""
     from playwright.sync_api import sync_playwright
 
     url, folder = lab_with_ortlab
@@ -346,6 +352,14 @@ def test_sidebar_draws_a_long_run_whole_at_bounded_points(lab_with_ortlab):
             speed = _sparkline(page, "speed")
             assert speed["first"] == 1 and speed["last"] == last and speed["points"] <= 2 * SPARKLINE_POINTS, speed
             assert speed["bottom_x"] == pytest.approx(120 * (STALL - 1) / (last - 1), abs=1.5), speed
+
+            # Its last steps and its end together (between two polls): the panel reads the run once more after it
+            # ended, so the sparkline ends at the run's last step.
+            append(run / "metrics.jsonl", *(_long_record(s) for s in range(last + 1, last + 51)))
+            RunDir(run).set_status("completed", step=last + 50)
+            _wait_for(lambda: _card_state(page) == "completed", 60, "the sidebar to show the run completed")
+            shown = _wait_for(_loss_reaching(page, last + 50), 10, "the loss sparkline to reach the run's last step")
+            assert shown["first"] == 1 and shown["points"] <= 2 * SPARKLINE_POINTS, shown
             page.screenshot(path=str(ARTIFACTS / "sidebar-long-run.png"))
         except Exception:
             page.screenshot(path=str(ARTIFACTS / "sidebar-long-run-failure.png"))

@@ -1,8 +1,9 @@
 /**
  * The sidebar's state: the runs list, the doctor, and for each running run the points of its sparklines.
  * It polls the server: every `liveInterval` ms while a run is pending or running (metrics are read from
- * the last offset, so each poll carries only new records), every `idleInterval` ms otherwise, and not at
- * all while the panel is hidden. Views read the state and redraw on `changed`.
+ * the last offset, so each poll carries only new records, and once more after a followed run ends), every
+ * `idleInterval` ms otherwise, and not at all while the panel is hidden. Each sparkline draws the whole run at
+ * a bounded number of points (series.ts). Views read the state and redraw on `changed`.
  */
 import { ISignal, Signal } from '@lumino/signaling';
 
@@ -29,6 +30,8 @@ interface IFollowed {
   offset: number;
   series: ISeries;
   lastStep: number | null;
+  /** Read once after the run ended (its last steps may have come after the poll before). */
+  ended: boolean;
 }
 
 export interface IModelOptions {
@@ -167,7 +170,6 @@ export class RunsModel {
       this.runs = list.runs;
       this.error = null;
       this.loaded = true;
-      const live = this.runs.filter(r => LIVE_STATES.has(r.state));
       // Forget runs that went away; the history of a run that ended stays drawn (it is cheap).
       const ids = new Set(this.runs.map(r => r.id));
       for (const id of [...this._followed.keys()]) {
@@ -175,17 +177,21 @@ export class RunsModel {
           this._followed.delete(id);
         }
       }
-      await Promise.all(live.map(r => this.readMetrics(r.id)));
+      // Live runs, and a followed run once more after it ended: the steps it wrote after the last poll.
+      const toRead = this.runs.filter(
+        r => LIVE_STATES.has(r.state) || this._followed.get(r.id)?.ended === false
+      );
+      await Promise.all(toRead.map(r => this.readMetrics(r.id, !LIVE_STATES.has(r.state))));
     } catch (error) {
       this.error = describe(error);
     }
     this._changed.emit();
   }
 
-  private async readMetrics(id: string): Promise<void> {
+  private async readMetrics(id: string, ended: boolean): Promise<void> {
     let followed = this._followed.get(id);
     if (!followed) {
-      followed = { offset: 0, series: emptySeries(), lastStep: null };
+      followed = { offset: 0, series: emptySeries(), lastStep: null, ended: false };
       this._followed.set(id, followed);
     }
     // A long history comes in several pages: read until the server has nothing new (bounded per tick).
@@ -203,7 +209,8 @@ export class RunsModel {
         this.consume(followed, record);
       }
       if (got.records.length === 0 || got.offset === before) {
-        break;
+        followed.ended = ended; // caught up: a run that ended is not read again (unless it runs again)
+        return;
       }
     }
   }
