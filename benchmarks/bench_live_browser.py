@@ -5,7 +5,7 @@
 
 Goal (issue #35): watched/unwatched samples/s >= 0.95 on 2 cores, the browser on the same machine.
 
-Two measurements, against one JupyterLab server (a real jupyter_server and kernel) and Debian's chromium:
+Measurements, against one JupyterLab server (a real jupyter_server and kernel) and Debian's chromium:
 - runs: the embedded default (150 steps, batch 8, length 32, logging every step), launched from the workbench with
   its charts open in the page (watched: the Launch button), and the same spec launched from this process with no
   page open (unwatched), interleaved: watched, unwatched, watched, unwatched. The run's own `steady_samples_per_s`
@@ -13,6 +13,11 @@ Two measurements, against one JupyterLab server (a real jupyter_server and kerne
   while each run went (where the cost would be).
 - the floor: the unwatched run again with JupyterLab open in chromium on a notebook that draws nothing
   (`page_open`): what the page costs by itself, so the charts' own cost is watched over page_open.
+- the sidebar: the unwatched run again with JupyterLab open in chromium on ortlab's runs panel, which follows it
+  (a poll every 500 ms while it is live; `sidebar`, ratio_sidebar = sidebar / unwatched). Every arm also has the
+  CPU seconds of the jupyter server (where the sidebar's requests are answered).
+- the sidebar opening a run (`sidebar_open`): seconds from showing the panel to a running run's sparkline drawn
+  from its first step to its newest, for a 100-step and a 100,000-step run folder (fake runs, no training).
 - follow: a run folder of N steps (100,000) that a thread in the kernel extends at a live run's pace (8 steps/s)
   is followed by a `RunMonitor` in the page for `--follow-s` seconds: the browser's drawing time per refresh (what
   livechart.js measures around extendTraces, and reports to the kernel), its frame intervals and long tasks
@@ -44,7 +49,9 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "tests" / "helpers"))
 
 from common import cpu_name  # noqa: E402
-from lab_server import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
+from cpu_meter import CpuMeter  # noqa: E402
+from lab_server import CHROMIUM, CHROMIUM_ARGS, ortlab_lab_options  # noqa: E402
+from live_sidebar import followed_by_sidebar, sidebar_open  # noqa: E402
 
 TOKEN = "ortlab-bench-browser"
 
@@ -68,60 +75,6 @@ def notebook(folder: Path, name: str, source: str) -> str:
 
 def load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
-
-
-# --- CPU seconds of the kernel and of chromium -----------------------------------------------------------------
-
-
-def _cpu(processes) -> float:
-    total = 0.0
-    for p in processes:
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system
-        except Exception:  # gone meanwhile
-            pass
-    return total
-
-
-def kernels(folder: Path) -> list:
-    """The kernels of this benchmark's server (their connection files live in its runtime folder)."""
-    import psutil
-
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if "ipykernel" in cmd and str(folder) in cmd:
-            found.append(p)
-    return found
-
-
-def chromium() -> list:
-    import psutil
-
-    return [p for p in psutil.Process().children(recursive=True) if "chrom" in p.name().lower()]
-
-
-class CpuMeter:
-    """CPU seconds spent by the kernel and by chromium between `start` and `stop`."""
-
-    def __init__(self, folder: Path):
-        self.folder = folder
-
-    def start(self) -> None:
-        self.kernel, self.browser = kernels(self.folder), chromium()
-        self.t0, self.k0, self.b0 = time.monotonic(), _cpu(self.kernel), _cpu(self.browser)
-
-    def stop(self) -> dict:
-        wall = time.monotonic() - self.t0
-        kernel, browser = _cpu(self.kernel) - self.k0, _cpu(self.browser) - self.b0
-        return {
-            "wall_s": round(wall, 2),
-            "kernel_cpu_s": round(kernel, 2),
-            "chromium_cpu_s": round(browser, 2),
-            "kernel_core_share": round(kernel / wall, 4),
-            "chromium_core_share": round(browser / wall, 4),
-        }
 
 
 # --- the page ----------------------------------------------------------------------------------------------------
@@ -221,6 +174,11 @@ def page_open(browser, url: str, folder: Path, name: str, steps: int) -> dict:
     finally:
         page.close()
         shut_down_kernels(url)
+
+
+def sidebar(browser, url: str, folder: Path, name: str, steps: int) -> dict:
+    """The unwatched run again, with JupyterLab open in chromium on ortlab's runs panel following it."""
+    return followed_by_sidebar(browser, url, TOKEN, name, steps, lambda: unwatched(folder, name, steps))
 
 
 def _mean(rounds: list[dict], key: str) -> float | None:
@@ -365,15 +323,18 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--follow-steps", type=int, default=100_000)
     parser.add_argument("--follow-s", type=float, default=60.0)
+    parser.add_argument("--open-steps", type=int, default=100_000, help="the long run the sidebar opens")
+    parser.add_argument("--open-repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=HERE / "results" / f"live-browser-{date.today().isoformat()}.json")
     opts = parser.parse_args(argv)
     if opts.smoke:
-        opts.rounds, opts.steps, opts.follow_steps, opts.follow_s = 1, 12, 2_000, 8.0
+        opts.rounds, opts.steps, opts.follow_steps, opts.follow_s, opts.open_repeats = 1, 12, 2_000, 8.0, 1
     if not Path(CHROMIUM).exists():
         raise SystemExit("chromium is missing: run scripts/dev setup (it installs Debian's chromium)")
 
     rounds: list[dict] = []
     followed: dict = {}
+    opened: dict = {}
 
     def write() -> dict:
         """The report as it stands: written after every round too, so that a run cut short leaves its rounds."""
@@ -394,7 +355,9 @@ def main(argv: list[str] | None = None) -> dict:
             "ratio_mean": round(statistics.mean(ratios), 3) if ratios else None,
             "ratio_page_open_mean": _mean(rounds, "ratio_page_open"),
             "ratio_watched_vs_page_open_mean": _mean(rounds, "ratio_watched_vs_page_open"),
+            "ratio_sidebar_mean": _mean(rounds, "ratio_sidebar"),
             "follow": followed,
+            "sidebar_open": opened,
         }
         opts.out.parent.mkdir(parents=True, exist_ok=True)
         opts.out.write_text(json.dumps(report, indent=2) + "\n")
@@ -402,7 +365,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="ortlab-bench-browser-") as tmp:
         folder = Path(tmp)
-        with start_lab(folder, TOKEN) as url, sync_playwright() as p:
+        args, env = ortlab_lab_options(folder, folder / "runs")
+        with start_lab(folder, TOKEN, args, env) as url, sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
 
             def follow_now() -> None:
@@ -410,6 +374,12 @@ def main(argv: list[str] | None = None) -> dict:
                 followed["load_before"] = load()
                 followed.update(follow(browser, url, folder, opts.follow_steps, opts.follow_s, rate=8.0))
                 followed["load_after"] = load()
+                write()
+                print(f"[bench] the sidebar opening 100- and {opts.open_steps}-step runs ...", flush=True)
+                opened["load_before"] = load()
+                lengths = [100, opts.open_steps]
+                opened.update(sidebar_open(browser, url, TOKEN, folder / "runs", lengths, opts.open_repeats))
+                opened["load_after"] = load()
                 write()
                 shot = folder / "follow.png"
                 if shot.exists():
@@ -427,11 +397,15 @@ def main(argv: list[str] | None = None) -> dict:
                     row["unwatched"] = unwatched(folder, f"unwatched-{i}", opts.steps)
                     print(f"[bench] round {i + 1}: JupyterLab open, nothing drawn ...", flush=True)
                     row["page_open"] = page_open(browser, url, folder, f"page-{i}", opts.steps)
-                    speed = {k: row[k]["samples_per_s"] for k in ("watched", "unwatched", "page_open")}
+                    print(f"[bench] round {i + 1}: JupyterLab open, the sidebar following ...", flush=True)
+                    row["sidebar"] = sidebar(browser, url, folder, f"sidebar-{i}", opts.steps)
+                    arms = ("watched", "unwatched", "page_open", "sidebar")
+                    speed = {k: row[k]["samples_per_s"] for k in arms}
                     row["ratio"] = round(speed["watched"] / speed["unwatched"], 3)
                     # The floor: an open JupyterLab page alone; and the charts' own cost above it.
                     row["ratio_page_open"] = round(speed["page_open"] / speed["unwatched"], 3)
                     row["ratio_watched_vs_page_open"] = round(speed["watched"] / speed["page_open"], 3)
+                    row["ratio_sidebar"] = round(speed["sidebar"] / speed["unwatched"], 3)
                     row["load_after"] = load()
                     print(f"[bench] {json.dumps(row)}", flush=True)
                     rounds.append(row)

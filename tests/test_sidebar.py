@@ -7,12 +7,14 @@ its step count and its loss sparkline grow while the run folder says "running", 
 record takes from being written to being drawn, stops the run with its Stop button and sees `stopped`.
 Screenshots in the light and the dark theme go to test-artifacts/; docs/sidebar.png, the README's picture, is a
 copy of the light one.
+
+A second test shows a running run with a 100,000-step history: its sparklines draw the whole run (first step to
+newest) in a bounded number of points, its early extremes where they were, and keep up as steps are appended.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import statistics
@@ -22,8 +24,16 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
-from fake_runs import append, make_fake_run
-from lab_server import CHROMIUM, CHROMIUM_ARGS, start_lab
+from fake_runs import append, make_fake_run, step_record
+from lab_server import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    open_runs_panel,
+    ortlab_lab_options,
+    show_runs_panel,
+    start_lab,
+    wait_for_lab,
+)
 from test_browser import _wait_for
 
 from ortlab.runfolder.rundir import RunDir, write_json
@@ -33,7 +43,6 @@ from ortlab.toggles import field_values, form_toggles
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 ARTIFACTS = ROOT / "test-artifacts"
-LABEXTENSION = ROOT / "ortlab" / "labextension"
 TOKEN = "ortlab-sidebar-test"
 RUN = "sidebar-run"
 
@@ -44,25 +53,13 @@ def lab_with_ortlab(tmp_path):
     checkout's prebuilt sidebar first on the labextensions path (JUPYTER_PATH wins over the installed copy)."""
     if not Path(CHROMIUM).exists():
         pytest.fail("chromium is missing: run scripts/dev setup (it installs Debian's chromium)")
-    assert (LABEXTENSION / "package.json").is_file(), "the sidebar is not built: run scripts/dev setup"
     # The doctor's report, cached for this environment (the server answers from the cache only): the panel's
     # doctor line and the New run form's mix toggles show what it found. Seconds when cached, about a minute not.
     from ortlab.probe import doctor
 
     doctor()
-    data = tmp_path / "jupyter-data" / "labextensions"
-    data.mkdir(parents=True)
-    (data / "ortlab-sidebar").symlink_to(LABEXTENSION, target_is_directory=True)
-    config = tmp_path / "jupyter-config"
-    config.mkdir()
-    (config / "jupyter_server_config.json").write_text(
-        json.dumps({"ServerApp": {"jpserver_extensions": {"ortlab": True}}})
-    )
-    extra_env = {
-        "JUPYTER_PATH": str(tmp_path / "jupyter-data"),
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-    }
-    with start_lab(tmp_path, TOKEN, (f"--Ortlab.runs_root={tmp_path / 'runs'}",), extra_env) as url:
+    args, extra_env = ortlab_lab_options(tmp_path, tmp_path / "runs")
+    with start_lab(tmp_path, TOKEN, args, extra_env) as url:
         # The sidebar talks to the server extension: without it the test would only see the panel's error line.
         with urllib.request.urlopen(f"{url}/ortlab/api/runs?token={TOKEN}", timeout=30) as r:
             assert "runs" in json.load(r), "ortlab's server extension does not answer"
@@ -145,15 +142,8 @@ def test_sidebar_launches_watches_and_stops_a_run(lab_with_ortlab, tiny_bert):
         page = browser.new_page(viewport={"width": 1280, "height": 900})
         try:
             page.goto(f"{url}/lab?token={TOKEN}", timeout=90_000)
-            page.wait_for_selector(".jp-LabShell", timeout=90_000)
-            page.wait_for_function("() => !document.querySelector('#jupyterlab-splash')", timeout=90_000)
-            # The tab is there with its own icon; the palette entry opens the panel.
-            page.wait_for_selector('.jp-SideBar [data-id="ortlab-runs"]', timeout=60_000)
-            page.keyboard.press("Control+Shift+C")
-            page.locator(".lm-CommandPalette-input").fill("ortlab: Show runs")
-            page.keyboard.press("Enter")
-            panel = page.locator("#ortlab-runs")
-            panel.wait_for(state="visible", timeout=30_000)
+            wait_for_lab(page)  # the tab is there with its own icon; the palette entry opens the panel
+            panel = show_runs_panel(page)
             page.wait_for_selector("#ortlab-runs .ortlab-Doctor-line", timeout=60_000)
             assert panel.locator(".ortlab-Error").count() == 0, panel.locator(".ortlab-Error").all_inner_texts()
             card = panel.locator('.ortlab-Run[data-run-id="two-workers"]')
@@ -285,6 +275,97 @@ def test_sidebar_launches_watches_and_stops_a_run(lab_with_ortlab, tiny_bert):
         finally:
             browser.close()
             _stop_if_running(run_dir)
+
+
+LONG = "long-run"
+LONG_STEPS = 100_000
+SPIKE, STALL = 3_000, 7_000  # the loss's highest point and the samples/s' lowest, early in the run
+SPARKLINE_POINTS = 200  # the sidebar's default (schema/plugin.json): a sparkline holds at most twice as many
+
+
+def _long_record(step: int) -> dict:
+    loss = 50.0 if step == SPIKE else 2.0 / (1 + step / 1000)
+    return step_record(step, loss=loss, samples_per_s=1.0 if step == STALL else 40.0 + step % 3)
+
+
+def _sparkline(page, kind: str) -> dict:
+    """What a sparkline of the long run's card covers (its data attributes) and where its line's highest and lowest
+    points are drawn (x in the SVG's 0..120 by step; y grows downwards)."""
+    return page.evaluate(
+        """([run, kind]) => {
+            const el = document.querySelector(`.ortlab-Run[data-run-id="${run}"] .ortlab-Sparkline-${kind}`);
+            if (!el) return null;
+            const line = el.querySelector('polyline');
+            const xy = line ? line.getAttribute('points').split(' ').map(p => p.split(',').map(Number)) : [];
+            const ys = xy.map(p => p[1]);
+            const top = xy[ys.indexOf(Math.min(...ys))], bottom = xy[ys.indexOf(Math.max(...ys))];
+            return {first: Number(el.dataset.firstStep), last: Number(el.dataset.lastStep),
+                    points: Number(el.dataset.points), top_x: top ? top[0] : null, bottom_x: bottom ? bottom[0] : null};
+        }""",
+        [LONG, kind],
+    )
+
+
+def _card_state(page) -> str:
+    card = page.locator(f'.ortlab-Run[data-run-id="{LONG}"]')
+    return (card.get_attribute("data-state") or "") if card.count() else ""
+
+
+def _loss_reaching(page, step: int):
+    """A predicate for `_wait_for`: the loss sparkline's attributes once its newest step is `step`."""
+    return lambda: (shown := _sparkline(page, "loss")) and shown["last"] == step and shown
+
+
+def test_sidebar_draws_a_long_run_whole_at_bounded_points(lab_with_ortlab):
+    """A running run with a history of 100,000 steps: its sparklines cover the whole run (its first step to its
+    newest) in at most 2 * 200 points, keep an early loss spike and an early stall of samples/s where they were,
+    keep up, still whole and bounded, as more steps are written than a sparkline holds, and end at its last step
+    when it ends."""
+    from playwright.sync_api import sync_playwright
+
+    url, folder = lab_with_ortlab
+    run = make_fake_run(folder / "runs", LONG, state="running", steps=0, max_steps=2 * LONG_STEPS)
+    append(run / "metrics.jsonl", *(_long_record(s) for s in range(1, LONG_STEPS + 1)))
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        try:
+            open_runs_panel(page, url, TOKEN)
+            shown = _wait_for(_loss_reaching(page, LONG_STEPS), 120, "the long run's loss sparkline to be drawn")
+            assert shown["first"] == 1, shown  # the whole run, not its tail
+            assert 10 <= shown["points"] <= 2 * SPARKLINE_POINTS, shown
+            # Drawn by step: the spike at 3 % of the run is the loss line's highest point, 3 % from its left.
+            assert shown["top_x"] == pytest.approx(120 * (SPIKE - 1) / (LONG_STEPS - 1), abs=1.5), shown
+            speed = _sparkline(page, "speed")
+            assert speed["first"] == 1 and speed["last"] == LONG_STEPS, speed
+            assert speed["bottom_x"] == pytest.approx(120 * (STALL - 1) / (LONG_STEPS - 1), abs=1.5), speed
+
+            # The run goes on: 1,200 more steps in batches, more than the 400 points a sparkline holds.
+            last = LONG_STEPS
+            for _ in range(4):
+                append(run / "metrics.jsonl", *(_long_record(s) for s in range(last + 1, last + 301)))
+                last += 300
+                shown = _wait_for(_loss_reaching(page, last), 60, f"the loss sparkline to reach step {last}")
+                assert shown["first"] == 1 and shown["points"] <= 2 * SPARKLINE_POINTS, shown
+                assert shown["top_x"] == pytest.approx(120 * (SPIKE - 1) / (last - 1), abs=1.5), shown
+            speed = _sparkline(page, "speed")
+            assert speed["first"] == 1 and speed["last"] == last and speed["points"] <= 2 * SPARKLINE_POINTS, speed
+            assert speed["bottom_x"] == pytest.approx(120 * (STALL - 1) / (last - 1), abs=1.5), speed
+
+            # Its last steps and its end together (between two polls): the panel reads the run once more after it
+            # ended, so the sparkline ends at the run's last step.
+            append(run / "metrics.jsonl", *(_long_record(s) for s in range(last + 1, last + 51)))
+            RunDir(run).set_status("completed", step=last + 50)
+            _wait_for(lambda: _card_state(page) == "completed", 60, "the sidebar to show the run completed")
+            shown = _wait_for(_loss_reaching(page, last + 50), 10, "the loss sparkline to reach the run's last step")
+            assert shown["first"] == 1 and shown["points"] <= 2 * SPARKLINE_POINTS, shown
+            page.screenshot(path=str(ARTIFACTS / "sidebar-long-run.png"))
+        except Exception:
+            page.screenshot(path=str(ARTIFACTS / "sidebar-long-run-failure.png"))
+            raise
+        finally:
+            browser.close()
 
 
 def _stop_if_running(run_dir: Path) -> None:

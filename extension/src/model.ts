@@ -1,8 +1,9 @@
 /**
  * The sidebar's state: the runs list, the doctor, and for each running run the points of its sparklines.
  * It polls the server: every `liveInterval` ms while a run is pending or running (metrics are read from
- * the last offset, so each poll carries only new records), every `idleInterval` ms otherwise, and not at
- * all while the panel is hidden. Views read the state and redraw on `changed`.
+ * the last offset, so each poll carries only new records, and once more after a followed run ends), every
+ * `idleInterval` ms otherwise, and not at all while the panel is hidden. Each sparkline draws the whole run at
+ * a bounded number of points (series.ts). Views read the state and redraw on `changed`.
  */
 import { ISignal, Signal } from '@lumino/signaling';
 
@@ -18,20 +19,19 @@ import {
   requestAPI,
   runPath
 } from './api';
+import { addPoint, emptySeries, ISeries } from './series';
 
 /** A run is live while its process may still write metrics. */
 export const LIVE_STATES = new Set(['pending', 'running']);
 
-export interface ISeries {
-  steps: number[];
-  loss: number[];
-  samplesPerS: number[];
-}
+export type { ISeries } from './series';
 
 interface IFollowed {
   offset: number;
   series: ISeries;
   lastStep: number | null;
+  /** Read once after the run ended (its last steps may have come after the poll before). */
+  ended: boolean;
 }
 
 export interface IModelOptions {
@@ -39,7 +39,7 @@ export interface IModelOptions {
   liveInterval: number;
   /** Poll period when nothing runs (ms). */
   idleInterval: number;
-  /** Points kept per sparkline. */
+  /** Points per sparkline: each draws the whole run in at most twice this many (see series.ts). */
   maxPoints: number;
 }
 
@@ -170,7 +170,6 @@ export class RunsModel {
       this.runs = list.runs;
       this.error = null;
       this.loaded = true;
-      const live = this.runs.filter(r => LIVE_STATES.has(r.state));
       // Forget runs that went away; the history of a run that ended stays drawn (it is cheap).
       const ids = new Set(this.runs.map(r => r.id));
       for (const id of [...this._followed.keys()]) {
@@ -178,17 +177,21 @@ export class RunsModel {
           this._followed.delete(id);
         }
       }
-      await Promise.all(live.map(r => this.readMetrics(r.id)));
+      // Live runs, and a followed run once more after it ended: the steps it wrote after the last poll.
+      const toRead = this.runs.filter(
+        r => LIVE_STATES.has(r.state) || this._followed.get(r.id)?.ended === false
+      );
+      await Promise.all(toRead.map(r => this.readMetrics(r.id, !LIVE_STATES.has(r.state))));
     } catch (error) {
       this.error = describe(error);
     }
     this._changed.emit();
   }
 
-  private async readMetrics(id: string): Promise<void> {
+  private async readMetrics(id: string, ended: boolean): Promise<void> {
     let followed = this._followed.get(id);
     if (!followed) {
-      followed = { offset: 0, series: { steps: [], loss: [], samplesPerS: [] }, lastStep: null };
+      followed = { offset: 0, series: emptySeries(), lastStep: null, ended: false };
       this._followed.set(id, followed);
     }
     // A long history comes in several pages: read until the server has nothing new (bounded per tick).
@@ -206,7 +209,8 @@ export class RunsModel {
         this.consume(followed, record);
       }
       if (got.records.length === 0 || got.offset === before) {
-        break;
+        followed.ended = ended; // caught up: a run that ended is not read again (unless it runs again)
+        return;
       }
     }
   }
@@ -215,22 +219,13 @@ export class RunsModel {
     if (record.event !== 'step' || typeof record.step !== 'number') {
       return;
     }
-    const s = followed.series;
-    // A resumed run starts again from its checkpoint's step: keep the curve monotonic in steps.
-    while (s.steps.length > 0 && s.steps[s.steps.length - 1] >= record.step) {
-      s.steps.pop();
-      s.loss.pop();
-      s.samplesPerS.pop();
-    }
-    s.steps.push(record.step);
-    s.loss.push(typeof record.loss === 'number' ? record.loss : NaN);
-    s.samplesPerS.push(typeof record.samples_per_s === 'number' ? record.samples_per_s : NaN);
-    const extra = s.steps.length - this.options.maxPoints;
-    if (extra > 0) {
-      s.steps.splice(0, extra);
-      s.loss.splice(0, extra);
-      s.samplesPerS.splice(0, extra);
-    }
+    addPoint(
+      followed.series,
+      record.step,
+      typeof record.loss === 'number' ? record.loss : NaN,
+      typeof record.samples_per_s === 'number' ? record.samples_per_s : NaN,
+      Math.max(2, Math.round(this.options.maxPoints))
+    );
     followed.lastStep = record.step;
   }
 

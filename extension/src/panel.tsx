@@ -236,12 +236,14 @@ function RunItem(props: IViewProps & { run: IRunRow }): JSX.Element {
             className="ortlab-Sparkline-loss"
             label={trans.__('loss')}
             values={series.loss}
+            steps={series.steps}
             format={v => v.toFixed(3)}
           />
           <Sparkline
             className="ortlab-Sparkline-speed"
             label={trans.__('samples/s')}
             values={series.samplesPerS}
+            steps={series.steps}
             format={v => v.toFixed(1)}
           />
         </div>

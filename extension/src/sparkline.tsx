@@ -4,6 +4,8 @@ export interface ISparklineProps {
   /** What the line shows (read by screen readers and shown beside the line). */
   label: string;
   values: number[];
+  /** The step of each value: x is drawn by step (the points are not evenly spread, see series.ts). */
+  steps: number[];
   /** How the latest value is written next to the line. */
   format: (value: number) => string;
   className?: string;
@@ -13,7 +15,7 @@ const WIDTH = 120;
 const HEIGHT = 22;
 
 /**
- * A tiny inline SVG line of a series (NaN values are skipped). The colour comes from the theme through
+ * A tiny inline SVG line of a series over its steps (NaN values are skipped). The colour comes from the theme through
  * CSS (`stroke: currentColor`), so it reads in light and dark themes alike.
  */
 export function Sparkline(props: ISparklineProps): JSX.Element {
@@ -23,17 +25,24 @@ export function Sparkline(props: ISparklineProps): JSX.Element {
   if (finite.length > 0) {
     const lo = Math.min(...finite);
     const hi = Math.max(...finite);
-    const span = hi - lo || 1;
-    const n = props.values.length;
-    const xs = (i: number) => (n > 1 ? (i / (n - 1)) * WIDTH : WIDTH / 2);
-    const ys = (v: number) => HEIGHT - 2 - ((v - lo) / span) * (HEIGHT - 4);
+    const height = hi - lo || 1;
+    const first = props.steps[0];
+    const span = props.steps[props.steps.length - 1] - first;
+    const xs = (i: number) => (span > 0 ? ((props.steps[i] - first) / span) * WIDTH : WIDTH / 2);
+    const ys = (v: number) => HEIGHT - 2 - ((v - lo) / height) * (HEIGHT - 4);
     points = props.values
       .map((v, i) => (Number.isFinite(v) ? `${xs(i).toFixed(1)},${ys(v).toFixed(1)}` : ''))
       .filter(p => p.length > 0)
       .join(' ');
   }
+  // What the line covers, for tests and benchmarks to read from the page.
   return (
-    <div className={`ortlab-Sparkline ${props.className ?? ''}`} data-points={finite.length}>
+    <div
+      className={`ortlab-Sparkline ${props.className ?? ''}`}
+      data-points={finite.length}
+      data-first-step={props.steps.length > 0 ? props.steps[0] : undefined}
+      data-last-step={props.steps.length > 0 ? props.steps[props.steps.length - 1] : undefined}
+    >
       <span className="ortlab-Sparkline-label">{props.label}</span>
       <svg
         className="ortlab-Sparkline-svg"

@@ -99,3 +99,54 @@ def start_lab(
         except subprocess.TimeoutExpired:
             server.kill()
         log.close()
+
+
+# This checkout's prebuilt sidebar (scripts/dev builds it from extension/).
+LABEXTENSION = Path(__file__).resolve().parents[2] / "ortlab" / "labextension"
+
+
+def ortlab_lab_options(folder: Path, runs_root: Path) -> tuple[tuple[str, ...], dict[str, str]]:
+    """`start_lab`'s extra arguments and environment for JupyterLab with ortlab's sidebar: the server extension on
+    (runs root: `runs_root`) and this checkout's prebuilt sidebar first on the labextensions path (JUPYTER_PATH wins
+    over the copy installed in the venv, which may be another checkout's)."""
+    assert (LABEXTENSION / "package.json").is_file(), "the sidebar is not built: run scripts/dev setup"
+    data = folder / "jupyter-data" / "labextensions"
+    data.mkdir(parents=True, exist_ok=True)
+    if not (data / "ortlab-sidebar").exists():
+        (data / "ortlab-sidebar").symlink_to(LABEXTENSION, target_is_directory=True)
+    config = folder / "jupyter-config"
+    config.mkdir(exist_ok=True)
+    (config / "jupyter_server_config.json").write_text(
+        json.dumps({"ServerApp": {"jpserver_extensions": {"ortlab": True}}})
+    )
+    root = str(LABEXTENSION.parents[1])
+    extra_env = {
+        "JUPYTER_PATH": str(folder / "jupyter-data"),
+        "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+    }
+    return (f"--Ortlab.runs_root={runs_root}",), extra_env
+
+
+def open_runs_panel(page, url: str, token: str):
+    """Load JupyterLab in `page` (its default layout: `reset`), wait until it is ready, and show ortlab's runs panel
+    from the command palette. Returns the panel's locator."""
+    page.goto(f"{url}/lab?reset&token={token}", timeout=90_000)
+    wait_for_lab(page)
+    return show_runs_panel(page)
+
+
+def wait_for_lab(page) -> None:
+    """JupyterLab's shell is up, its splash gone, and ortlab's tab in the left bar."""
+    page.wait_for_selector(".jp-LabShell", timeout=90_000)
+    page.wait_for_function("() => !document.querySelector('#jupyterlab-splash')", timeout=90_000)
+    page.wait_for_selector('.jp-SideBar [data-id="ortlab-runs"]', timeout=60_000)
+
+
+def show_runs_panel(page):
+    """Show ortlab's runs panel from the command palette (the panel polls the server while it is shown)."""
+    page.keyboard.press("Control+Shift+C")
+    page.locator(".lm-CommandPalette-input").fill("ortlab: Show runs")
+    page.keyboard.press("Enter")
+    panel = page.locator("#ortlab-runs")
+    panel.wait_for(state="visible", timeout=30_000)
+    return panel
