@@ -1,7 +1,8 @@
 """Time to the first step and peak memory against dataset size: `ortlab train --max-steps 5` on a generated local
 CSV (or Parquet) of short reviews, with rows tokenized all before step 1 (`data.lazy: false`, the eager path) or
 as training reads them (`data.lazy: true`), or read as a stream too (`data.streaming: true`, the large-Hub-dataset
-path: no Arrow conversion of the file, checks on a head).
+path: no Arrow conversion of the file, checks on a head); beside them, for a classifier, the same job written with
+plain transformers (`trainer`: `load_dataset`, an eager `map`, `Trainer`), the baseline a user would compare with.
 
     .venv/bin/python benchmarks/bench_data.py                      # 20k and 400k rows, both paths
     .venv/bin/python benchmarks/bench_data.py --sizes 20000 400000 4000000 --format parquet
@@ -74,7 +75,8 @@ WORDS = [
 ]
 
 
-PATHS = ("eager", "lazy", "stream")  # data.lazy false; data.lazy true; data.lazy and data.streaming true
+# data.lazy false; data.lazy true; data.lazy and data.streaming true; plain transformers (classification only)
+PATHS = ("eager", "lazy", "stream", "trainer")
 TASKS = ("classification", "text", "chat")  # reviews with labels; raw text for a causal LM; conversations, packed
 LM_LENGTH = 64  # causal-lm blocks and packed rows (the tiny LMs have 128 positions)
 
@@ -172,6 +174,56 @@ def child(task: str, data: str, model: str, path: str, out: str, steps: int) -> 
     Path(out).write_text(json.dumps({**record, "peak_anon_mb": anon.stop()}))
 
 
+def child_trainer(data: str, model: str, out: str, steps: int) -> None:
+    """The baseline row (path `trainer`): what a user writes with plain transformers, on the same CSV and model:
+    `load_dataset`, a 10 % hold-out, the labels encoded, every row tokenized with an eager `map`, then
+    `Trainer` (batch 16, dynamic padding, the same max length as ortlab's default), timed the same way."""
+    import datasets
+    from transformers import (
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+        DataCollatorWithPadding,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+    )
+
+    anon = _AnonPeak()
+    phases: dict[str, float] = {}
+    t = time.monotonic()
+    raw = datasets.load_dataset("csv", data_files={"train": data})["train"].class_encode_column("label")
+    split = raw.train_test_split(test_size=0.1, seed=42)
+    phases["load_and_check_s"] = time.monotonic() - t
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    t = time.monotonic()
+    train = split["train"].map(lambda b: tokenizer(b["text"], truncation=True, max_length=128), batched=True)
+    phases["tokenize_s"] = time.monotonic() - t
+    clf = AutoModelForSequenceClassification.from_pretrained(model, num_labels=2)
+    stamps: list[float] = []
+
+    class Stamp(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            stamps.append(time.monotonic())
+
+    args = TrainingArguments(
+        output_dir=str(Path(out).parent / "trainer-out"),
+        max_steps=steps,
+        per_device_train_batch_size=16,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+        use_cpu=True,
+    )
+    collator = DataCollatorWithPadding(tokenizer)
+    Trainer(model=clf, args=args, train_dataset=train, data_collator=collator, callbacks=[Stamp()]).train()
+    record = {"first_step_s": stamps[0] - STARTED, **phases, "total_s": time.monotonic() - STARTED}
+    if len(stamps) > 3:  # the steps after a warm-up of 2, as ortlab's summary counts them
+        record["steady_samples_per_s"] = 16 * (len(stamps) - 3) / (stamps[-1] - stamps[2])
+    record["peak_mem_mb"] = _peak_rss_mb() or 0.0
+    Path(out).write_text(json.dumps({**record, "peak_anon_mb": anon.stop()}))
+
+
 class _AnonPeak:
     """The process's peak anonymous resident memory (RssAnon, sampled every 20 ms in a thread): the memory it owns.
 
@@ -257,7 +309,10 @@ def main() -> None:
     opts = p.parse_args()
     if opts.child:
         task, data, model, path, out, steps = opts.child
-        child(task, data, model, path, out, int(steps))
+        if path == "trainer":
+            child_trainer(data, model, out, int(steps))
+        else:
+            child(task, data, model, path, out, int(steps))
         return
     sizes = [2_000] if opts.smoke else opts.sizes
     trees = {"this": ROOT, **({"baseline": Path(opts.baseline).resolve()} if opts.baseline else {})}
@@ -285,6 +340,7 @@ def main() -> None:
             rows = {
                 (path, tree): {"rows": n, "task": task, "format": fmt, "path": path, "tree": tree, "generate_s": made}
                 for path in opts.paths
+                if path != "trainer" or task == "classification"  # the plain-transformers row: a classifier's
                 for tree in trees
             }
             for r in range(opts.repeat):  # rounds in turn: a busy spell of the machine hits every path alike
@@ -311,6 +367,11 @@ def main() -> None:
         eager = base.get((r["rows"], "eager", r["tree"]), {})
         if r.get("steady_samples_per_s") and eager.get("steady_samples_per_s"):  # the preparation keeps ahead?
             r["throughput_vs_eager"] = r["steady_samples_per_s"] / eager["steady_samples_per_s"]
+        plain = base.get((r["rows"], "trainer", r["tree"]), {})
+        if r["path"] != "trainer" and "first_step_s" in r and "first_step_s" in plain:  # against plain transformers
+            r["first_step_vs_trainer"] = r["first_step_s"] / plain["first_step_s"]
+            if r.get("steady_samples_per_s") and plain.get("steady_samples_per_s"):
+                r["throughput_vs_trainer"] = r["steady_samples_per_s"] / plain["steady_samples_per_s"]
     report = {
         "benchmark": "bench_data",
         "method": "one process per row, a cold datasets cache each; tiny BERT (classification), tiny GPT-2 (raw "
