@@ -271,6 +271,17 @@ def check(spec: RunSpec, log: Callable[[str], None] = print):
             "data.streaming: a streamed dataset has no known length, so hyper.epochs cannot be counted; set "
             "hyper.max_steps (or data.streaming: false to read it whole)"
         )
+    if prepared.streamed and spec.data.shuffle:  # a stream's shuffle is not a permutation: say how far it reaches
+        shards = getattr(prepared.train, "num_shards", 1) or 1
+        log(
+            f"data: the stream is shuffled within a buffer of {data_checks.SHUFFLE_BUFFER:,} rows"
+            + (
+                f" and by its {shards} shards"
+                if shards > 1
+                else " (one shard: rows far apart in the source are never swapped; data.streaming: false shuffles "
+                "the whole split)"
+            )
+        )
     eager_why = plan(prepared, spec.task, spec.data.lazy, spec.hyper.max_steps, spec.seed, spec.data.shuffle)
     if eager_why:
         log(eager_why)

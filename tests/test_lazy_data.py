@@ -189,6 +189,18 @@ def test_a_stream_without_max_steps_fails_before_the_model(tiny_bert, tmp_path):
         check(RunSpec.model_validate(spec), log=lambda _: None)
 
 
+def test_a_streamed_file_says_its_shuffle_is_a_buffers(tiny_bert, tmp_path):
+    """A stream's shuffle draws from a buffer (and its shards): a single local file is one shard, so rows far apart
+    are never swapped, and the run's log says so with the way to a whole-split shuffle."""
+    from ortlab.fit import check
+    from ortlab.spec import RunSpec
+
+    lines: list[str] = []
+    check(RunSpec.model_validate(_streamed(tiny_bert, _reviews(tmp_path / "r.csv", 50), tmp_path, "s")), lines.append)
+    said = [line for line in lines if "shuffled within a buffer" in line]
+    assert len(said) == 1 and "one shard" in said[0] and "data.streaming: false" in said[0], lines
+
+
 def test_a_streamed_label_the_head_did_not_show_fails_with_its_position(tiny_bert, tmp_path, monkeypatch):
     """The checks read a head of the stream; row 150 carries a class the head never showed: the run fails when
     training reaches it, naming the row, instead of training on it with a made-up class id."""
