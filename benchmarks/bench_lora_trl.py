@@ -19,7 +19,10 @@ learning rate, length); every other setting is each tool's default:
 - `trl`: `SFTTrainer` with `SFTConfig`'s defaults (among them `bf16=True` and `gradient_checkpointing=True`) and a
   peft `LoraConfig` with ortlab's adapter settings (rank 8, alpha 16, dropout 0.05, q/k/v/o);
 - `trl_fp32` (unless `--no-trl-fp32`): the same with `bf16=False`, so a reader sees how much of the ratio is the
-  precision default alone.
+  precision default alone;
+- with `--equal`, two rows at equal settings, for memory: `trl_equal` (`bf16=False`, `gradient_checkpointing=False`:
+  what ortlab trains with here) and `ortlab_fp32` (`accel.precision: fp32` set, so no precision probe runs in the
+  process: the probe's trials count in the `ortlab` row's peak).
 
 Method (bench_lora's): every row trains in its own process, all warm up first, then train in interleaved slices in
 a shuffled order; each row's slice over TRL's slice of the same round is a paired ratio (median, bootstrap 95 %
@@ -70,7 +73,7 @@ def job_spec(data_file: str, opts: argparse.Namespace) -> dict:
             "logging_steps": 5,
         },
         "adapter": {"kind": "lora", "rank": LORA["rank"], "alpha": LORA["alpha"], "dropout": LORA["dropout"]},
-        "accel": {"precision": "fp32"} if opts.smoke else {},
+        "accel": {"precision": "fp32"} if opts.smoke or opts.child == "ortlab_fp32" else {},
     }
 
 
@@ -110,7 +113,7 @@ def ortlab_child(opts: argparse.Namespace) -> None:
     trainer.train()
 
 
-def trl_child(opts: argparse.Namespace, bf16_default: bool) -> None:
+def trl_child(opts: argparse.Namespace, bf16_default: bool, checkpointing_default: bool = True) -> None:
     sys.path.insert(0, opts.trl_site)  # this process only: the ortlab row and the driver never import trl
     import trl
     from datasets import load_dataset
@@ -138,6 +141,8 @@ def trl_child(opts: argparse.Namespace, bf16_default: bool) -> None:
     }
     if not bf16_default:
         job["bf16"] = False
+    if not checkpointing_default:
+        job["gradient_checkpointing"] = False
     config = SFTConfig(**job)
     lora = LoraConfig(
         r=LORA["rank"],
@@ -198,6 +203,7 @@ def main() -> None:
     p.add_argument("--slice", type=int, default=1, help="steps per row per round")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--no-trl-fp32", action="store_true", help="leave out the TRL row with bf16=False")
+    p.add_argument("--equal", action="store_true", help="add trl_equal and ortlab_fp32: memory at equal settings")
     p.add_argument(
         "--smoke", action="store_true", help="batch 2, 2 rounds, fp32 (no probe): checks the script, not speed"
     )
@@ -207,11 +213,11 @@ def main() -> None:
     p.add_argument("--data-file", default=None, help=argparse.SUPPRESS)
     p.add_argument("--out", default=None, help=argparse.SUPPRESS)
     opts = p.parse_args()
-    if opts.child == "ortlab":
+    if opts.child in ("ortlab", "ortlab_fp32"):
         ortlab_child(opts)
         return
-    if opts.child in ("trl", "trl_fp32"):
-        trl_child(opts, bf16_default=opts.child == "trl")
+    if opts.child in ("trl", "trl_fp32", "trl_equal"):
+        trl_child(opts, bf16_default=opts.child == "trl", checkpointing_default=opts.child != "trl_equal")
         return
     opts.trl_site = check_trl_site(opts.trl_site)
     if opts.smoke:
@@ -225,6 +231,7 @@ def main() -> None:
     print("[bench] the embedded SmolLM2 (converted once from its GGUF) ...", flush=True)
     resolve_model(MODEL)  # made here, once, so no row pays (or races for) the conversion
     rows = ["trl", "ortlab"] + ([] if opts.no_trl_fp32 else ["trl_fp32"])
+    rows += ["trl_equal", "ortlab_fp32"] if opts.equal else []
     print(f"[bench] {len(rows)} processes: {', '.join(rows)}", flush=True)
     results: dict[str, dict] = {name: {"mix": name} for name in rows}
     with tempfile.TemporaryDirectory(prefix="ortlab-bench-trl-") as tmp:
@@ -289,14 +296,14 @@ def trl_version(opts: argparse.Namespace) -> str | None:
 
 def print_table(report: dict) -> None:
     head = ("row", "examples/s", "vs trl", "95% CI", "peak MB", "vs trl")
-    print("\n{:<10} {:>11} {:>7} {:>12} {:>8} {:>8}".format(*head))
+    print("\n{:<11} {:>11} {:>7} {:>12} {:>8} {:>8}".format(*head))
     for r in report["results"]:
         if "error" in r:
-            print(f"{r['mix']:<10} failed: {str(r['error'])[:100]}")
+            print(f"{r['mix']:<11} failed: {str(r['error'])[:100]}")
             continue
         ci = "{:.2f}-{:.2f}".format(*r["ratio_ci95"])
         print(
-            f"{r['mix']:<10} {r['samples_per_s']:>11.2f} {r['throughput_ratio']:>7.2f} {ci:>12} "
+            f"{r['mix']:<11} {r['samples_per_s']:>11.2f} {r['throughput_ratio']:>7.2f} {ci:>12} "
             f"{r.get('peak_mem_mb', 0):>8.0f} {r.get('peak_mem_ratio', 0):>8.2f}"
         )
 
