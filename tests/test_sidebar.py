@@ -353,6 +353,15 @@ def test_sidebar_draws_a_long_run_whole_at_bounded_points(lab_with_ortlab):
             assert speed["first"] == 1 and speed["last"] == last and speed["points"] <= 2 * SPARKLINE_POINTS, speed
             assert speed["bottom_x"] == pytest.approx(120 * (STALL - 1) / (last - 1), abs=1.5), speed
 
+            # While it runs, the panel polls at a pace set by what a poll costs: at most 2.5 % of the time (its
+            # requests to its paint), never more often than liveInterval (500 ms), never less than every 5 s.
+            pace = page.evaluate(
+                """() => { const b = document.querySelector('.ortlab-Sidebar-body');
+                           return {poll: Number(b.dataset.pollMs), wait: Number(b.dataset.waitMs)}; }"""
+            )
+            assert pace["poll"] > 0, pace
+            assert pace["wait"] == pytest.approx(min(5000, max(500, pace["poll"] / 0.025)), abs=25), pace
+
             # Its last steps and its end together (between two polls): the panel reads the run once more after it
             # ended, so the sparkline ends at the run's last step.
             append(run / "metrics.jsonl", *(_long_record(s) for s in range(last + 1, last + 51)))

@@ -1,8 +1,9 @@
 /**
  * The sidebar's state: the runs list, the doctor, and for each running run the points of its sparklines.
- * It polls the server: every `liveInterval` ms while a run is pending or running (metrics are read from
- * the last offset, so each poll carries only new records, and once more after a followed run ends), every
- * `idleInterval` ms otherwise, and not at all while the panel is hidden. Each sparkline draws the whole run at
+ * It polls the server while a run is pending or running (metrics are read from the last offset, so each poll
+ * carries only new records, and once more after a followed run ends) every `liveInterval` ms or more: the wait
+ * adapts so that polling takes at most LIVE_SHARE of the time (see `liveWait`); every `idleInterval` ms
+ * otherwise, and not at all while the panel is hidden. Each sparkline draws the whole run at
  * a bounded number of points (series.ts). Views read the state and redraw on `changed`.
  */
 import { ISignal, Signal } from '@lumino/signaling';
@@ -23,6 +24,35 @@ import { addPoint, emptySeries, ISeries } from './series';
 
 /** A run is live while its process may still write metrics. */
 export const LIVE_STATES = new Set(['pending', 'running']);
+
+/**
+ * The share of the time a live poll may take (its requests, the server's answer, the panel's render and paint,
+ * measured from the first request to the second frame after the update) and the longest wait it may lead to.
+ * Why: on a 2-core machine the browser and the server take their CPU from the training run itself; polling
+ * every 500 ms cost a 150-step run about 8 % of its samples/s (bench_live_browser, sidebar arm). The workbench's
+ * chart adapts the same way (ortlab/ui/livechart.py).
+ */
+export const LIVE_SHARE = 0.025;
+export const LIVE_WAIT_MAX = 5000;
+
+/** The wait before the next live poll, given how long the last one took (ms). */
+export function liveWait(pollMs: number, liveInterval: number): number {
+  return Math.min(LIVE_WAIT_MAX, Math.max(liveInterval, pollMs / LIVE_SHARE));
+}
+
+/** Resolves after the browser has painted what the last update drew (two frames), or after 250 ms when no frame
+ * comes (a hidden tab draws none). */
+function painted(): Promise<void> {
+  return new Promise(resolve => {
+    const done = window.setTimeout(resolve, 250);
+    requestAnimationFrame(() =>
+      requestAnimationFrame(() => {
+        window.clearTimeout(done);
+        resolve();
+      })
+    );
+  });
+}
 
 export type { ISeries } from './series';
 
@@ -54,6 +84,9 @@ export class RunsModel {
   doctor: IDoctor | null = null;
   /** RunSpec's schema and defaults (the New run form is built from them), once loaded. */
   form: ISpecForm | null = null;
+  /** How long the last poll took (ms, to its paint) and the wait it led to: shown to tests and benchmarks. */
+  lastPollMs = 0;
+  wait = 0;
   /** Why the last refresh failed (shown at the top of the panel), or null. */
   error: string | null = null;
   loaded = false;
@@ -151,15 +184,21 @@ export class RunsModel {
     const shown = this._visible();
     if (shown) {
       this._busy = true;
+      const started = performance.now();
       try {
         await this.refresh();
+        await painted();
       } finally {
         this._busy = false;
+        this.lastPollMs = performance.now() - started;
       }
     }
     if (!this._disposed) {
-      const wait = shown && this.anyLive ? this.options.liveInterval : this.options.idleInterval;
-      this._timer = window.setTimeout(() => void this.tick(), Math.max(100, wait));
+      const live = shown && this.anyLive;
+      this.wait = live
+        ? liveWait(this.lastPollMs, this.options.liveInterval)
+        : this.options.idleInterval;
+      this._timer = window.setTimeout(() => void this.tick(), Math.max(100, this.wait));
     }
   }
 

@@ -91,7 +91,11 @@ function SidebarView(props: IViewProps): JSX.Element {
   const { model, trans } = props;
   const runs = model.runs; // in the server's order (newest first)
   return (
-    <div className="ortlab-Sidebar-body">
+    <div
+      className="ortlab-Sidebar-body"
+      data-poll-ms={Math.round(model.lastPollMs)}
+      data-wait-ms={Math.round(model.wait)}
+    >
       <div className="ortlab-Sidebar-header">
         <h2 className="ortlab-Sidebar-title">{trans.__('ortlab runs')}</h2>
         <ToolbarButtonComponent
