@@ -332,3 +332,41 @@ def test_plain_training_arguments_are_accepted(tmp_path):
     assert trainer.args.use_ort is True
     assert trainer.args.metrics_file is None, "no run folder, no logging_dir: the stream stays in memory"
     assert trainer.accelerations["ort"].requested
+
+
+@pytest.mark.parametrize("data_seed", [None, 7])
+def test_the_training_order_is_transformers_own_without_its_list(tmp_path, data_seed):
+    """ORTTrainer's loader samples in the order a plain Trainer's does (accelerate's seedable sampler: the seed,
+    or data_seed, plus the epoch), epoch after epoch, from a permutation tensor rather than a list of every index
+    (ortlab.train.sampler)."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
+
+    from ortlab import ORTTrainer
+    from ortlab.train.sampler import PermutationSampler
+
+    class Rows(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 70_000  # more than one slice of PermutationSampler
+
+        def __getitem__(self, i: int) -> dict:
+            return {"input_ids": torch.tensor([i % 40]), "labels": torch.tensor(0)}
+
+    def model():
+        config = BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+        return BertForSequenceClassification(config)
+
+    orders = []
+    for cls in (Trainer, ORTTrainer):
+        args = TrainingArguments(str(tmp_path / cls.__name__), report_to=[], seed=3, data_seed=data_seed)
+        loader = cls(model=model(), args=args, train_dataset=Rows()).get_train_dataloader()
+        sampler = loader.batch_sampler.sampler
+        epochs = []
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            epochs.append(list(sampler))
+        orders.append((type(sampler).__name__, epochs))
+    (plain, plain_epochs), (ours, our_epochs) = orders
+    assert plain == "SeedableRandomSampler" and ours == PermutationSampler.__name__
+    assert our_epochs == plain_epochs and plain_epochs[0] != plain_epochs[1]
+    assert sorted(our_epochs[0]) == list(range(70_000))

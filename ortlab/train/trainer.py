@@ -38,6 +38,7 @@ from ortlab.train import compat
 from ortlab.train.applied import ACCELERATIONS_FILE, AccelerationNotApplied, VerifiesAccelerations
 from ortlab.train.args import ORT_FUSED, ORTTrainingArguments
 from ortlab.train.metrics import JsonLinesSink, StepMetricsCallback
+from ortlab.train.sampler import lean_train_sampler
 from ortlab.train.shards import OwnShardLoader
 
 # The names scripts import from here; the warning and the file name are defined with the verification.
@@ -187,6 +188,11 @@ class ORTTrainer(VerifiesAccelerations, OwnShardLoader, Trainer):
             return super().train(*args, **kwargs)
         finally:
             self.metrics_sink.close()
+
+    def _get_train_sampler(self, train_dataset: Any = None) -> Any:
+        # The same order as transformers' and accelerate's, without their list of every index (ortlab.train.sampler).
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        return lean_train_sampler(super()._get_train_sampler(train_dataset), dataset, self.args)
 
     def _prepare_for_training(self, max_steps: int, train_dataloader: Any, resume_from_checkpoint: Any):
         if not self.args.use_ort:
