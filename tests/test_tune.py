@@ -275,3 +275,23 @@ def test_the_workbench_button_sets_the_toggles_to_the_fastest_mix(measured, monk
     for m in result.candidates:
         assert f"<td style='padding:0 8px'>{m.name}</td>" in wb.tune_note.value
     assert wb.spec().accel.ort == result.choice["ort"], "Launch would start the measured mix"
+
+
+def test_the_lookup_draws_the_batches_a_shuffled_loader_gives_without_its_list():
+    """`batches_from` takes the first batches of a seeded shuffle: exactly what `DataLoader(shuffle=True)` with
+    that generator yields first, drawn from the permutation tensor (the loader's sampler lists every index)."""
+    import torch
+
+    from ortlab.tune.auto import batches_from
+
+    rows = [{"x": torch.tensor([i])} for i in range(1000)]
+
+    def collate(batch):
+        return {"x": torch.stack([r["x"] for r in batch])}
+
+    for seed in (5, 42):
+        loader = torch.utils.data.DataLoader(
+            rows, batch_size=8, collate_fn=collate, shuffle=True, generator=torch.Generator().manual_seed(seed)
+        )
+        expected = [b["x"].tolist() for b, _ in zip(loader, range(3), strict=False)]
+        assert [b["x"].tolist() for b in batches_from(rows, collate, 8, seed, n=3)] == expected
