@@ -2,9 +2,9 @@
 
 Why: accelerate replaces the Trainer's `RandomSampler` by its `SeedableRandomSampler`, whose iteration is torch's:
 `torch.randperm(n).tolist()`, a list of n Python ints held for the whole epoch (36 bytes a row: 130 MB for a
-3.6M-row training split). This sampler yields the very same indices, in the same order, epoch by epoch (the same generator, seeded the same way:
-`data_seed`, else torch's initial seed, plus the epoch), from the permutation tensor (8 bytes a row), a slice at
-a time. It is not a `RandomSampler`, so accelerate leaves it as it is.
+3.6M-row training split). This sampler yields the very same indices, in the same order, epoch by epoch (the
+same generator, seeded the same way: `data_seed`, else torch's initial seed, plus the epoch), from the
+permutation tensor (8 bytes a row), a slice at a time. It is not a `RandomSampler`, so accelerate leaves it as it is.
 """
 
 from __future__ import annotations
