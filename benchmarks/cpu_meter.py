@@ -23,24 +23,35 @@ def kernels(folder: Path) -> list:
     import psutil
 
     found = []
-    for p in psutil.process_iter(["cmdline"]):
+    for p in psutil.process_iter(["cmdline"]):  # (process_iter passes over processes that end meanwhile)
         cmd = " ".join(p.info["cmdline"] or [])
         if "ipykernel" in cmd and str(folder) in cmd:
             found.append(p)
     return found
 
 
-def chromium() -> list:
+def _children(recursive: bool, keep) -> list:
+    """This process's children that `keep` accepts; one that ends while being looked at is passed over (chromium
+    starts and ends helper processes all the time)."""
     import psutil
 
-    return [p for p in psutil.Process().children(recursive=True) if "chrom" in p.name().lower()]
+    found = []
+    for p in psutil.Process().children(recursive=recursive):
+        try:
+            if keep(p):
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return found
+
+
+def chromium() -> list:
+    return _children(True, lambda p: "chrom" in p.name().lower())
 
 
 def lab_server() -> list:
     """This benchmark's jupyter server (a child of this process; its kernels are counted apart)."""
-    import psutil
-
-    return [p for p in psutil.Process().children() if "jupyterlab" in " ".join(p.cmdline())]
+    return _children(False, lambda p: "jupyterlab" in " ".join(p.cmdline()))
 
 
 class CpuMeter:
