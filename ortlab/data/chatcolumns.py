@@ -35,9 +35,7 @@ def check_pairs_columns(ds: Dataset, prompt: str, response: str, where: str) -> 
 
 
 def _strings_ok(chunk: Any) -> bool:
-    import pyarrow as pa
-
-    return (pa.types.is_string(chunk.type) or pa.types.is_large_string(chunk.type)) and chunk.null_count == 0
+    return _is_text(chunk.type) and chunk.null_count == 0
 
 
 def _conversations_ok(chunk: Any) -> bool:

@@ -73,25 +73,15 @@ def values_of(ds: Dataset, column: str) -> list:
 def distinct_values(ds: Dataset, column: str) -> list:
     """The distinct values of `column` (of a list column: of its items, as one list), read a chunk at a time.
     Types Arrow cannot take distinct values of come back as every value (a rare case: lists of lists)."""
-    import pyarrow as pa
-
-    seen: dict = {}
-    is_list = False
-    for _, chunk in column_chunks(ds, column):
-        is_list = pa.types.is_list(chunk.type) or pa.types.is_large_list(chunk.type)
-        try:
-            flat = chunk.combine_chunks().flatten() if is_list else chunk
-            seen.update(dict.fromkeys(flat.unique().to_pylist()))
-        except (pa.ArrowNotImplementedError, pa.ArrowInvalid):  # a type Arrow cannot take distinct values of
-            return values_of(ds, column)
-    values = list(seen)
-    return [values] if is_list else values  # one "row" holding every tag: the label checks see the same tags
+    found = _distinct(chunk for _, chunk in column_chunks(ds, column))
+    return values_of(ds, column) if found is None else found
 
 
 def distinct_values_outside(ds: Dataset, held: Dataset, column: str) -> list | None:
     """`distinct_values` of the rows of `ds` that are not in `held` (some of `ds`'s own rows, as `hold_out` leaves
     them), read from `ds` in its stored order a slice at a time with the held rows masked out. None when `ds` is
-    itself a selection (the caller reads the rest with `distinct_values`).
+    itself a selection, or of a type Arrow cannot take distinct values of (the caller reads the rest with
+    `distinct_values`).
 
     Why not `distinct_values` of the rest: the rest is a random permutation of the table, gathered a chunk at a
     time (0.9 s of a 4M-row CSV's start, half its checks); here the reads are contiguous and the mask is a byte a
@@ -104,18 +94,27 @@ def distinct_values_outside(ds: Dataset, held: Dataset, column: str) -> list | N
         return None
     keep = np.ones(len(ds), dtype=bool)
     keep[held_indices.column(0).to_numpy()] = False
+    return _distinct(
+        chunk.filter(pa.array(keep[start : start + len(chunk)])) for start, chunk in column_chunks(ds, column)
+    )
+
+
+def _distinct(chunks: Iterator[Any]) -> list | None:
+    """The distinct values over Arrow `chunks` (of list chunks: of their items, as one list), or None for a type
+    Arrow cannot take distinct values of."""
+    import pyarrow as pa
+
     seen: dict = {}
     is_list = False
-    for start, chunk in column_chunks(ds, column):
+    for chunk in chunks:
         is_list = pa.types.is_list(chunk.type) or pa.types.is_large_list(chunk.type)
-        kept = chunk.filter(pa.array(keep[start : start + len(chunk)]))
         try:
-            flat = kept.combine_chunks().flatten() if is_list else kept
+            flat = chunk.combine_chunks().flatten() if is_list else chunk
             seen.update(dict.fromkeys(flat.unique().to_pylist()))
-        except (pa.ArrowNotImplementedError, pa.ArrowInvalid):  # a type Arrow cannot take distinct values of
+        except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
             return None
     values = list(seen)
-    return [values] if is_list else values  # as distinct_values: one "row" holding every tag
+    return [values] if is_list else values  # one "row" holding every tag: the label checks see the same tags
 
 
 def hold_out(ds: Dataset, fraction: float, seed: int) -> tuple[Dataset, Dataset]:

@@ -48,8 +48,7 @@ def lean_train_sampler(sampler: Any, dataset: Any, args: Any) -> Any:
     from torch.utils.data import RandomSampler
 
     seedable = getattr(getattr(args, "accelerator_config", None), "use_seedable_sampler", True)
-    if type(sampler) is not RandomSampler or sampler.replacement or not seedable or args.world_size > 1:
-        return sampler
-    if sampler.num_samples != len(dataset):
+    plain = type(sampler) is RandomSampler and not sampler.replacement and sampler.num_samples == len(dataset)
+    if not plain or not seedable or args.world_size > 1:
         return sampler
     return PermutationSampler(len(dataset), args.data_seed)
