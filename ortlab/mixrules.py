@@ -29,6 +29,7 @@ class Mix:
     precision: Precision = "fp32"
     torch_compile: bool = False
     tf32: bool = False
+    tcmalloc: bool = False
     processes: int = 1
     use_cpu: bool = False
     # A DeepSpeed config the user supplied defines its own optimizer (so ortlab's optimizer choice is moot).

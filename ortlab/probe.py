@@ -31,7 +31,17 @@ from pathlib import Path
 from typing import Any
 
 from ortlab import runtimes
-from ortlab.accel import ACCELERATIONS, Availability, fused_adam, ort, package_version, precision, torch_compile, zero
+from ortlab.accel import (
+    ACCELERATIONS,
+    Availability,
+    fused_adam,
+    ort,
+    package_version,
+    precision,
+    tcmalloc,
+    torch_compile,
+    zero,
+)
 from ortlab.accel.ort import extensions_dir
 from ortlab.envvars import cache_dir
 from ortlab.gpu import findings
@@ -46,6 +56,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "torch": ("fused_adam", "fp16", "bf16", "tf32", "torch_compile"),
     "ort": ("ort",),
     "zero1": ("zero1",),
+    "tcmalloc": ("tcmalloc",),
 }
 
 
@@ -228,6 +239,7 @@ def run_probe_group(group: str) -> dict[str, Any]:
         "bf16": precision.check_bf16,
         "tf32": precision.check_tf32,
         "torch_compile": torch_compile.check,
+        "tcmalloc": tcmalloc.check,
     }
     out: dict[str, Any] = {"accelerations": {n: checks[n](probe=True).to_dict() for n in GROUPS[group]}}
     if group == "torch":
@@ -457,6 +469,8 @@ def _local_facts() -> dict[str, Any]:
         "cpu": cpu_facts(),
         "gpus": _gpu_facts(),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        # Installing the allocator (or removing it) changes its row.
+        "tcmalloc": str(tcmalloc.find()),
     }
 
 

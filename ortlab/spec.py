@@ -187,6 +187,11 @@ class AccelSpec(_Strict):
         description="TF32 tensor-core matmuls for the fp32 parts of training (NVIDIA Ampere or newer); 'auto' = on "
         "where the GPU has them, off elsewhere (CPUs have no TF32).",
     )
+    tcmalloc: bool | Literal["auto"] = Field(
+        "auto",
+        description="Train with tcmalloc as the memory allocator instead of glibc's malloc (measured 1.15x on a "
+        "CPU, less memory); 'auto' = where it is installed and the training process is started by ortlab.",
+    )
     ort_fallback: Literal["warn", "error"] = Field(
         "warn", description="If ORT cannot run the model: train in PyTorch and report it ('warn'), or fail."
     )
@@ -204,13 +209,15 @@ class AccelSpec(_Strict):
     def resolved(self, choice: dict[str, Any]) -> AccelSpec:
         """'auto' replaced by `choice`: a measured one (ortlab.tune), or this machine's conservative default
         (`ortlab.accel.mix.resolve` supplies it: the spec describes, it never asks the machine). `choice` holds
-        "ort", "fused_adam", "precision" and "tf32"; explicit values are never changed."""
+        "ort", "fused_adam", "precision", "tf32" and "tcmalloc"; explicit values are never changed."""
         update = {f: choice[f] for f in self.auto_fields() if f in choice}
         if self.torch_compile and self.ort == "auto":
             update["ort"] = False  # the user asked for compile explicitly; 'auto' ORT yields
         out = self.model_copy(update=update)
         tf32 = bool(choice.get("tf32", False)) if out.tf32 == "auto" else out.tf32
-        return out.model_copy(update={"ort": bool(out.ort), "fused_adam": bool(out.fused_adam), "tf32": bool(tf32)})
+        tcmalloc = bool(choice.get("tcmalloc", False)) if out.tcmalloc == "auto" else out.tcmalloc
+        update = {"ort": bool(out.ort), "fused_adam": bool(out.fused_adam), "tf32": bool(tf32)}
+        return out.model_copy(update={**update, "tcmalloc": bool(tcmalloc)})
 
 
 class AdapterSpec(_Strict):
@@ -404,6 +411,7 @@ class RunSpec(_Strict):
             precision="fp32" if a.precision == "auto" else a.precision,
             torch_compile=a.torch_compile,
             tf32=a.tf32 is True,
+            tcmalloc=a.tcmalloc is True,
             processes=self.target.processes,
             lora=self.adapter.kind == "lora",
         )

@@ -34,7 +34,8 @@ class Toggle:
     on: Any
     off: Any
     also_on: tuple[Any, ...] = ()
-    # Whether the forms draw it. tf32 is left to its 'auto' (on where the GPU has TF32): no form offers it.
+    # Whether the forms draw it. tf32 and tcmalloc are left to their 'auto' (on where the machine has them): no form
+    # offers them.
     in_forms: bool = True
 
     @property
@@ -61,6 +62,8 @@ TOGGLES: tuple[Toggle, ...] = (
     Toggle("fp16", "fp16", "precision", "fp16", "fp32"),
     Toggle("tf32", "TF32 matmuls", "tf32", True, False, in_forms=False),
     Toggle("torch_compile", "torch.compile", "torch_compile", True, False),
+    # A process's allocator, chosen when it starts: left to its 'auto' (on where the library is installed).
+    Toggle("tcmalloc", "tcmalloc allocator", "tcmalloc", True, False, in_forms=False),
 )
 NAMES: tuple[str, ...] = tuple(t.name for t in TOGGLES)
 

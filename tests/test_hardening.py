@@ -383,11 +383,10 @@ def test_a_process_that_cannot_start_ends_the_run_failed(tmp_path, monkeypatch):
 
     run = make_run(tmp_path)
 
-    class Broken:
-        target = RunSpec().target.model_copy(update={"python": str(tmp_path / "gone")})
-
+    spec = RunSpec()
+    broken = spec.model_copy(update={"target": spec.target.model_copy(update={"python": str(tmp_path / "gone")})})
     with pytest.raises(RunError, match="could not start"):
-        runner._start(run, Broken())
+        runner._start(run, broken)
     status = run.status()
     assert status["state"] == "failed"
     assert "could not be started" in status["error"]

@@ -18,7 +18,10 @@ from gates import launch_gated, wait_paused
 from listening import beyond_loopback, listening
 
 import ortlab
+from ortlab.accel import tcmalloc
 from ortlab.runner import RunError
+
+INSTALLED = tcmalloc.find() is not None  # (`scripts/dev setup` installs it: tests/test_tcmalloc.py)
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
@@ -136,6 +139,8 @@ def test_two_concurrent_runs_with_different_mixes_then_compare(make_spec, tmp_pa
     assert steps_of(a) == steps_of(b) == list(range(1, 26))
     assert a.result()["accelerations"]["ort"]["applied"] is False
     assert b.result()["accelerations"]["ort"]["applied"] is True
+    # ORT lives with tcmalloc: a launched run starts with it wherever it is installed ('auto')
+    assert b.result()["accelerations"]["tcmalloc"]["applied"] is INSTALLED
     assert {r.id for r in ortlab.runs(tmp_path / "runs")} == {"eager", "with-ort"}
 
     ortlab_cli = str(Path(PYTHON).parent / "ortlab")
@@ -151,7 +156,7 @@ def test_two_concurrent_runs_with_different_mixes_then_compare(make_spec, tmp_pa
     ratio = rows["with-ort"]["ratios"]["samples_per_s"]
     expected = rows["with-ort"]["summary"]["steady_samples_per_s"] / rows["eager"]["summary"]["steady_samples_per_s"]
     assert abs(ratio - expected) < 1e-9
-    assert rows["with-ort"]["applied"] == ["ort"]
+    assert rows["with-ort"]["applied"] == ["ort", "tcmalloc"] if INSTALLED else ["ort"]
     table = subprocess.run(
         [ortlab_cli, "compare", "eager", "with-ort", "--root", str(tmp_path / "runs")],
         capture_output=True,
@@ -263,5 +268,7 @@ def test_two_processes_zero1_through_the_launcher(make_spec):
     zero = run.result()["accelerations"]["zero1"]
     assert zero["applied"] is True
     assert zero["details"]["world_size"] == 2
+    # DeepSpeed, torchrun and gloo live with tcmalloc: torchrun's workers inherit it from the launched process
+    assert run.result()["accelerations"]["tcmalloc"]["applied"] is INSTALLED
     step = next(r for r in run.metrics() if r["event"] == "step")
     assert step["samples"] == 16, "samples per step count both processes"

@@ -7,10 +7,11 @@
     fp16, bf16     mixed precision (precision.py)
     tf32           TF32 tensor-core matmuls for fp32 on Ampere+ GPUs (precision.py)
     torch_compile  torch.compile (torch_compile.py)
+    tcmalloc       tcmalloc as the training process's allocator, preloaded by whoever starts it (tcmalloc.py)
 
 Each module has a `check()` that says whether the acceleration can run in *this* Python environment and why,
 and the small function that applies it. `ortlab doctor` and the trainer share these checks, so what the doctor
-promises is what the trainer accepts. There is deliberately no registry: five accelerations, written out.
+promises is what the trainer accepts. There is deliberately no registry: a handful of accelerations, written out.
 """
 
 from __future__ import annotations

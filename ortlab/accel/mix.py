@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ortlab import runtimes
-from ortlab.accel import Availability, fused_adam, ort, precision, torch_compile, zero
+from ortlab.accel import Availability, fused_adam, ort, precision, tcmalloc, torch_compile, zero
 from ortlab.mixrules import Mix, MixError, rule_problems
 
 __all__ = ["Mix", "MixError", "mix_of", "problems", "resolve", "rule_problems", "runtime_for", "validate"]
@@ -60,6 +60,12 @@ def problems(mix: Mix, launched: bool = False) -> tuple[list[str], list[str]]:
         if not tf32.available or not cuda:
             why = tf32.reason if not tf32.available else "use_cpu=True was set"
             errors.append(f"tf32 was requested but cannot apply: {why}. Fix: set tf32 to 'auto' or false here")
+    if mix.tcmalloc and tcmalloc.loaded() is None:
+        errors.append(
+            "tcmalloc was requested but this process did not start with it (an allocator is chosen when a process "
+            "starts). Fix: launch the run (ortlab.launch(spec), `ortlab train`): ortlab starts its training process "
+            "with tcmalloc where it is installed; or set tcmalloc to 'auto' or false here"
+        )
     requested_checks = (
         (mix.ort, ort.check),
         (mix.fused_adam, fused_adam.check),
@@ -122,14 +128,16 @@ def resolve(accel: Any, choice: dict[str, Any] | None = None) -> Any:
     """`accel` (an AccelSpec) with 'auto' replaced by `choice` (measured, `ortlab.tune`) where it has a value, else
     by this machine's conservative default: what measurements showed never loses to plain PyTorch. No ORT (0.7-0.9x
     eager on a 2-core CPU), fp32 (bf16 is 0.8x or 1.6x depending on the CPU), fused AdamW where available (1.0x on
-    one CPU, 1.2x on another, faster on CUDA; the same update up to rounding), TF32 where the GPU has it."""
-    from ortlab.accel import fused_adam, precision
+    one CPU, 1.2x on another, faster on CUDA; the same update up to rounding), TF32 where the GPU has it, tcmalloc
+    where this process started with it (its launcher decided: `ortlab.accel.tcmalloc`)."""
 
     default = {"ort": False, "precision": "fp32"}
     if accel.fused_adam == "auto" and "fused_adam" not in (choice or {}):
         default["fused_adam"] = fused_adam.check().available
     if accel.tf32 == "auto" and "tf32" not in (choice or {}):
         default["tf32"] = precision.check_tf32().available  # static: a CUDA device of compute capability >= 8.0
+    if accel.tcmalloc == "auto" and "tcmalloc" not in (choice or {}):
+        default["tcmalloc"] = tcmalloc.loaded() is not None
     return accel.resolved({**default, **(choice or {})})
 
 
@@ -143,6 +151,7 @@ def mix_of(spec: Any, choice: dict[str, Any] | None = None) -> Mix:
         precision=a.precision,
         torch_compile=a.torch_compile,
         tf32=bool(a.tf32),
+        tcmalloc=bool(a.tcmalloc),
         processes=spec.target.processes,
         lora=spec.adapter.kind == "lora",
     )

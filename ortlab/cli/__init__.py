@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from ortlab.cli import env, runs, train
+from ortlab.cli import common, env, runs, train
 from ortlab.cli.common import PLAIN_HELP
 from ortlab.cli.options import SpecHelp
 
@@ -65,6 +65,7 @@ app.add_typer(env.cluster_app, name="cluster")
 
 def main() -> None:
     """The console script `ortlab` (and `python -m ortlab.cli`)."""
+    common.WHOLE_PROCESS = True
     app(prog_name="ortlab")
 
 

@@ -12,6 +12,10 @@ from typer.core import TyperGroup
 
 from ortlab.errors import OrtlabError
 
+# The command owns its process (the console script, not `app` called from Python, a test's CliRunner included):
+# only then may `ortlab train` start itself again with another allocator (`ortlab.cli.train`).
+WHOLE_PROCESS = False
+
 
 class Commands(TyperGroup):
     """Lists each command with its whole first sentence, wrapped: click cuts it to one line ("the...")."""

@@ -72,6 +72,7 @@ SPEC_OPTIONS: dict[str, SpecOption] = {
         ("accel", "tune"), ("--tune",), lambda on: "measure" if on else None, how="--tune sets 'measure'"
     ),
     "torch_compile": SpecOption(("accel", "torch_compile"), ("--torch-compile/--no-torch-compile",)),
+    "tcmalloc": SpecOption(("accel", "tcmalloc"), ("--tcmalloc/--no-tcmalloc",)),
     "lora": SpecOption(
         ("adapter", "kind"),
         ("--lora/--no-lora",),

@@ -42,6 +42,7 @@ def train(
     precision: Annotated[str | None, spec_option("precision")] = None,
     tune: Annotated[bool, spec_option("tune")] = False,
     torch_compile: Annotated[bool | None, spec_option("torch_compile")] = None,
+    tcmalloc: Annotated[bool | None, spec_option("tcmalloc")] = None,
     lora: Annotated[bool | None, spec_option("lora")] = None,
     adapter_rank: Annotated[int | None, spec_option("adapter_rank")] = None,
     report_to: Annotated[list[str] | None, spec_option("report_to")] = None,
@@ -66,8 +67,10 @@ def train(
     given = overrides(locals())
     try:
         with reported():
+            spec = build_spec(spec_file, given)
+            readable_again = spec_file is None or spec_file.is_file()  # (not a pipe: read once, gone)
             result = _train(
-                build_spec(spec_file, given), adapter_rank=adapter_rank, quiet=quiet, verbose=verbose, detach=detach
+                spec, adapter_rank=adapter_rank, quiet=quiet, verbose=verbose, detach=detach, again=readable_again
             )
     except KeyboardInterrupt:
         typer.echo("interrupted: the run is marked failed (its folder keeps what was written)", err=True)
@@ -82,10 +85,12 @@ def train(
         _print_result(result)
 
 
-def _train(spec: RunSpec, *, adapter_rank: int | None, quiet: bool, verbose: bool, detach: bool) -> dict | None:
+def _train(
+    spec: RunSpec, *, adapter_rank: int | None, quiet: bool, verbose: bool, detach: bool, again: bool = False
+) -> dict | None:
     """Start `spec` where the launcher switch sends it (`runner.launcher_for`) and follow it: in this process with
     the terminal's view (returns the result), or launched and followed through its run folder unless `detach`
-    (returns None)."""
+    (returns None). `again`: this command may be started again, with another allocator (`_allocator`)."""
     from ortlab.fit import check
     from ortlab.runner import default_root, launch, launcher_for
     from ortlab.runner.foreground import Foreground, train_spec
@@ -95,6 +100,9 @@ def _train(spec: RunSpec, *, adapter_rank: int | None, quiet: bool, verbose: boo
         raise SpecError(["adapter.rank: --adapter-rank sets the rank of a LoRA adapter; add --lora to train one"])
     if isinstance(launcher_for(spec, here=not detach), Foreground):
         from ortlab.train.terminal import Terminal
+
+        if again:
+            _allocator(spec)
 
         with Terminal(verbose=verbose, progress=not quiet) as terminal:
             return train_spec(spec, progress=not quiet, view=terminal)
@@ -116,6 +124,33 @@ def _train(spec: RunSpec, *, adapter_rank: int | None, quiet: bool, verbose: boo
         typer.echo(f"\nstill running: ortlab follow {run.id}{where}", err=True)
         raise typer.Exit(130) from None
     return None
+
+
+AGAIN = "ORTLAB_STARTED_AGAIN"  # set in the command started again: it never starts itself a third time
+
+
+def _allocator(spec: RunSpec) -> None:
+    """Start this very command again with tcmalloc, when the run should train with it and this process did not start
+    with it (`ortlab.accel.tcmalloc`: an allocator is chosen when a process starts). Does not return then. Before
+    anything is loaded: what the first process did (reading the spec) costs about a second.
+
+    Only where the command owns its process (`common.WHOLE_PROCESS`: not a test's or a script's call of `app`).
+    The second process trains with glibc's malloc if the loader did not load the library after all, and its run
+    record says tcmalloc did not apply."""
+    import os
+    import sys
+
+    from ortlab.accel import tcmalloc
+    from ortlab.cli import common
+
+    if not common.WHOLE_PROCESS or os.environ.get(AGAIN) or tcmalloc.loaded() is not None:
+        return
+    if not tcmalloc.wanted(spec.accel.tcmalloc):
+        return
+    env = {**tcmalloc.process_env(dict(os.environ), on=True), AGAIN: "1"}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, "-m", "ortlab.cli", *sys.argv[1:]], env)
 
 
 def tune_cmd(

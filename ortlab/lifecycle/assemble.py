@@ -167,6 +167,7 @@ def training_arguments(spec: RunSpec, run: RunDir, progress: bool, choice: dict[
         torch_compile=a.torch_compile,
         # Explicit either way: left at None, transformers turns TF32 on by itself for torch_compile runs.
         tf32=bool(a.tf32),
+        tcmalloc=bool(a.tcmalloc),
         **_dataloader_settings(),
         learning_rate=h.learning_rate,
         num_train_epochs=h.epochs,

@@ -27,9 +27,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ortlab.accel.tcmalloc import process_env
 from ortlab.adapters import AdapterError, check_installed
 from ortlab.envvars import child_env
-from ortlab.probe import doctor
+from ortlab.probe import cached_report, doctor
 from ortlab.runfolder.rundir import RunDir, process_create_time
 from ortlab.runner.launcher import Launcher, RunError, mix_problems
 from ortlab.runtimes import state_of
@@ -115,7 +116,7 @@ class Local(Launcher):
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
-                    env=child_env(),
+                    env=allocator_env(spec, cmd[0]),
                     cwd=cwd or os.getcwd(),
                     start_new_session=True,
                 )
@@ -161,6 +162,19 @@ def is_run_process(run: RunDir, status: dict[str, Any]) -> bool:
         return False
     launched = WORKER in cmdline and str(run.path.resolve()) in cmdline
     return launched and group == pid  # started with start_new_session: the group is the worker's own
+
+
+def allocator_env(spec: Any, python: str) -> dict[str, str]:
+    """The run process's environment (`child_env`), its allocator chosen (`ortlab.accel.tcmalloc`): tcmalloc when
+    the spec asks for it, or leaves it to 'auto' and the interpreter's doctor found it working; glibc's otherwise.
+    (A spec that asks for it where it is missing was refused by `check`, with the doctor's remedy.) The doctor's
+    report is the one `check` made just before: read from its cache, never probed here."""
+    setting = spec.accel.tcmalloc
+    if setting == "auto":
+        report = cached_report(python)
+        found = report.accelerations.get("tcmalloc") if report is not None else None
+        setting = found is not None and found.available
+    return process_env(child_env(), on=bool(setting))
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -172,6 +172,12 @@ class RayJob(Launcher):
                 "(the workers write checkpoints and the model there; check the cluster's credentials for the store)"
             )
         problems += mix_problems(spec, report["accelerations"], f"the cluster {spec.target.cluster}")
+        if spec.accel.tcmalloc is True:
+            problems.append(
+                "accel.tcmalloc: not on a Ray cluster yet (an allocator is chosen when a process starts, and Ray's "
+                "own processes start the ones that train there); set it to 'auto', which trains there with glibc's "
+                "malloc"
+            )
         if problems:
             raise RunError("this run cannot start on the cluster:\n" + "\n".join(f"  - {p}" for p in problems))
         return report

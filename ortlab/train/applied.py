@@ -19,7 +19,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from ortlab.accel import Applied, ort, zero
+from ortlab.accel import Applied, ort, tcmalloc, zero
 from ortlab.accel.precision import TF32_CAPABILITY, tf32_on, tf32_state
 from ortlab.adapters import optimizer_state_bytes, parameter_counts
 from ortlab.runfolder import events
@@ -47,6 +47,7 @@ class VerifiesAccelerations:
         self._verify_zero()
         self._verify_precision()
         self._verify_tf32()
+        self._verify_tcmalloc()
         self._verify_torch_compile(final)
         self._record_parameters()
         if not final and self.args.report_to and self.is_world_process_zero():
@@ -178,6 +179,17 @@ class VerifiesAccelerations:
         if record.requested and not record.applied:
             why = "no CUDA device with TF32 tensor cores" if not capable else "torch's fp32 matmuls are not in TF32"
             self._report_not_applied(record, why)
+
+    def _verify_tcmalloc(self) -> None:
+        """tcmalloc applies when the loader mapped it into this process (its own record, /proc/self/maps): an
+        `LD_PRELOAD` the loader could not follow is ignored with a line on stderr, and training goes on with glibc's
+        malloc. Recorded either way, so a run started with it by hand says so too."""
+        record = self.accelerations["tcmalloc"]
+        path = tcmalloc.loaded()
+        record.applied = path is not None
+        record.details["library"] = str(path) if path is not None else None
+        if record.requested and not record.applied:
+            self._report_not_applied(record, "this process runs with glibc's malloc (LD_PRELOAD did not load it)")
 
     def _verify_torch_compile(self, final: bool = False) -> None:
         """Applied only when the model that trains is a compiled module AND Dynamo compiled frames of it: a

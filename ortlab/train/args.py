@@ -85,6 +85,13 @@ class ORTTrainingArguments(OptimumEraFields, TrainingArguments):
             "CUDA, torch's AdamW(fused=True) elsewhere."
         },
     )
+    tcmalloc: bool = field(
+        default=False,
+        metadata={
+            "help": "This process was started with tcmalloc as its allocator (LD_PRELOAD; ortlab's launchers do it "
+            "where it is installed): the trainer verifies it is loaded and reports it if not."
+        },
+    )
     zero_stage: int = field(
         default=0,
         metadata={
@@ -196,6 +203,7 @@ class ORTTrainingArguments(OptimumEraFields, TrainingArguments):
             precision="fp16" if self.fp16 else "bf16" if self.bf16 else "fp32",
             torch_compile=bool(self.torch_compile),
             tf32=bool(self.tf32),
+            tcmalloc=bool(self.tcmalloc),
             processes=int(os.environ.get("WORLD_SIZE", "1")),
             use_cpu=bool(self.use_cpu),
             deepspeed_defines_optimizer=bool(isinstance(ds, dict) and "optimizer" in ds),

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ortlab.accel import tcmalloc
 from ortlab.data import collator, tokenize
 from ortlab.fit import check, fitted
 from ortlab.tasks import load_tokenizer
@@ -107,6 +108,7 @@ def decide(
         weight_decay=spec.hyper.weight_decay,
         seed=spec.seed,
         measure=measure,
+        tcmalloc=tcmalloc.loaded() is not None,  # the candidates get this run's allocator
         progress=progress,
         log_dir=log_dir,
     )
@@ -179,6 +181,7 @@ def tune_spec(
         use_cache=use_cache,
         compile=compile,
         baselines=baselines,
+        tcmalloc=tcmalloc.wanted(spec.accel.tcmalloc),  # what a launched run of the spec would train with
         progress=progress,
     )
     assert result is not None  # measure=True always returns a result or raises

@@ -24,6 +24,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ortlab.accel.mix import _cuda_available
+from ortlab.accel.tcmalloc import process_env
 from ortlab.envvars import child_env
 from ortlab.tune import share
 from ortlab.tune.cache import cache_key, cached, environment, model_identity, store
@@ -54,6 +55,7 @@ def tune_batches(
     measure: bool = True,
     compile: bool = False,
     baselines: bool = False,
+    tcmalloc: bool = False,
     progress: Callable[[str], None] = print,
     log_dir: Path | None = None,
 ) -> TuneResult | None:
@@ -61,7 +63,9 @@ def tune_batches(
 
     With `measure=False` only a cached measurement is returned (None when there is none). With `baselines`, plain
     `transformers.Trainer` in fp32 and with bf16=True train in the same rounds (never chosen), and each row gets its
-    ratio to both and its share of the measured peak (`ortlab.tune.share`; what `ortlab tune` shows).
+    ratio to both and its share of the measured peak (`ortlab.tune.share`; what `ortlab tune` shows). `tcmalloc`:
+    the candidates start with it, as the run would (`ortlab.accel.tcmalloc`); the references never do (a plain
+    Trainer is what a user runs without ortlab).
     """
     candidates = plan(processes, compile=compile)
     cuda = _cuda_available()
@@ -72,7 +76,7 @@ def tune_batches(
         "labels": len(label_names or []),
     }
     shapes["batch_shapes"] = [list(s) for s in shapes["batch_shapes"]]
-    env = environment()
+    env = {**environment(), "tcmalloc": tcmalloc}  # (a measurement under one allocator is not the other's)
     key = cache_key(model_identity(model_path, revision), shapes, candidates, env)
     hit = cached(key) if use_cache else None
     if hit is not None and (hit.references or not baselines):  # one without the references is measured again
@@ -115,7 +119,7 @@ def tune_batches(
             # All start at once (importing torch and loading the model take most of a candidate's start-up), then
             # warm up one at a time, so each warm-up time is its own.
             progress(f"tune: starting {len(to_run)} candidate processes ({', '.join(c.name for c in to_run)}) ...")
-            procs.update({c.name: _candidate_process(c, config, work, logs) for c in to_run})
+            procs.update({c.name: _candidate_process(c, config, work, logs, tcmalloc) for c in to_run})
             loaded = {name: proc.start() is not None for name, proc in procs.items()}
             for i, c in enumerate(to_run, 1):
                 m, proc = measured[c.name], procs[c.name]
@@ -197,11 +201,13 @@ def tune_batches(
     return result
 
 
-def _candidate_process(candidate: Candidate, config: dict, work: Path, logs: Path) -> Stepper:
+def _candidate_process(candidate: Candidate, config: dict, work: Path, logs: Path, tcmalloc: bool) -> Stepper:
     cfg = work / f"{candidate.name}.json"
     cfg.write_text(json.dumps({**config, "candidate": asdict(candidate), "out": str(work / candidate.name)}))
     return Stepper(
-        [candidate.python or sys.executable, "-m", "ortlab.tune", str(cfg)], logs / f"tune-{candidate.name}.log"
+        [candidate.python or sys.executable, "-m", "ortlab.tune", str(cfg)],
+        logs / f"tune-{candidate.name}.log",
+        env=process_env(child_env(), on=tcmalloc and not candidate.reference),
     )
 
 
@@ -212,7 +218,7 @@ class Stepper:
     `finish()` ends it and returns its peak memory. The benchmark drives its processes with it too.
     """
 
-    def __init__(self, cmd: list[str], log_path: Path):
+    def __init__(self, cmd: list[str], log_path: Path, env: dict[str, str] | None = None):
         self.log_path = log_path
         self._log = open(self.log_path, "w")  # noqa: SIM115 (kept open for the process's lifetime)
         self.proc = subprocess.Popen(
@@ -221,7 +227,7 @@ class Stepper:
             stdout=subprocess.PIPE,
             stderr=self._log,
             text=True,
-            env=child_env(),
+            env=child_env() if env is None else env,
         )
         self._last_error = ""
 
