@@ -17,11 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
-import time
 from datetime import date
 from pathlib import Path
 
@@ -29,24 +26,16 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from common import cpu_name  # noqa: E402
+from common import cpu_name, train_demo  # noqa: E402
 
 CURVE_STEPS = 20  # the loss curves are compared over the first this many steps
 
 
 def train(precision: str, seed: int, out: Path, extra: list[str]) -> dict:
     """One `ortlab train` of the demo in its own process; its result.json and step losses."""
-    name = f"{precision}-seed{seed}"
-    ortlab = Path(sys.executable).parent / "ortlab"
-    cmd = [str(ortlab), "train", "--precision", precision, "--seed", str(seed), "--output-dir", str(out)]
-    cmd += ["--name", name, "--quiet", *extra]
-    started = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, COLUMNS="120"))
-    if proc.returncode != 0:
-        raise SystemExit(f"{name} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-    run = out / name
-    result = json.loads((run / "result.json").read_text())
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    result, records, wall_s = train_demo(
+        f"{precision}-seed{seed}", ["--precision", precision, "--seed", str(seed), *extra], out
+    )
     begin = next(r for r in records if r.get("event") == "train_begin")
     losses = [r["loss"] for r in records if r.get("event") == "step"]
     scores = result["eval_after"]
@@ -61,7 +50,7 @@ def train(precision: str, seed: int, out: Path, extra: list[str]) -> dict:
         "steady_mfu": summary.get("steady_mfu"),
         "peak": begin["device"]["mfu"],
         "bf16_applied": result["accelerations"]["bf16"]["applied"],
-        "wall_s": time.monotonic() - started,
+        "wall_s": wall_s,
     }
 
 

@@ -111,9 +111,7 @@ def child(opts: argparse.Namespace) -> None:
         "use_cpu": opts.device == "cpu",
         "seed": 0,
     }
-    name, _, tag = opts.mix.partition("@")  # "baseline@2" is a second baseline; "default@X" trains mix X
-    mix = (tag or "none") if name == "default" else name
-    parts = set(mix.split("+")) - {"none", "baseline", "default", PRELOADED}
+    mix, parts = row_mix(opts.mix)
     if mix in BASELINES:
         trainer = Trainer(
             model=model,
@@ -140,6 +138,7 @@ def child(opts: argparse.Namespace) -> None:
             bf16="bf16" in parts,
             fp16="fp16" in parts,
             torch_compile="torch_compile" in parts,
+            tcmalloc="tcmalloc" in parts,  # (the driver started this process with it: verified, as in a run)
             metrics_path=str(run.metrics_path),
             **common,
         )
@@ -158,6 +157,14 @@ def child(opts: argparse.Namespace) -> None:
 
     trainer.add_callback(slice_callback(opts.device == "cuda", opts.warmup, step, applied))
     trainer.train()
+
+
+def row_mix(row: str) -> tuple[str, set[str]]:
+    """A row's mix and its accelerations: "baseline@2" is a second baseline, "default@X" trains mix X, and a row
+    tagged with PRELOADED trains its mix with --preload's allocator."""
+    name, _, tag = row.partition("@")
+    mix = (tag or "none") if name == "default" else name
+    return mix, set(mix.split("+")) - {"none", "baseline", "default", PRELOADED}
 
 
 # --- the driver ----------------------------------------------------------------------------------------------
@@ -179,6 +186,7 @@ def available_mixes(device: str) -> list[str]:
 
 def default_mix() -> tuple[str, str]:
     """What a run that leaves every acceleration at 'auto' trains with here, with no measurement cached."""
+    from ortlab.accel import tcmalloc
     from ortlab.accel.mix import resolve
     from ortlab.spec import AccelSpec
 
@@ -186,8 +194,13 @@ def default_mix() -> tuple[str, str]:
     parts = [p for p, on in (("ort", a.ort), ("fused_adam", a.fused_adam)) if on]
     if a.precision != "fp32":
         parts.insert(0, a.precision)
-    return ("+".join(parts) or "none"), "AccelSpec() with nothing cached: " + repr(
-        a.model_dump(include={"ort", "fused_adam", "precision"})
+    # The allocator: a launched run's process starts with tcmalloc where it is installed ('auto'; this driver's
+    # own process did not, so `resolve` here says no).
+    if tcmalloc.wanted("auto"):
+        parts.append("tcmalloc")
+    chosen = a.model_dump(include={"ort", "fused_adam", "precision"})
+    return ("+".join(parts) or "none"), f"AccelSpec() with nothing cached, as launched: {chosen!r}, " + (
+        "tcmalloc" if "tcmalloc" in parts else "glibc's malloc"
     )
 
 
@@ -233,6 +246,8 @@ def main() -> None:
             setattr(opts, key, value)
         opts.no_tune = True
 
+    from ortlab.accel import tcmalloc
+    from ortlab.envvars import child_env
     from ortlab.tune import Stepper, _compile_runtime
 
     if opts.smoke:
@@ -252,7 +267,8 @@ def main() -> None:
     if opts.preload:
         if not Path(opts.preload).is_file():
             raise SystemExit(f"--preload {opts.preload}: no such library file")
-        rows[f"{default_row}+{PRELOADED}" if default != "none" else f"default@{PRELOADED}"] = sys.executable
+        mine = "+".join(p for p in default.split("+") if p != "tcmalloc")  # (the default, its allocator swapped)
+        rows[f"default@{mine}+{PRELOADED}" if mine else f"default@{PRELOADED}"] = sys.executable
     rows.update({m: sys.executable for m in mixes})
     compile_python = None if opts.smoke else _compile_runtime()
     if compile_python and opts.device == "cpu":
@@ -267,11 +283,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="ortlab-bench-") as tmp:
         procs = {}
         for name, python in rows.items():
-            preload = ["env", f"LD_PRELOAD={opts.preload}"] if name.endswith(PRELOADED) else []
-            cmd = [*preload, python, __file__, "--child", "--mix", name, "--out", f"{tmp}/{name.replace('@', '-')}"]
+            cmd = [python, __file__, "--child", "--mix", name, "--out", f"{tmp}/{name.replace('@', '-')}"]
             for key in ("model", "device", "batch_size", "seq_len", "warmup"):
                 cmd += [f"--{key.replace('_', '-')}", str(getattr(opts, key))]
-            procs[name] = Stepper(cmd, Path(tmp) / f"{name.replace('@', '-')}.log")
+            # Each row's allocator, as a run of its mix gets it: tcmalloc in the rows that name it, glibc's in the
+            # rest (the plain Trainers above all: what a user runs without ortlab), --preload's in its own row.
+            env = tcmalloc.process_env(child_env(), on="tcmalloc" in row_mix(name)[1])
+            if name.endswith(PRELOADED):
+                env["LD_PRELOAD"] = opts.preload
+            procs[name] = Stepper(cmd, Path(tmp) / f"{name.replace('@', '-')}.log", env=env)
         try:  # counted while the row processes load (each imports torch and transformers: seconds)
             flops, counted = model_flops(opts.model, opts.seq_len)
         except BaseException:
@@ -332,10 +352,9 @@ def main() -> None:
 
 def matmul_precision(row: str) -> str:
     """The precision a row's matmuls run in, so its share of the peak is taken against the right peak."""
-    name, _, tag = row.partition("@")
-    if name == BF16_BASELINE:
+    mix, parts = row_mix(row)
+    if mix == BF16_BASELINE:
         return "bf16"
-    parts = set((tag if name == "default" else name).split("+"))
     return "bf16" if "bf16" in parts else "fp16" if "fp16" in parts else "fp32"
 
 

@@ -146,3 +146,21 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def train_demo(name: str, flags: list[str], out: Path) -> tuple[dict, list[dict], float]:
+    """One `ortlab train` (the demo, changed by `flags`) as a user runs it, in its own process, into `out/name`:
+    its result.json, its metrics records and its wall time. Exits naming the run when it failed."""
+    import json
+    import os
+    import subprocess
+
+    cmd = [str(Path(sys.executable).parent / "ortlab"), "train", "--output-dir", str(out), "--name", name, "--quiet"]
+    started = time.monotonic()
+    proc = subprocess.run([*cmd, *flags], capture_output=True, text=True, env=dict(os.environ, COLUMNS="120"))
+    if proc.returncode != 0:
+        raise SystemExit(f"{name} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    run = out / name
+    result = json.loads((run / "result.json").read_text())
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return result, records, time.monotonic() - started
