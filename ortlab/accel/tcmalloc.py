@@ -3,9 +3,10 @@
 A training step allocates and frees thousands of short-lived tensors (activations, gradients, the optimizer's
 temporaries); on a CPU, where torch allocates through malloc, glibc's allocator spends a measurable part of the step
 on it and returns memory to the system only to ask for it again. tcmalloc keeps per-thread caches of freed blocks.
-Measured on the development machine (2 cores, torch 2.6, MiniLM at batch 16, length 128, `bench_trainer.py
---preload`): ortlab's default mix trained 1.225x plain `transformers.Trainer` with it against 1.068x without, and
-its peak memory fell by 16 %. Ray's jemalloc, measured the same way, lost (0.71x): see docs/decisions.
+Measured on the development machine (2 cores, torch 2.6): the demo 1.07x with it, in 12 % less memory, the same
+losses to every digit (`benchmarks/bench_allocator.py`); MiniLM at batch 16, length 128, ortlab's default mix
+1.19x plain `transformers.Trainer` with it against 1.03x without (`bench_trainer.py`). Ray's jemalloc, measured
+the same way, lost (0.71x): see docs/decisions/speed-and-precision.md.
 
 An allocator is chosen when a process starts, by the dynamic loader: `LD_PRELOAD` names the library, and nothing
 can swap it afterwards. So tcmalloc is not applied by the trainer but by whoever starts the training process
@@ -27,6 +28,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from ortlab.accel import NOT_PROBED, Availability, package_version
+from ortlab.envvars import ortlab_path
 
 LIBRARY = "libtcmalloc_minimal.so.4"  # the allocator alone: no heap profiler or checker, no libunwind needed
 # Where distributions install it: Debian and Ubuntu (libtcmalloc-minimal4, one folder per architecture), Fedora
@@ -131,7 +133,7 @@ _PROBE = (
 def _probe(path: Path) -> str | None:
     """What went wrong starting a Python with `path` preloaded, or None when it loaded and torch ran."""
     env = process_env(dict(os.environ), on=True)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ortlab_path(), env.get("PYTHONPATH")]))
     try:
         out = subprocess.run(
             [sys.executable, "-c", _PROBE],
