@@ -224,7 +224,8 @@ def main() -> None:
         opts.batch_size, opts.examples = 2, 40
         opts.rounds, opts.warmup, opts.no_trl_fp32 = 2, 1, True
 
-    from ortlab.accel import package_version
+    from ortlab.accel import package_version, tcmalloc
+    from ortlab.envvars import child_env
     from ortlab.tasks import resolve_model
     from ortlab.tune import Stepper
 
@@ -243,7 +244,10 @@ def main() -> None:
             cmd += ["--trl-site", opts.trl_site, "--warmup", str(opts.warmup)]
             cmd += ["--batch-size", str(opts.batch_size), "--max-length", str(opts.max_length)]
             cmd += ["--smoke"] if opts.smoke else []
-            procs[name] = Stepper(cmd, Path(f"{out}.log"))
+            # ortlab's rows start with the allocator a launched ortlab run gets (tcmalloc where it is installed);
+            # TRL's with glibc's malloc, what a TRL user runs
+            env = tcmalloc.process_env(child_env(), on=name.startswith("ortlab") and tcmalloc.wanted("auto"))
+            procs[name] = Stepper(cmd, Path(f"{out}.log"), env=env)
         measure_time = interleave(
             procs,
             results,

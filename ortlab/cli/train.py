@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -132,14 +134,11 @@ AGAIN = "ORTLAB_STARTED_AGAIN"  # set in the command started again: it never sta
 def _allocator(spec: RunSpec) -> None:
     """Start this very command again with tcmalloc, when the run should train with it and this process did not start
     with it (`ortlab.accel.tcmalloc`: an allocator is chosen when a process starts). Does not return then. Before
-    anything is loaded: what the first process did (reading the spec) costs about a second.
+    anything is loaded: what the first process did (reading the spec) costs about half a second.
 
     Only where the command owns its process (`common.WHOLE_PROCESS`: not a test's or a script's call of `app`).
     The second process trains with glibc's malloc if the loader did not load the library after all, and its run
     record says tcmalloc did not apply."""
-    import os
-    import sys
-
     from ortlab.accel import tcmalloc
     from ortlab.cli import common
 
