@@ -22,7 +22,9 @@ learning rate, length); every other setting is each tool's default:
   precision default alone;
 - with `--equal`, two rows at equal settings, for memory: `trl_equal` (`bf16=False`, `gradient_checkpointing=False`:
   what ortlab trains with here) and `ortlab_fp32` (`accel.precision: fp32` set, so no precision probe runs in the
-  process: the probe's trials count in the `ortlab` row's peak).
+  process: the probe's trials count in the `ortlab` row's peak);
+- with `--checkpointing`, `ortlab_ckpt`: ortlab's defaults plus `hyper.gradient_checkpointing` (what TRL's default
+  does), for the memory goal against TRL's defaults.
 
 Method (bench_lora's): every row trains in its own process, all warm up first, then train in interleaved slices in
 a shuffled order; each row's slice over TRL's slice of the same round is a paired ratio (median, bootstrap 95 %
@@ -71,6 +73,7 @@ def job_spec(data_file: str, opts: argparse.Namespace) -> dict:
             "learning_rate": 1e-3,
             "max_length": opts.max_length,
             "logging_steps": 5,
+            "gradient_checkpointing": opts.child == "ortlab_ckpt",
         },
         "adapter": {"kind": "lora", "rank": LORA["rank"], "alpha": LORA["alpha"], "dropout": LORA["dropout"]},
         "accel": {"precision": "fp32"} if opts.smoke or opts.child == "ortlab_fp32" else {},
@@ -204,6 +207,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--no-trl-fp32", action="store_true", help="leave out the TRL row with bf16=False")
     p.add_argument("--equal", action="store_true", help="add trl_equal and ortlab_fp32: memory at equal settings")
+    p.add_argument("--checkpointing", action="store_true", help="add ortlab_ckpt: ortlab with gradient checkpointing")
     p.add_argument(
         "--smoke", action="store_true", help="batch 2, 2 rounds, fp32 (no probe): checks the script, not speed"
     )
@@ -213,7 +217,7 @@ def main() -> None:
     p.add_argument("--data-file", default=None, help=argparse.SUPPRESS)
     p.add_argument("--out", default=None, help=argparse.SUPPRESS)
     opts = p.parse_args()
-    if opts.child in ("ortlab", "ortlab_fp32"):
+    if opts.child in ("ortlab", "ortlab_fp32", "ortlab_ckpt"):
         ortlab_child(opts)
         return
     if opts.child in ("trl", "trl_fp32", "trl_equal"):
@@ -233,6 +237,7 @@ def main() -> None:
     resolve_model(MODEL)  # made here, once, so no row pays (or races for) the conversion
     rows = ["trl", "ortlab"] + ([] if opts.no_trl_fp32 else ["trl_fp32"])
     rows += ["trl_equal", "ortlab_fp32"] if opts.equal else []
+    rows += ["ortlab_ckpt"] if opts.checkpointing else []
     print(f"[bench] {len(rows)} processes: {', '.join(rows)}", flush=True)
     results: dict[str, dict] = {name: {"mix": name} for name in rows}
     with tempfile.TemporaryDirectory(prefix="ortlab-bench-trl-") as tmp:

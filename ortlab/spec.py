@@ -109,6 +109,12 @@ class HyperSpec(_Strict):
     warmup_ratio: float = Field(0.06, ge=0, lt=1, description="Share of steps with a linearly rising learning rate.")
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay (not applied to biases and norms).")
     gradient_accumulation_steps: int = Field(1, gt=0, description="Micro-batches per optimizer step.")
+    gradient_checkpointing: bool = Field(
+        False,
+        description="Keep only each layer's input and recompute the rest in the backward pass: less memory (most "
+        "for LLMs and long sequences) for about one more forward pass of time. Not with ort: ORTModule runs the "
+        "backward pass in its own graph, where PyTorch's recomputation does not apply.",
+    )
     logging_steps: int = Field(10, gt=0, description="Steps between smoothed-loss log lines.")
     eval_steps: int | None = Field(None, gt=0, description="Evaluate every N steps (default: only at the end).")
     save_steps: int | None = Field(
@@ -394,6 +400,12 @@ class RunSpec(_Strict):
         problems = rule_problems(self.asked_mix())
         if problems:
             raise MixError(problems)
+        if self.hyper.gradient_checkpointing and self.accel.ort is True:
+            raise ValueError(
+                "hyper.gradient_checkpointing: not with ORT (ORTModule runs the backward pass in its own graph, "
+                "where PyTorch's recomputation does not apply); set accel.ort to false or 'auto', or "
+                "gradient_checkpointing to false"
+            )
         if self.task == "causal-lm" and self.data.label_column:
             raise ValueError("data.label_column: a causal LM learns from the text alone; remove label_column")
         self._columns_fit_the_task()

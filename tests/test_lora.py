@@ -277,3 +277,30 @@ def test_every_task_gets_an_adapter_and_new_heads_stay_trainable(tiny_bert, tiny
 
     with pytest.raises(AdapterError, match=r"name them in adapter\.target_modules .*mixer, readout"):
         find_target_modules(Odd())
+
+
+def test_gradient_checkpointing_trains_the_same_adapter(runs, tiny_llama, tmp_path):
+    """hyper.gradient_checkpointing recomputes each layer in the backward pass (torch's non-reentrant checkpoint,
+    which reaches the adapter behind frozen embeddings): the model says it checkpoints, and the losses are the ones
+    the same run trains without it."""
+    spec = _spec(tiny_llama, tmp_path, "checkpointed")
+    spec = spec.model_copy(update={"hyper": spec.hyper.model_copy(update={"gradient_checkpointing": True})})
+    result = _train(spec)
+
+    def begin(run: Path) -> dict:
+        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        return next(r for r in records if r.get("event") == "train_begin")
+
+    assert begin(Path(result["run_dir"]))["device"]["gradient_checkpointing"] is True
+    assert begin(Path(runs["eager"]["run_dir"]))["device"]["gradient_checkpointing"] is False
+    with_it, without = _losses(Path(result["run_dir"])), _losses(Path(runs["eager"]["run_dir"]))
+    assert list(with_it) == list(without) == list(range(1, STEPS + 1))
+    assert with_it == pytest.approx(without, rel=1e-5, abs=1e-6), "recomputing changes the memory, not the math"
+
+
+def test_gradient_checkpointing_with_ort_is_refused_when_written():
+    from ortlab.spec import RunSpec, SpecError
+
+    with pytest.raises(SpecError, match="gradient_checkpointing: not with ORT"):
+        RunSpec.parse({"accel": {"ort": True}, "hyper": {"gradient_checkpointing": True}})
+    assert RunSpec.parse({"hyper": {"gradient_checkpointing": True}}).accel.ort == "auto", "'auto' ORT yields"

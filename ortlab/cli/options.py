@@ -64,6 +64,9 @@ SPEC_OPTIONS: dict[str, SpecOption] = {
     "batch_size": SpecOption(("hyper", "batch_size")),
     "max_length": SpecOption(("hyper", "max_length")),
     "max_target_length": SpecOption(("hyper", "max_target_length")),
+    "gradient_checkpointing": SpecOption(
+        ("hyper", "gradient_checkpointing"), ("--gradient-checkpointing/--no-gradient-checkpointing",)
+    ),
     "ort": SpecOption(("accel", "ort"), ("--ort/--no-ort",)),
     "fused_adam": SpecOption(("accel", "fused_adam"), ("--fused-adam/--no-fused-adam",)),
     "zero_stage": SpecOption(("accel", "zero_stage")),

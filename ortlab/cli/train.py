@@ -38,6 +38,7 @@ def train(
     batch_size: Annotated[int | None, spec_option("batch_size")] = None,
     max_length: Annotated[int | None, spec_option("max_length")] = None,
     max_target_length: Annotated[int | None, spec_option("max_target_length")] = None,
+    gradient_checkpointing: Annotated[bool | None, spec_option("gradient_checkpointing")] = None,
     ort: Annotated[bool | None, spec_option("ort")] = None,
     fused_adam: Annotated[bool | None, spec_option("fused_adam")] = None,
     zero_stage: Annotated[int | None, spec_option("zero_stage")] = None,

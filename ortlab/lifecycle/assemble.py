@@ -157,7 +157,9 @@ def training_arguments(spec: RunSpec, run: RunDir, progress: bool, choice: dict[
         **extra,
         output_dir=str(run.checkpoints),
         metrics_path=str(run.metrics_path),
-        use_ort=bool(a.ort),
+        # 'auto' ORT yields to gradient checkpointing, as it does to torch_compile (ORT's backward graph would not
+        # recompute; an explicit `ort: true` with it is refused by the spec)
+        use_ort=bool(a.ort) and not h.gradient_checkpointing,
         ort_fallback=a.ort_fallback,
         ort_log_level="ERROR",  # ORT's export chatter hides the progress; ortlab reports fallbacks itself
         optim="adamw_ort_fused" if a.fused_adam else "adamw_torch",
@@ -175,6 +177,10 @@ def training_arguments(spec: RunSpec, run: RunDir, progress: bool, choice: dict[
         per_device_train_batch_size=h.batch_size,
         per_device_eval_batch_size=h.eval_batch_size,
         gradient_accumulation_steps=h.gradient_accumulation_steps,
+        gradient_checkpointing=h.gradient_checkpointing,
+        # torch's non-reentrant checkpoint: gradients reach a LoRA adapter behind frozen embeddings without
+        # `enable_input_require_grads`, and the recomputed forward replays the same dropout masks.
+        gradient_checkpointing_kwargs={"use_reentrant": False} if h.gradient_checkpointing else None,
         warmup_steps=h.warmup_ratio,  # transformers 5: a float in [0, 1) is a ratio of all steps
         weight_decay=h.weight_decay,
         logging_steps=h.logging_steps,
