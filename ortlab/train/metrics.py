@@ -197,7 +197,7 @@ class StepMetricsCallback(TrainerCallback):
         config = getattr(self.trainer.model, "config", None)
         self.device["attention"] = getattr(config, "_attn_implementation", None)
         # Recomputing layers in the backward pass (hyper.gradient_checkpointing), as the model says it does.
-        self.device["gradient_checkpointing"] = bool(getattr(self.trainer.model, "is_gradient_checkpointing", False))
+        self.device["gradient_checkpointing"] = bool(getattr(self.trainer.model, "is_activation_checkpointing", False))
         if shape is None:
             self.device["mfu"]["reason"] = "the model's config names no layer count / hidden size: no FLOP count"
             self._peak_flops = self._datasheet_flops = None
