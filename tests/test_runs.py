@@ -156,7 +156,7 @@ def test_two_concurrent_runs_with_different_mixes_then_compare(make_spec, tmp_pa
     ratio = rows["with-ort"]["ratios"]["samples_per_s"]
     expected = rows["with-ort"]["summary"]["steady_samples_per_s"] / rows["eager"]["summary"]["steady_samples_per_s"]
     assert abs(ratio - expected) < 1e-9
-    assert rows["with-ort"]["applied"] == ["ort", "tcmalloc"] if INSTALLED else ["ort"]
+    assert rows["with-ort"]["applied"] == (["ort", "tcmalloc"] if INSTALLED else ["ort"])
     table = subprocess.run(
         [ortlab_cli, "compare", "eager", "with-ort", "--root", str(tmp_path / "runs")],
         capture_output=True,

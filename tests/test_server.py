@@ -543,7 +543,6 @@ import json, sys
 from pathlib import Path
 import ortlab.server, ortlab.server.handlers
 import ortlab
-from ortlab.accel import tcmalloc
 from ortlab.runfolder.rundir import RunDir, process_create_time
 from ortlab.server.handlers import doctor_summary
 from ortlab.server.runs import RunIndex, metrics_since
