@@ -16,7 +16,6 @@ Results go to benchmarks/results/allocator-<date>.json.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -26,7 +25,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from common import cpu_name, train_demo  # noqa: E402
+from common import cpu_name, train_demo, write_report  # noqa: E402
 
 ARMS = {"tcmalloc": "--tcmalloc", "glibc": "--no-tcmalloc"}
 
@@ -96,9 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         "pairs": pairs,
         "runs": runs,
     }
-    path = opts.out or HERE / "results" / f"allocator-{date.today().isoformat()}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2))
+    path = write_report(report, opts.out, f"allocator-{date.today().isoformat()}.json")
     for p in pairs:
         print(
             f"round {p['round'] + 1}: tcmalloc {p['samples_per_s_ratio']:.3f}x glibc samples/s, "

@@ -38,7 +38,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from common import cpu_name  # noqa: E402
+from common import cpu_name, write_report  # noqa: E402
 
 WORDS = [
     "film",
@@ -398,9 +398,7 @@ def main() -> None:
     }
     kind = "" if task == "classification" else f"-{task}"
     name = f"data-{date.today().isoformat()}{kind}{'-smoke' if opts.smoke else ''}.json"
-    path = Path(opts.output) if opts.output else HERE / "results" / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2))
+    path = write_report(report, opts.output, name)
     for r in results:
         print(
             f"{r['rows']:>9,} {r['path']:<6} {r['tree']:<8} first step {r.get('first_step_s', float('nan')):6.1f} s  "

@@ -26,7 +26,6 @@ Results: benchmarks/results/gpu-<date>.json (smoke: smoke-gpu-<date>.json).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -38,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from bench_trainer import random_tokens  # noqa: E402
-from common import analyze, cpu_name, interleave  # noqa: E402
+from common import analyze, cpu_name, interleave, write_report  # noqa: E402
 
 BERT_ROWS = ["baseline", "baseline@2", "tf32", "bf16", "fp16", "fused_adam", "torch_compile", "attn_eager", "best"]
 LM_ROWS = ["baseline", "baseline@2", "best"]
@@ -310,9 +309,7 @@ def main() -> None:
         "suites": out,
     }
     stem = ("smoke-" if opts.smoke else "") + f"gpu-{date.today().isoformat()}.json"
-    path = Path(opts.output) if opts.output else HERE / "results" / stem
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2))
+    path = write_report(report, opts.output, stem)
     for suite in out:
         print(f"\n{suite['shape']} seq {suite['seq_len']} batch {suite['batch_size']} on {device}")
         for r in suite["results"]:

@@ -34,7 +34,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from common import analyze, cpu_name, interleave  # noqa: E402
+from common import analyze, cpu_name, interleave, write_report  # noqa: E402
 
 # SmolLM2-135M's configuration (HuggingFaceTB/SmolLM2-135M config.json), the fields that decide shapes and FLOPs.
 SMOLLM2_135M = {
@@ -213,9 +213,7 @@ def main() -> None:
         "results": list(results.values()),
     }
     name = f"lora-{opts.device}-{date.today().isoformat()}{'-smoke' if opts.smoke else ''}.json"
-    path = Path(opts.output) if opts.output else HERE / "results" / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2))
+    path = write_report(report, opts.output, name)
     print_table(report)
     print(f"\nwritten to {path}")
 

@@ -36,7 +36,6 @@ Results go to benchmarks/results/lora-trl-<date>.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -46,7 +45,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from common import analyze, cpu_name, interleave  # noqa: E402
+from common import analyze, cpu_name, interleave, write_report  # noqa: E402
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DATA = "embedded:rotten-tomatoes-chat"
@@ -287,9 +286,7 @@ def main() -> None:
         "results": list(results.values()),
     }
     name = f"lora-trl-{date.today().isoformat()}{'-smoke' if opts.smoke else ''}.json"
-    path = Path(opts.output) if opts.output else HERE / "results" / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2))
+    path = write_report(report, opts.output, name)
     print_table(report)
     print(f"\nwritten to {path}")
 

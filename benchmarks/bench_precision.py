@@ -16,7 +16,6 @@ Results go to benchmarks/results/precision-<date>.json.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from datetime import date
@@ -26,7 +25,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from common import cpu_name, train_demo  # noqa: E402
+from common import cpu_name, train_demo, write_report  # noqa: E402
 
 CURVE_STEPS = 20  # the loss curves are compared over the first this many steps
 
@@ -103,9 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         "pairs": pairs,
         "runs": runs,
     }
-    path = opts.out or HERE / "results" / f"precision-{date.today().isoformat()}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2))
+    path = write_report(report, opts.out, f"precision-{date.today().isoformat()}.json")
     for p in pairs:
         print(
             f"seed {p['seed']}: accuracy fp32 {p['accuracy_fp32']:.3f} bf16 {p['accuracy_bf16']:.3f}; curve gap "

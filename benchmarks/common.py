@@ -164,3 +164,13 @@ def train_demo(name: str, flags: list[str], out: Path) -> tuple[dict, list[dict]
     result = json.loads((run / "result.json").read_text())
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return result, records, time.monotonic() - started
+
+
+def write_report(report: dict, output: str | Path | None, name: str) -> Path:
+    """Write a benchmark's JSON to `output`, or to benchmarks/results/`name` when none is given; return the path."""
+    import json
+
+    path = Path(output) if output else Path(__file__).resolve().parent / "results" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2))
+    return path
