@@ -28,7 +28,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from ortlab.accel import NOT_PROBED, Availability, package_version
-from ortlab.envvars import ortlab_path
+from ortlab.envvars import child_env
 
 LIBRARY = "libtcmalloc_minimal.so.4"  # the allocator alone: no heap profiler or checker, no libunwind needed
 # Where distributions install it: Debian and Ubuntu (libtcmalloc-minimal4, one folder per architecture), Fedora
@@ -132,8 +132,7 @@ _PROBE = (
 
 def _probe(path: Path) -> str | None:
     """What went wrong starting a Python with `path` preloaded, or None when it loaded and torch ran."""
-    env = process_env(dict(os.environ), on=True)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ortlab_path(), env.get("PYTHONPATH")]))
+    env = process_env(child_env(), on=True)  # (this ortlab first on its path, as in every process ortlab starts)
     try:
         out = subprocess.run(
             [sys.executable, "-c", _PROBE],
