@@ -8,7 +8,9 @@ timed after a warm-up, the best of several short repeats (a peak is the best the
 a busy moment). On a GPU the same measurement sits beside the datasheet's peak: the datasheet says what the chip
 can do, the measurement what this machine, driver and torch give.
 
-A measurement takes about a second per precision and is cached under `ortlab.envvars.cache_dir()/peak/`, keyed by
+A measurement takes a few seconds per precision at most, on any device: it is bounded by time, not by a matrix size,
+and a precision the CPU has no hardware for is measured briefly and recorded as such (`hardware: False`), never
+left to time out. It is cached under `ortlab.envvars.cache_dir()/peak/`, keyed by
 everything it depends on (torch's version, the processor and its flags, the thread count, the GPU); change any of
 them and it is measured again. `measured_peak(precision)` answers from the cache or measures;
 `measure_all(refresh=True)` (what the doctor's probe calls) measures every precision of the device again and keeps
@@ -22,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
 import time
 from dataclasses import asdict, dataclass
@@ -30,21 +31,32 @@ from pathlib import Path
 from typing import Any
 
 from ortlab import safeio
+from ortlab.cpuinfo import bf16_hardware, cpu_facts
 from ortlab.envvars import cache_dir
 
 # The precisions measured per device kind: what the run's matmuls can compute in there. "tf32" is an fp32 run
 # whose matmuls use TF32 tensor cores (NVIDIA Ampere and newer); CPUs have no fp16 training path in ortlab.
 PRECISIONS = {"cpu": ("fp32", "bf16"), "cuda": ("fp32", "tf32", "bf16", "fp16")}
-# Matrix side per device kind: large enough that the matmul runs at its steady rate (2048 reaches it on a few CPU
-# cores; a large GPU needs 8192), small enough to measure in about a second.
+# The measurement is bounded by time, never by a matrix size (issue #42: a fixed 2048-side bf16 matmul took 34 s on a
+# CPU without bf16 units, and the doctor's peak probe timed out there on every call). The side starts at MIN_SIZE and
+# doubles while one matmul of the doubled side would take under CALL_S, up to SIZE: large enough that the matmul runs
+# at its steady rate (2048 reaches it on a few CPU cores; a large GPU needs 8192), never a call that takes seconds.
+# Not lower: a busy machine made a 2048-side fp32 matmul take 0.3 s, and a smaller side understates the peak.
 SIZE = {"cpu": 2048, "cuda": 8192}
 MIN_SIZE = 256
-REPEATS = 5
-REPEAT_S = 0.12  # each repeat runs matmuls for about this long; the best repeat is the peak
-# One warm-up matmul slower than this (an emulated precision): halve the side and retry. Not lower: a busy machine
-# made a 2048-side bf16 matmul take 0.3 s, and a halved side understated the peak (smaller matmuls run slower).
-SLOW_CALL_S = 1.0
-CACHE_VERSION = 1
+CALL_S = 1.0
+# Then repeats of about REPEAT_S each; the best repeat is the peak. They stop once the best has not improved by more
+# than STABLE over the last STABLE_REPEATS repeats (at least MIN_REPEATS), or at MAX_REPEATS, or when the budget is
+# spent: BUDGET_S a precision, calibration included; EMULATED_BUDGET_S for a precision the CPU has no hardware for
+# (its rate matters only to say how slow it is).
+REPEAT_S = 0.12
+MIN_REPEATS = 3
+MAX_REPEATS = 8
+STABLE = 0.02
+STABLE_REPEATS = 2
+BUDGET_S = 4.0
+EMULATED_BUDGET_S = 1.0
+CACHE_VERSION = 2  # 2: bounded by time; `repeats`, `hardware` and `seconds` recorded
 MAX_CACHE_BYTES = 64 * 1024
 
 
@@ -59,6 +71,11 @@ class MeasuredPeak:
     threads: int  # torch's intra-op threads during the measurement (CPU)
     measured_at: float
     torch: str
+    repeats: int = 0  # how many repeats the measurement took before it was stable (or its budget was spent)
+    # Whether the device computes this precision in hardware: False for bf16 on a CPU without AVX512_BF16 or AMX
+    # (emulated, 10-100x slower than fp32), None where ortlab does not tell (a GPU: its rows in the doctor say).
+    hardware: bool | None = None
+    seconds: float = 0.0  # what measuring took
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,6 +86,8 @@ class MeasuredPeak:
         if not isinstance(data, dict) or set(fields) - set(data):
             raise ValueError("not a measured peak")
         peak = cls(**{k: data[k] for k in fields})
+        if not isinstance(peak.size, int) or not isinstance(peak.repeats, int):
+            raise ValueError("a measured peak's size and repeats are whole numbers")
         if not isinstance(peak.flops, (int, float)) or not peak.flops > 0:
             raise ValueError("a measured peak must be a positive number of FLOP/s")
         return peak
@@ -88,35 +107,55 @@ def _device_name(device_type: str, index: int = 0) -> str:
     return "cpu"
 
 
-def measure(precision: str, device_type: str = "cpu", index: int = 0) -> MeasuredPeak:
-    """Time square matmuls of `precision` on the device (about a second) and return the best rate seen."""
+def hardware(precision: str, device_type: str = "cpu") -> bool | None:
+    """Does the device compute `precision` in hardware? On a CPU fp32 always, bf16 with AVX512_BF16 or AMX (its
+    flags, `ortlab.cpuinfo`); None on a GPU (the doctor's CUDA rows say what the GPU has)."""
+    if device_type != "cpu":
+        return None
+    return precision == "fp32" or bool(bf16_hardware())
+
+
+def measure(precision: str, device_type: str = "cpu", index: int = 0, budget_s: float | None = None) -> MeasuredPeak:
+    """Time square matmuls of `precision` on the device and return the best rate seen, in about `budget_s` (default
+    BUDGET_S, EMULATED_BUDGET_S for a precision the CPU has no hardware for) however slow the device is."""
     import torch
 
     if precision not in PRECISIONS.get(device_type, ()):
         raise ValueError(f"no {precision} peak is measured on {device_type}: choose one of {PRECISIONS[device_type]}")
+    in_hardware = hardware(precision, device_type)
+    if budget_s is None:
+        budget_s = EMULATED_BUDGET_S if in_hardware is False else BUDGET_S
+    started = time.perf_counter()
     device = torch.device(device_type, index) if device_type == "cuda" else torch.device("cpu")
     sync = torch.cuda.synchronize if device_type == "cuda" else (lambda *_: None)
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    # A generator of its own: a run measures its peak after the trainer seeded the global random state, and drawing
+    # from that would change the run's dropout masks and data order (the same run, another result).
+    generator = torch.Generator(device=device).manual_seed(0)
+
+    def operands(n: int) -> tuple[Any, Any, float]:
+        """Two n x n matrices and the time of one matmul of them (after a first call, which picks and prepares the
+        kernels: oneDNN, cuBLAS)."""
+        a = torch.randn(n, n, device=device, generator=generator).to(_dtype(precision))
+        b = torch.randn(n, n, device=device, generator=generator).to(_dtype(precision))
+        a @ b
+        sync(device)
+        t = time.perf_counter()
+        a @ b
+        sync(device)
+        return a, b, time.perf_counter() - t
+
     try:
-        n = SIZE[device_type]
-        # A generator of its own: a run measures its peak after the trainer seeded the global random state, and
-        # drawing from that would change the run's dropout masks and data order (the same run, another result).
-        generator = torch.Generator(device=device).manual_seed(0)
-        while True:
-            a = torch.randn(n, n, device=device, generator=generator).to(_dtype(precision))
-            b = torch.randn(n, n, device=device, generator=generator).to(_dtype(precision))
-            a @ b  # the first call picks and prepares kernels (oneDNN, cuBLAS): not timed
-            sync(device)
-            t = time.perf_counter()
-            a @ b
-            sync(device)
-            if time.perf_counter() - t < SLOW_CALL_S or n <= MIN_SIZE:
-                break
-            n //= 2  # an emulated precision: a smaller matrix keeps the measurement near a second
-        best = float("inf")
         with torch.no_grad():
-            for _ in range(REPEATS):
+            n = MIN_SIZE
+            a, b, call_s = operands(n)
+            # A side twice as long is 8x the work: grow while that stays a short call and the budget allows.
+            while n < SIZE[device_type] and call_s * 8 < CALL_S and time.perf_counter() - started < budget_s / 2:
+                n *= 2
+                a, b, call_s = operands(n)
+            best, repeats, since_better = float("inf"), 0, 0
+            while repeats < MAX_REPEATS:
                 calls, start = 0, time.perf_counter()
                 while True:
                     a @ b
@@ -125,7 +164,14 @@ def measure(precision: str, device_type: str = "cpu", index: int = 0) -> Measure
                     elapsed = time.perf_counter() - start
                     if elapsed >= REPEAT_S:
                         break
-                best = min(best, elapsed / calls)
+                repeats += 1
+                per_call = elapsed / calls
+                since_better = 0 if per_call < best * (1 - STABLE) else since_better + 1
+                best = min(best, per_call)
+                if repeats >= MIN_REPEATS and since_better >= STABLE_REPEATS:
+                    break
+                if time.perf_counter() - started >= budget_s:
+                    break
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
     return MeasuredPeak(
@@ -136,6 +182,9 @@ def measure(precision: str, device_type: str = "cpu", index: int = 0) -> Measure
         threads=torch.get_num_threads(),
         measured_at=time.time(),
         torch=torch.__version__,
+        repeats=repeats,
+        hardware=in_hardware,
+        seconds=round(time.perf_counter() - started, 3),
     )
 
 
@@ -153,24 +202,6 @@ def fingerprint(device_type: str = "cpu", index: int = 0) -> dict[str, Any]:
     if device_type == "cpu":
         facts["threads"] = torch.get_num_threads()
     return facts
-
-
-def cpu_facts() -> dict[str, Any]:
-    """The CPU model and a hash of its flags (bf16 and AVX-512 support change what is fast); read without torch."""
-    model, flags = platform.processor(), ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            key, _, value = line.partition(":")
-            key = key.strip()
-            if key == "model name" and not model:
-                model = value.strip()
-            elif key in ("flags", "Features") and not flags:
-                flags = value.strip()
-    except OSError:
-        pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    digest = hashlib.sha256(flags.encode()).hexdigest()[:16]
-    return {"model": model, "machine": platform.machine(), "flags": digest, "cores": cores}
 
 
 def _cache_path(facts: dict[str, Any], precision: str) -> Path:

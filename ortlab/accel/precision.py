@@ -11,21 +11,9 @@
 from __future__ import annotations
 
 from functools import lru_cache
-from pathlib import Path
 
 from ortlab.accel import Availability, package_version
-
-CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
-
-
-def cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+from ortlab.cpuinfo import bf16_hardware
 
 
 @lru_cache(maxsize=2)
@@ -69,8 +57,7 @@ def check_bf16(probe: bool = False) -> Availability:
             f"CUDA device {name} has no bf16 support (needs Ampere or newer)",
             "use fp16 on this GPU",
         )
-    flags = cpu_flags()
-    hw = [f for f in CPU_BF16_FLAGS if f in flags]
+    hw = bf16_hardware()
     if hw:
         return Availability(
             "bf16",
