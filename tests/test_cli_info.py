@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from ortlab import __version__, probe
 from ortlab.accel import ACCELERATIONS, Availability, package_version
 from ortlab.cli import app
+from ortlab.probe import cache
 
 ORTLAB = str(Path(PYTHON).parent / "ortlab")
 
@@ -36,7 +37,7 @@ def isolated(tmp_path, monkeypatch) -> Path:
     def no_probes(python: str, group: str):
         raise AssertionError("ortlab info started a probe")
 
-    monkeypatch.setattr(probe, "_start", no_probes)
+    monkeypatch.setattr(probe, "start", no_probes)
     from ortlab.runfolder.rundir import RunDir
     from ortlab.spec import RunSpec
 
@@ -67,18 +68,12 @@ def test_info_says_where_and_what_without_probing(isolated):
 def test_info_shows_the_cached_doctor_answer(isolated):
     # A report as the doctor would cache it for this environment (its probes are tested in test_doctor.py).
     accels = {n: Availability(n, n != "fp16", f"{n} reason", "remedy", slow=n == "bf16") for n in ACCELERATIONS}
-    report = probe.DoctorReport(
-        python="3.11",
-        executable=sys.executable,
-        platform="Linux",
-        torch=package_version("torch"),
-        cuda=None,
-        devices=[],
-        packages={},
-        accelerations=accels,
-        probed_at=1_800_000_000.0,
-    )
-    probe._write_cache(probe.fingerprint(), report)
+    facts = probe.fingerprint()
+    for group, names in probe.GROUPS.items():
+        result = {"accelerations": {n: accels[n].to_dict() for n in names}}
+        if group == "torch":
+            result["environment"] = {"torch": package_version("torch"), "cuda": None, "devices": []}
+        cache.write(facts, cache.GroupAnswer(group, result, "ok", 1_800_000_000.0, 1.0))
     data = json.loads(_info(isolated / "runs", "--json"))
     assert data["doctor"]["fp16"] == {"available": False, "slow": False}
     assert data["doctor"]["bf16"] == {"available": True, "slow": True}

@@ -15,7 +15,9 @@ from conftest import PYTHON, ROOT
 
 from ortlab import probe
 from ortlab.accel import ACCELERATIONS, Availability
-from ortlab.probe import GROUPS, _collect
+from ortlab.probe import GROUPS
+from ortlab.probe import cache as answers
+from ortlab.probe.groups import ALL, collect
 
 ORTLAB = str(Path(PYTHON).parent / "ortlab")
 
@@ -29,7 +31,8 @@ def cache(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def report(cache) -> dict:
     env = dict(os.environ, ORTLAB_CACHE_DIR=str(cache))
-    out = subprocess.run([ORTLAB, "doctor", "--json"], capture_output=True, text=True, timeout=120, env=env)
+    # Cold: this interpreter's groups (90 s at most), its peak (60 s), the compile runtime's groups (90 s).
+    out = subprocess.run([ORTLAB, "doctor", "--json"], capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert data["cached"] is False, "an empty cache: the probes ran"
@@ -103,7 +106,9 @@ def test_a_crashing_probe_is_reported_not_raised():
         stderr=subprocess.PIPE,
         text=True,
     )
-    result = _collect(proc, "ort", time.monotonic() + 30)
+    group, result = collect(proc, "ort", time.monotonic() + 30)
+    assert group == "ort"
+    assert result["outcome"] == "crashed"
     ort = Availability.from_dict(result["accelerations"]["ort"])
     assert not ort.available
     assert "crashed" in ort.reason and "boom" in ort.reason
@@ -144,7 +149,7 @@ def _no_probes(python: str, group: str):
 
 def test_a_warm_doctor_runs_no_probe(report, cache, monkeypatch):
     monkeypatch.setenv("ORTLAB_CACHE_DIR", str(cache))
-    monkeypatch.setattr(probe, "_start", _no_probes)
+    monkeypatch.setattr(probe, "start", _no_probes)
     warm = probe.doctor()  # the module's first doctor (the `report` fixture) filled the cache
     assert warm.cached
     assert warm.to_dict()["accelerations"] == report["accelerations"]
@@ -157,37 +162,166 @@ def test_a_warm_doctor_runs_no_probe(report, cache, monkeypatch):
 
 def test_refresh_probes_again(report, cache, monkeypatch):
     monkeypatch.setenv("ORTLAB_CACHE_DIR", str(cache))
-    monkeypatch.setattr(probe, "_start", _no_probes)
+    monkeypatch.setattr(probe, "start", _no_probes)
     with pytest.raises(AssertionError, match="a probe subprocess was started"):
         probe.doctor(refresh=True)
 
 
 def test_the_fingerprint_follows_versions_and_hardware(monkeypatch):
-    base = probe._cache_path(probe.fingerprint())
-    assert base == probe._cache_path(probe.fingerprint()), "the same environment, the same cache entry"
-    real = probe.package_version
-    monkeypatch.setattr(probe, "package_version", lambda d: "99.0" if d == "deepspeed" else real(d))
-    assert probe._cache_path(probe.fingerprint()) != base
-    monkeypatch.setattr(probe, "package_version", real)
-    monkeypatch.setattr(probe, "cpu_facts", lambda: {"model": "another CPU", "flags": "avx512_bf16"})
-    assert probe._cache_path(probe.fingerprint()) != base
+    base = answers.folder(probe.fingerprint())
+    assert base == answers.folder(probe.fingerprint()), "the same environment, the same cache entry"
+    real = answers.package_version
+    monkeypatch.setattr(answers, "package_version", lambda d: "99.0" if d == "deepspeed" else real(d))
+    assert answers.folder(probe.fingerprint()) != base
+    monkeypatch.setattr(answers, "package_version", real)
+    monkeypatch.setattr(answers, "cpu_facts", lambda: {"model": "another CPU", "flags": "avx512_bf16"})
+    assert answers.folder(probe.fingerprint()) != base
     monkeypatch.undo()
-    monkeypatch.setattr(probe, "_gpu_facts", lambda: ["Model: NVIDIA H100"])
-    assert probe._cache_path(probe.fingerprint()) != base
+    monkeypatch.setattr(answers, "gpu_facts", lambda: ["Model: NVIDIA H100"])
+    assert answers.folder(probe.fingerprint()) != base
+    monkeypatch.undo()
+    # A flag hidden (ORTLAB_HIDE_CPU_FLAGS: the simulated CPU without bf16) is another machine: its own answers.
+    monkeypatch.setenv("ORTLAB_HIDE_CPU_FLAGS", "avx2")
+    assert answers.folder(probe.fingerprint()) != base
 
 
-def test_a_probe_that_crashed_is_not_cached(tmp_path, monkeypatch):
-    # A crash or a timeout may be a busy machine: the next doctor must probe again, not repeat the failure.
+@pytest.fixture
+def alone(tmp_path, monkeypatch):
+    """An empty doctor cache, and no other ortlab runtime to probe (their doctor is tested above)."""
+    monkeypatch.setenv("ORTLAB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("ORTLAB_RUNTIMES_DIR", str(tmp_path / "no-runtimes"))
+    return tmp_path
+
+
+def _scripted(outcomes: dict[str, str], started: list[str]):
+    """A stand-in for the probe processes (real processes, scripted answers): "ok" answers at once with every
+    acceleration of the group available, "crash" aborts, "hang" sleeps past its limit."""
+
+    def fake(python: str, group: str) -> subprocess.Popen:
+        started.append(group)
+        how = outcomes.get(group, "ok")
+        if how == "crash":
+            code = "import os; os.abort()"
+        elif how == "hang":
+            code = "import time; time.sleep(60)"
+        else:
+            answer = {
+                "accelerations": {n: Availability(n, True, f"{n} tried", "-").to_dict() for n in GROUPS.get(group, ())}
+            }
+            if group == "peak":
+                answer = {"peaks": {"device": "cpu", "precisions": {}}}
+            code = f"print({probe.groups.MARKER!r} + {json.dumps(json.dumps(answer))})"
+        return subprocess.Popen([sys.executable, "-c", code], stdout=-1, stderr=-1, text=True)
+
+    return fake
+
+
+def test_a_failed_group_is_cached_as_failed_and_costs_the_others_nothing(alone, monkeypatch):
+    # Issue #42: a probe that crashed or timed out kept the whole report out of the cache, so every call probed for
+    # minutes. Now each group lands in the cache, a failed one as failed, with a back-off before it is tried again.
+    monkeypatch.setitem(probe.groups.TIMEOUT_S, "zero1", 2.0)
+    started: list[str] = []
+    monkeypatch.setattr(probe, "start", _scripted({"ort": "crash", "zero1": "hang"}, started))
+    said: list[str] = []
+    rep = probe.doctor(progress=said.append)
+    assert sorted(started) == sorted(ALL) and not rep.cached
+    assert not rep.available("ort") and "crashed" in rep["ort"].reason
+    assert not rep.available("zero1") and "did not finish within 2 s" in rep["zero1"].reason
+    assert rep.available("fused_adam") and rep.available("tcmalloc"), "the other groups kept their answers"
+    assert rep.groups["ort"]["outcome"] == "crashed" and rep.groups["zero1"]["outcome"] == "timed out"
+    assert any("the ort probe crashed" in n and "--refresh" in n for n in rep.notes), rep.notes
+    assert any("zero1: timed out" in line for line in said), said
+    facts = probe.fingerprint()
+    assert {p.stem for p in answers.folder(facts).glob("*.json")} == set(ALL), "every group is in the cache"
+
+    # Warm: no probe at all, the failures answered from the cache, not tried again before their back-off.
+    started.clear()
+    warm = probe.doctor(progress=said.append)
+    assert started == [] and warm.cached and "crashed" in warm["ort"].reason
+    assert probe.cached_report() is not None
+
+    # Once the back-off has passed, `ortlab doctor` tries the failed groups again (and only those); the launch path
+    # (retry=False) never does. A second failure in a row doubles the back-off.
+    for group in ("ort", "zero1"):
+        a = answers.read(facts, group)
+        answers.write(facts, answers.GroupAnswer(**{**a.__dict__, "retry_after": time.time() - 1}))
+    assert probe.doctor(retry=False, peak=False).cached and started == []
+    again = probe.doctor()
+    assert sorted(started) == ["ort", "zero1"] and not again.cached
+    second = answers.read(facts, "ort")
+    assert second.failures == 2
+    assert second.retry_after - second.probed_at == pytest.approx(2 * answers.BACKOFF_S, rel=0.01)
+    # --refresh probes every group now.
+    started.clear()
+    probe.doctor(refresh=True)
+    assert sorted(started) == sorted(ALL)
+
+
+def test_the_launch_path_probes_only_what_was_never_probed_and_never_the_peak(alone, monkeypatch):
+    started: list[str] = []
+    monkeypatch.setattr(probe, "start", _scripted({}, started))
+    rep = probe.doctor(retry=False, peak=False, progress=lambda _line: None)
+    assert sorted(started) == sorted(GROUPS) and "peak" not in started
+    assert rep.available("ort") and rep.peaks == {}
+    assert any("matmul peak is not measured yet" in n for n in rep.notes), rep.notes
+    assert probe.cached_report() is not None, "what a launch needs is cached: views answer at once"
+    started.clear()
+    probe.doctor(retry=False, peak=False)
+    assert started == []
+    probe.doctor()  # `ortlab doctor`: the peak, which the launch left out, and nothing else
+    assert started == ["peak"]
+
+
+def test_a_launch_probes_another_runtime_only_when_the_run_goes_there(tmp_path, monkeypatch):
+    from ortlab import runtimes
+    from ortlab.runner.local import launch_doctor
+
+    compile_python = runtimes.python_for("compile")
+    if compile_python is None:
+        pytest.skip("the compile runtime is not built here (scripts/dev setup builds it)")
     monkeypatch.setenv("ORTLAB_CACHE_DIR", str(tmp_path))
+    pythons: list[str] = []
+    scripted = _scripted({}, [])
+    monkeypatch.setattr(probe, "start", lambda python, group: pythons.append(python) or scripted(python, group))
+    report = launch_doctor(sys.executable)
+    assert set(pythons) == {sys.executable}, "a run in this runtime: the compile runtime is not probed"
+    assert report.runtimes["compile"]["ready"], "still shown, from its stamp"
+    pythons.clear()
+    launch_doctor(sys.executable, runtimes=True)  # a torch_compile run: where it goes is that runtime's answer
+    assert set(pythons) == {str(compile_python)}
 
-    def crashing(python: str, group: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-c", "import os; os.abort()"], stdout=-1, stderr=-1, text=True)
 
-    monkeypatch.setattr(probe, "_start", crashing)
-    rep = probe.doctor()
-    assert not rep.cached and not rep.available("ort") and "crashed" in rep["ort"].reason
-    assert probe.cached_report() is None
-    assert not list(tmp_path.rglob("*.json"))
+def test_two_callers_at_once_probe_an_environment_once(alone, monkeypatch):
+    import threading
+
+    started: list[str] = []
+    scripted = _scripted({}, started)
+    entered = threading.Event()
+
+    def slow_start(python: str, group: str) -> subprocess.Popen:
+        entered.set()
+        time.sleep(0.5)  # holding the lock while the second caller arrives
+        return scripted(python, group)
+
+    monkeypatch.setattr(probe, "start", slow_start)
+    said: list[str] = []
+    first = threading.Thread(target=lambda: probe.doctor(progress=lambda _line: None))
+    first.start()
+    assert entered.wait(30)
+    second = probe.doctor(progress=said.append)
+    first.join(60)
+    assert sorted(started) == sorted(ALL), "each group probed once, by the first caller"
+    assert any("another process is probing" in line for line in said), said
+    assert second.available("ort")
+
+
+def test_an_unwritable_cache_still_answers(alone, monkeypatch):
+    monkeypatch.setenv("ORTLAB_CACHE_DIR", str(alone / "file"))
+    (alone / "file").write_text("not a folder")
+    started: list[str] = []
+    monkeypatch.setattr(probe, "start", _scripted({}, started))
+    rep = probe.doctor(progress=lambda _line: None)
+    assert rep.available("ort") and not rep.cached
 
 
 def test_second_setup_does_nothing():

@@ -108,7 +108,8 @@ def worker_main(path: str, resume: bool) -> int:
 def doctor_main(storage: str | None = None) -> int:
     from ortlab.probe import doctor
 
-    report = doctor().to_dict()
+    # The launch's check on the cluster: cached answers, only a group never probed on this node probed (issue #42).
+    report = doctor(retry=False, peak=False).to_dict()
     if storage:  # the cluster's side of the storage check: can a job here write and read it?
         try:
             Store(storage).probe()

@@ -1,17 +1,23 @@
 """`ortlab doctor`: what this Python environment can run, each acceleration with its reason and remedy.
 
-The probes are real (imports, and a tiny training step where that is the only way to know), and each group
-runs in its own subprocess: a broken ORT build can crash the interpreter, and the notebook that asked must
-survive that. The groups run in parallel, so the whole report takes about as long as importing
+The probes are real (imports, and a tiny training step where that is the only way to know), each group in its own
+subprocess (`ortlab.probe.groups`): a broken ORT build can crash the interpreter, and the notebook that asked must
+survive that. The groups run in parallel, then the matmul peak alone; a cold doctor takes about as long as importing
 onnxruntime-training once (~10 s on an idle 2-core CPU, 40 s on a busy one).
 
-That is too slow to pay every time, and the answer only changes when the environment does. So the report is
-cached per environment fingerprint (`fingerprint()`: the interpreter, the versions of Python, torch, ORT,
-transformers, DeepSpeed and friends, ORTModule's built extensions, the CPU's flags, the GPUs, and ortlab's
-own probe code) in `cache_dir()/doctor/`; a warm `doctor()` reads a file and runs no probe.
-`doctor(refresh=True)` (`ortlab doctor --refresh`) probes again. A probe that timed out or crashed is not
-cached: that may be a busy machine, and the next call should try again. `cached_report()` answers from the
-cache only (never probes), for callers that must not wait (the workbench, `ortlab info`).
+That is too slow to pay more than once, and the answer only changes when the environment does: every group's answer
+is cached on its own, whatever its outcome (`ortlab.probe.cache`), so a warm `doctor()` reads files and runs no
+probe, on any machine (issue #42: on a CPU without bf16 hardware a timed-out group kept the whole report out of the
+cache, and every launch waited minutes for probes). A group that timed out or crashed is kept as such and tried
+again after a back-off; `doctor(refresh=True)` (`ortlab doctor --refresh`) probes every group again now.
+
+Who may wait for a probe:
+- `ortlab doctor` and the workbench's "check this machine": they ask for it (`retry`: a failed group whose back-off
+  has passed is probed again).
+- the launch path (`ortlab.launch`, the CLI, the server, the workbench's Launch): `doctor(python, retry=False,
+  peak=False, runtimes=...)`, what a launch needs and nothing more: cached answers, and only a group never probed in
+  the environment the run goes to is probed, once, with its progress shown (`progress_to`, else on stderr).
+- views that must open at once (the workbench, `ortlab info`, the server's API): `cached_report()`, never a probe.
 
 `doctor(python=...)` probes another interpreter the same way, which is how ortlab checks a second runtime
 (say, a newer torch for torch.compile) before launching a run there.
@@ -19,308 +25,249 @@ cache only (never probes), for callers that must not wait (the workbench, `ortla
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import platform
-import subprocess
+import contextlib
 import sys
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ortlab import runtimes
-from ortlab.accel import (
-    ACCELERATIONS,
-    Availability,
-    fused_adam,
-    ort,
-    package_version,
-    precision,
-    tcmalloc,
-    torch_compile,
-    zero,
-)
-from ortlab.accel.ort import extensions_dir
-from ortlab.envvars import cache_dir
-from ortlab.gpu import findings
-from ortlab.peak import REPEATS as PEAK_REPEATS
-from ortlab.peak import cpu_facts, measure_all
+from ortlab.accel import ACCELERATIONS, NOT_PROBED, Availability
+from ortlab.probe import cache
+from ortlab.probe.cache import PACKAGES, fingerprint, same_interpreter
+from ortlab.probe.groups import ALL, GROUPS, PEAK, TIMEOUT_S, collect, start
+from ortlab.probe.report import DoctorReport, describe_peaks
 
-MARKER = "ORTLAB-PROBE-RESULT "
-PROBE_TIMEOUT_S = 90.0
-PEAK_TIMEOUT_S = 60.0  # a second or two per precision, plus importing torch
-# Which accelerations each probe subprocess answers for. "torch" also reports the environment.
-GROUPS: dict[str, tuple[str, ...]] = {
-    "torch": ("fused_adam", "fp16", "bf16", "tf32", "torch_compile"),
-    "ort": ("ort",),
-    "zero1": ("zero1",),
-    "tcmalloc": ("tcmalloc",),
-}
+__all__ = [
+    "GROUPS",
+    "PACKAGES",
+    "DoctorReport",
+    "cached_report",
+    "describe_peaks",
+    "doctor",
+    "fingerprint",
+    "progress_to",
+]
 
 
-@dataclass
-class DoctorReport:
-    """The doctor's findings: the environment, and one `Availability` per acceleration."""
-
-    python: str
-    executable: str
-    platform: str
-    torch: str | None
-    cuda: str | None
-    devices: list[dict[str, Any]]
-    packages: dict[str, str | None]
-    accelerations: dict[str, Availability]
-    elapsed_s: float = 0.0
-    notes: list[str] = field(default_factory=list)
-    probed_at: float | None = None  # when the probes ran (epoch seconds)
-    cached: bool = False  # this report was read from the cache, not probed now
-    # ortlab's other runtimes (`ortlab.runtimes`), each probed by its own (cached) doctor: only in the report of
-    # the interpreter ortlab runs in, never cached with it (a runtime is built or removed independently).
-    runtimes: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # The CUDA probe's record (`ortlab.gpu.probe_cuda`): devices, kernels run on them, what ORT on CUDA lacks.
-    gpu: dict[str, Any] = field(default_factory=dict)
-    # The device's dense matmul peak per precision, measured here (`ortlab.peak`): {"device": "cpu" or "cuda",
-    # "precisions": {precision: MeasuredPeak as a dict, or {"error": ...}}}; empty when it could not be measured.
-    peaks: dict[str, Any] = field(default_factory=dict)
-
-    def gpu_findings(self) -> list[Any]:
-        """The doctor's GPU rows (`ortlab.gpu.findings`) from the CUDA probe's record."""
-
-        return findings(self.gpu) if self.gpu else []
-
-    def __getitem__(self, name: str) -> Availability:
-        return self.accelerations[name]
-
-    def available(self, name: str) -> bool:
-        return self.accelerations[name].available
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "python": self.python,
-            "executable": self.executable,
-            "platform": self.platform,
-            "torch": self.torch,
-            "cuda": self.cuda,
-            "devices": self.devices,
-            "packages": self.packages,
-            "accelerations": {k: v.to_dict() for k, v in self.accelerations.items()},
-            "elapsed_s": round(self.elapsed_s, 2),
-            "notes": self.notes,
-            "probed_at": self.probed_at,
-            "cached": self.cached,
-            "runtimes": self.runtimes,
-            "gpu": self.gpu,
-            "gpu_findings": [f.to_dict() for f in self.gpu_findings()],
-            "peaks": self.peaks,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> DoctorReport:
-        fields_ = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        fields_["accelerations"] = {k: Availability.from_dict(v) for k, v in data["accelerations"].items()}
-        return cls(**fields_)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
-
-    def render(self, console: Any = None) -> None:
-        """Print the human table (rich)."""
-        from rich.console import Console
-        from rich.table import Table
-
-        console = console or Console()
-        devices = ", ".join(d["name"] for d in self.devices) or "CPU only (no CUDA device)"
-        if self.cached and self.probed_at:
-            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(self.probed_at))
-            timing = f"cached from {when}; `ortlab doctor --refresh` probes again"
-        else:
-            timing = f"probed in {self.elapsed_s:.1f} s"
-        console.print(
-            f"[bold]ortlab doctor[/] Python {self.python} ({self.executable}), torch {self.torch or 'missing'} "
-            f"(CUDA build: {self.cuda or 'none'}); devices: {devices}  [dim]({timing})[/]"
-        )
-        table = Table(show_lines=True)
-        table.add_column("acceleration", style="bold")
-        table.add_column("available")
-        table.add_column("reason")
-        table.add_column("remedy")
-        for name, a in self.accelerations.items():
-            mark = "[green]yes[/]" if a.available and not a.slow else "[yellow]slow[/]" if a.available else "[red]no[/]"
-            table.add_row(name, mark, a.reason, a.remedy)
-        console.print(table)
-        if self.gpu:
-            gpu = Table(title="GPU (probed on the device)", show_lines=True)
-            for col in ("check", "status", "reason", "remedy"):
-                gpu.add_column(col)
-            colour = {"yes": "green", "no": "red", "not checked": "yellow"}
-            for f in self.gpu_findings():
-                gpu.add_row(f.name, f"[{colour[f.status]}]{f.status}[/]", f.reason, f.remedy)
-            console.print(gpu)
-        if self.peaks:
-            console.print(f"[bold]measured matmul peak[/]: {describe_peaks(self.peaks)}", soft_wrap=True)
-        for name, rt in self.runtimes.items():
-            console.print(f"[bold]{name} runtime[/]: {_describe_runtime(rt)}", soft_wrap=True)
-        for note in self.notes:
-            console.print(f"[yellow]note:[/] {note}")
-
-    def __str__(self) -> str:
-        lines = [f"Python {self.python}, torch {self.torch}, CUDA {self.cuda}"]
-        for name, a in self.accelerations.items():
-            lines.append(f"  {name:14} {'yes' if a.available else 'no ':3}  {a.reason}  -> {a.remedy}")
-        return "\n".join(lines)
+def _stderr(message: str) -> None:
+    print(f"[ortlab doctor] {message}", file=sys.stderr, flush=True)
 
 
-def describe_peaks(peaks: dict[str, Any]) -> str:
-    """One line: each precision's measured dense matmul rate on the device (or why it has none)."""
-    parts = []
-    for kind, p in (peaks.get("precisions") or {}).items():
-        if isinstance(p.get("flops"), (int, float)):
-            parts.append(f"{kind} {p['flops'] / 1e12:.2f} TFLOP/s")
-        else:
-            parts.append(f"{kind} not measured ({p.get('error', 'unknown')})")
-    first = next(iter((peaks.get("precisions") or {}).values()), {})
-    where = f"{peaks.get('device', '?')}" + (f", {first['threads']} threads" if peaks.get("device") == "cpu" else "")
-    size = f"{first['size']}x{first['size']} matmuls" if "size" in first else "matmuls"
-    return f"{', '.join(parts)} ({where}; {size}, best of {PEAK_REPEATS} repeats)"
+_progress: ContextVar[Callable[[str], None] | None] = ContextVar("ortlab_doctor_progress", default=None)
 
 
-def _describe_runtime(rt: dict[str, Any]) -> str:
-    if not rt.get("ready"):
-        return f"not built: {rt['why']}"
-    tc = rt.get("torch_compile") or {}
-    d = tc.get("details", {})
-    if tc.get("available"):
-        compiler = d.get("compiler_version") or d.get("compiler") or "?"
-        inductor = f"Inductor on {d.get('device', '?')}" + ("" if d.get("inductor") else " (not imported)")
-        what = f"{inductor}, C++ compiler {compiler}"
-    else:
-        what = f"torch.compile NOT available there: {tc.get('reason', 'not probed')}"
-    return f"ready, torch {rt.get('torch')}, {what} ({rt['python']})"
-
-
-def _environment() -> dict[str, Any]:
-    if package_version("torch") is None:
-        return {}
-    import torch
-
-    devices = []
-    if torch.cuda.is_available():
-        for i in range(torch.cuda.device_count()):
-            p = torch.cuda.get_device_properties(i)
-            devices.append(
-                {
-                    "index": i,
-                    "name": p.name,
-                    "memory_gib": round(p.total_memory / 2**30, 1),
-                    "capability": f"{p.major}.{p.minor}",
-                }
-            )
-    return {"torch": torch.__version__, "cuda": torch.version.cuda, "devices": devices}
-
-
-def run_probe_group(group: str) -> dict[str, Any]:
-    """In the probe subprocess: answer for one group, as a JSON-able dict."""
-    if group == "peak":
-        # Alone, after the other probes ended: a matmul timed while another process imports ORT is not a peak.
-        import torch
-
-        # Measured afresh: the doctor probes when its report is missing or stale, or when asked to (--refresh);
-        # the training processes then read what it measured from `ortlab.peak`'s cache.
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        return {"accelerations": {}, "peaks": {"device": device, "precisions": measure_all(device, refresh=True)}}
-
-    checks = {
-        "ort": ort.check,
-        "fused_adam": fused_adam.check,
-        "zero1": zero.check,
-        "fp16": precision.check_fp16,
-        "bf16": precision.check_bf16,
-        "tf32": precision.check_tf32,
-        "torch_compile": torch_compile.check,
-        "tcmalloc": tcmalloc.check,
-    }
-    out: dict[str, Any] = {"accelerations": {n: checks[n](probe=True).to_dict() for n in GROUPS[group]}}
-    if group == "torch":
-        out["environment"] = _environment()
-        from ortlab.gpu import probe_cuda
-
-        try:
-            out["cuda"] = probe_cuda()
-        except Exception as e:  # the CUDA probe must not cost the CPU rows their answer
-            out["cuda"] = {"available": False, "reason": f"the CUDA probe failed: {type(e).__name__}: {e}"[:400]}
-    return out
-
-
-def _start(python: str, group: str) -> subprocess.Popen:
-    env = dict(os.environ)
-    # Make this ortlab importable in another interpreter too (probing a second runtime).
-    env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH")])
-    )
-    return subprocess.Popen(
-        [python, "-m", "ortlab.probe", "--probe", group],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-
-
-def _failed(names: tuple[str, ...], reason: str) -> dict[str, Any]:
-    remedy = "run `ortlab doctor` again; if it persists, reinstall the package named in the reason"
-    # "transient": a timeout or a crash is never cached, the next doctor() probes again.
-    found = {n: Availability(n, False, reason, remedy).to_dict() for n in names}
-    return {"accelerations": found, "transient": True, "error": reason}
-
-
-def _collect(proc: subprocess.Popen, group: str, deadline: float) -> dict[str, Any]:
+@contextlib.contextmanager
+def progress_to(callback: Callable[[str], None]) -> Iterator[None]:
+    """Within the block (this thread), what a probing doctor says goes to `callback` instead of stderr: how a face
+    shows it where the user looks (the workbench's message area) without every layer between passing it on."""
+    token = _progress.set(callback)
     try:
-        stdout, stderr = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        return _failed(GROUPS.get(group, ()), f"the {group} probe did not finish within {PROBE_TIMEOUT_S:.0f} s")
-    for line in reversed(stdout.splitlines()):
-        if line.startswith(MARKER):
-            return json.loads(line[len(MARKER) :])
-    tail = " | ".join(stderr.strip().splitlines()[-3:])[-400:]
-    return _failed(GROUPS.get(group, ()), f"the {group} probe crashed (exit code {proc.returncode}): {tail}")
+        yield
+    finally:
+        _progress.reset(token)
 
 
-def doctor(python: str | None = None, refresh: bool = False) -> DoctorReport:
-    """Probe `python` (default: this interpreter) and report what it can run.
+@dataclass(frozen=True)
+class _Ask:
+    """What a caller lets the doctor probe."""
 
-    Answers from the cache when this environment was probed before (see the module docstring); `refresh=True`
-    probes again. Returns a `DoctorReport`; `ortlab doctor --json` prints `report.to_json()`.
+    refresh: bool = False  # every group again, now
+    retry: bool = True  # a failed group whose back-off has passed
+    peak: bool = True  # the matmul peak too (the launch path does without: a run measures its own)
+    progress: Callable[[str], None] = _stderr
+
+    def groups(self) -> tuple[str, ...]:
+        return ALL if self.peak else tuple(GROUPS)
+
+    def todo(self, answers: dict[str, cache.GroupAnswer | None], since: float | None = None) -> list[str]:
+        """The groups to probe now; an answer probed at or after `since` (by another process, while this one waited
+        for the lock) is taken as it is, even by a refresh."""
+        now = time.time()
+        todo = []
+        for group in self.groups():
+            a = answers.get(group)
+            if a is not None and since is not None and a.probed_at >= since:
+                continue
+            if a is None or self.refresh or (self.retry and a.due(now)):
+                todo.append(group)
+        return todo
+
+
+def doctor(
+    python: str | None = None,
+    refresh: bool = False,
+    retry: bool = True,
+    peak: bool = True,
+    progress: Callable[[str], None] | None = None,
+    runtimes: bool = True,
+) -> DoctorReport:
+    """Report what `python` (default: this interpreter) can run, from the cache where it has the answer.
+
+    `refresh`: probe every group again now. `retry`: probe again a group that failed (timed out, crashed) once its
+    back-off has passed; False on the launch path, which never waits for a probe that already failed. `peak`: the
+    matmul peak too. `progress(message)`: what probing says as it goes (default: `progress_to`'s callback, else
+    stderr); nothing is said when the cache has every answer. `runtimes`: probe ortlab's other runtimes too (when
+    this interpreter is the one asked about); False shows their cached answers only (a launch that does not go
+    there). Returns a `DoctorReport`; `ortlab doctor --json` prints `report.to_json()`.
     """
-    start = time.monotonic()
-    here = python is None or _same_interpreter(python)
-    report = _doctor_one(python or sys.executable, refresh)
+    started = time.monotonic()
+    ask = _Ask(refresh, retry, peak, progress or _progress.get() or _stderr)
+    here = python is None or same_interpreter(python)
+    report = _doctor_one(python or sys.executable, ask)
     if here:
-        _add_runtimes(report, refresh)
-    report.elapsed_s = time.monotonic() - start
+        _add_runtimes(report, ask if runtimes else None)
+    report.elapsed_s = time.monotonic() - started
     return report
 
 
-def _doctor_one(python: str, refresh: bool) -> DoctorReport:
+def cached_report(python: str | None = None) -> DoctorReport | None:
+    """The cached report for this environment, or None while a group the launch needs was never probed (or the
+    environment changed since). Never probes: for views that must open at once (the workbench, `ortlab info`) and
+    can say "not probed yet" instead."""
+    python = python or sys.executable
+    report = _from_cache(python)
+    if report is not None and same_interpreter(python):
+        _add_runtimes(report, None)  # their cached reports, or their stamps: no probe
+    return report
+
+
+def _from_cache(python: str) -> DoctorReport | None:
     facts = fingerprint(python)
-    if not refresh:
-        report = _read_cache(facts)
-        if report is not None:
-            return report
-    report, transient = _probe(python)
-    if not transient:
-        _write_cache(facts, report)
+    answers = {g: cache.read(facts, g) for g in ALL}
+    if any(answers[g] is None for g in GROUPS):
+        return None
+    return _assemble(python, facts, answers, probed=[])
+
+
+def _doctor_one(python: str, ask: _Ask) -> DoctorReport:
+    facts = fingerprint(python)
+    answers = {g: cache.read(facts, g) for g in ALL}
+    todo = ask.todo(answers)
+    if todo:
+        since = time.time()
+        where = "" if same_interpreter(python) else f" ({python})"
+        waited = []
+
+        def waiting() -> None:
+            waited.append(True)
+            ask.progress(f"another process is probing this environment{where}; waiting for its answers ...")
+
+        with cache.locked(facts, waiting):
+            if waited:  # what the other process found counts: probe only what is still to do
+                answers = {g: cache.read(facts, g) for g in ALL}
+                todo = ask.todo(answers, since)
+            if todo:
+                answers.update(_probe(python, facts, todo, answers, ask.progress, where))
+    return _assemble(python, facts, answers, probed=todo)
+
+
+def _probe(
+    python: str,
+    facts: dict[str, Any],
+    todo: list[str],
+    before: dict[str, cache.GroupAnswer | None],
+    progress: Callable[[str], None],
+    where: str,
+) -> dict[str, cache.GroupAnswer]:
+    """Probe `todo`'s groups: the acceleration groups in parallel subprocesses, then the matmul peak alone. Each
+    answer is cached as it comes, whatever its outcome."""
+    progress(
+        f"probing this environment{where}: {', '.join(todo)} (each in its own process, up to "
+        f"{max(TIMEOUT_S[g] for g in todo):.0f} s; once, then cached) ..."
+    )
+    found: dict[str, cache.GroupAnswer] = {}
+
+    def keep(group: str, result: dict[str, Any], t0: float) -> None:
+        answer = cache.answered(group, result, time.monotonic() - t0, before.get(group))
+        cache.write(facts, answer)
+        found[group] = answer
+        retry = (
+            ""
+            if answer.ok
+            else f"; cached, tried again after {time.strftime('%H:%M', time.localtime(answer.retry_after))}"
+        )
+        progress(f"  {group}: {answer.outcome} in {answer.seconds:.1f} s{retry}")
+
+    parallel = [g for g in todo if g != PEAK]
+    t0 = time.monotonic()
+    procs = {g: start(python, g) for g in parallel}
+    # One waiting thread a group: each answer is kept (and said) when its process ends, in the order they end.
+    with ThreadPoolExecutor(max_workers=max(1, len(procs))) as pool:
+        waits = [pool.submit(collect, proc, g, t0 + TIMEOUT_S[g]) for g, proc in procs.items()]
+        for done in as_completed(waits):
+            group, result = done.result()
+            keep(group, result, t0)
+    if PEAK in todo:
+        t1 = time.monotonic()
+        keep(*collect(start(python, PEAK), PEAK, t1 + TIMEOUT_S[PEAK]), t1)
+    return found
+
+
+def _assemble(
+    python: str, facts: dict[str, Any], answers: dict[str, cache.GroupAnswer | None], probed: list[str]
+) -> DoctorReport:
+    """The report from the groups' answers (a group never answered: its accelerations "not probed yet")."""
+    found: dict[str, Any] = {}
+    notes = []
+    for group, names in GROUPS.items():
+        a = answers.get(group)
+        if a is None:
+            for n in names:
+                found[n] = Availability(n, False, f"not probed yet{NOT_PROBED}", "run `ortlab doctor`").to_dict()
+            continue
+        found.update(a.result.get("accelerations", {}))
+        if not a.ok:
+            notes.append(_failed_note(a))
+    torch_answer = answers.get("torch")
+    env = torch_answer.result.get("environment", {}) if torch_answer is not None else {}
+    if torch_answer is not None and torch_answer.ok and not env:
+        notes.append("torch could not be imported in this environment: see the fused_adam row for the error")
+    peak = answers.get(PEAK)
+    peaks = peak.result.get("peaks", {}) if peak is not None and peak.ok else {}
+    if peak is None:
+        notes.append("the matmul peak is not measured yet: `ortlab doctor` measures it (a few seconds)")
+    elif not peak.ok:
+        notes.append(_failed_note(peak))
+    kept = [a for a in answers.values() if a is not None]
+    report = DoctorReport(
+        python=facts.get("python", "unknown"),
+        executable=python,
+        platform=facts.get("platform", "unknown"),
+        torch=env.get("torch"),
+        cuda=env.get("cuda"),
+        devices=env.get("devices", []),
+        packages=facts.get("packages", {}),
+        accelerations={n: Availability.from_dict(found[n]) for n in ACCELERATIONS},
+        notes=notes,
+        probed_at=max((a.probed_at for a in kept), default=None),
+        cached=not probed,
+        gpu=torch_answer.result.get("cuda", {}) if torch_answer is not None else {},
+        peaks=peaks,
+        groups={a.group: a.summary() for a in kept},
+    )
     return report
 
 
-def _add_runtimes(report: DoctorReport, refresh: bool, probe: bool = True) -> None:
+def _failed_note(a: cache.GroupAnswer) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(a.probed_at))
+    again = _clock(a.retry_after) if a.retry_after else "the next call"
+    return (
+        f"the {a.group} probe {a.outcome} ({when}, after {a.seconds:.0f} s): cached as such; `ortlab doctor` tries "
+        f"it again after {again}, `ortlab doctor --refresh` now"
+    )
+
+
+def _add_runtimes(report: DoctorReport, ask: _Ask | None) -> None:
     """Probe ortlab's other runtimes (each through its own cached doctor) and say where torch_compile runs.
 
     In the ORT runtime (torch 2.6) torch.compile cannot run, but a launched run that asks for it goes to the
     compile runtime by itself (`ortlab.runner.local.Local.interpreter`): the doctor says so, instead of a bare "no".
+    `ask` None: their cached answers only (no probe). Their matmul peak is not measured here: a run there measures
+    its own (`ortlab.peak`), and the doctor shows this interpreter's.
     """
 
     for name in runtimes.RUNTIMES:
@@ -331,8 +278,9 @@ def _add_runtimes(report: DoctorReport, refresh: bool, probe: bool = True) -> No
             "python": str(state.python) if state.python else None,
             "why": state.why,
         }
-        if state.python is not None and not _same_interpreter(str(state.python)):
-            sub = _doctor_one(str(state.python), refresh) if probe else _read_cache(fingerprint(str(state.python)))
+        if state.python is not None and not same_interpreter(str(state.python)):
+            python = str(state.python)
+            sub = _doctor_one(python, replace(ask, peak=False)) if ask is not None else _from_cache(python)
             if sub is not None:
                 entry.update(torch=sub.torch, torch_compile=sub["torch_compile"].to_dict(), probed_at=sub.probed_at)
             else:  # not probed yet (cache-only callers): its stamp says torch imported with is_exporting
@@ -377,188 +325,5 @@ def _add_runtimes(report: DoctorReport, refresh: bool, probe: bool = True) -> No
         )
 
 
-def cached_report(python: str | None = None) -> DoctorReport | None:
-    """The cached report for this environment, or None if it was never probed (or changed since). Never probes:
-    for views that must open at once (the workbench, `ortlab info`) and can say "not probed yet" instead."""
-    python = python or sys.executable
-    report = _read_cache(fingerprint(python))
-    if report is not None and _same_interpreter(python):
-        _add_runtimes(report, refresh=False, probe=False)  # their cached reports, or their stamps: no probe
-    return report
-
-
-def _probe(python: str) -> tuple[DoctorReport, bool]:
-    """Run every probe group in parallel subprocesses, then the matmul peak alone. Returns the report and whether
-    any probe failed in a way that may not last (a timeout or a crash)."""
-    procs = {g: _start(python, g) for g in GROUPS}
-    deadline = time.monotonic() + PROBE_TIMEOUT_S
-    results = {g: _collect(p, g, deadline) for g, p in procs.items()}
-    peak = _collect(_start(python, "peak"), "peak", time.monotonic() + PEAK_TIMEOUT_S)
-    found = {}
-    for r in results.values():
-        found.update(r["accelerations"])
-    env = results["torch"].get("environment", {})
-    info = _interpreter_info(python)
-    notes = []
-    if not env:
-        notes.append("torch could not be imported in this environment: see the fused_adam row for the error")
-    report = DoctorReport(
-        python=info["python"],
-        executable=python,
-        platform=info["platform"],
-        torch=env.get("torch"),
-        cuda=env.get("cuda"),
-        devices=env.get("devices", []),
-        packages=info["packages"],
-        accelerations={n: Availability.from_dict(found[n]) for n in ACCELERATIONS},
-        notes=notes,
-        probed_at=time.time(),
-        gpu=results["torch"].get("cuda", {}),
-        peaks=peak.get("peaks", {}),
-    )
-    if not report.peaks:
-        report.notes.append(f"the matmul peak was not measured: {peak.get('error', 'the probe failed')}")
-    return report, any(r.get("transient") for r in (*results.values(), peak))
-
-
-# --- the cache -----------------------------------------------------------------------------------------------
-
-
-def fingerprint(python: str | None = None) -> dict[str, Any]:
-    """Everything the doctor's answer depends on, read without importing torch (cheap: well under a second).
-
-    For another interpreter the facts are read there (one short subprocess), as its packages are its own.
-    """
-    python = python or sys.executable
-    if _same_interpreter(python):
-        facts = _local_facts()
-    else:
-        code = "import json, ortlab.probe as d; print(json.dumps(d._local_facts()))"
-        env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
-        try:
-            out = subprocess.run([python, "-c", code], capture_output=True, text=True, env=env, timeout=30)
-            facts = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {"broken": out.stderr}
-        except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as e:
-            facts = {"broken": str(e)}
-    # The probes and checks are this ortlab's code (also when probing another interpreter): a change to them
-    # can change the answer.
-    facts["probe_code"] = _probe_code_hash()
-    facts["executable"] = python
-    return facts
-
-
-def _same_interpreter(python: str) -> bool:
-    # Compare without resolving symlinks: two virtual environments share one real interpreter binary.
-    return os.path.abspath(python) == os.path.abspath(sys.executable)
-
-
-def _local_facts() -> dict[str, Any]:
-    """This interpreter's side of the fingerprint."""
-
-    ext_dir = extensions_dir()
-    extensions = (
-        sorted((p.name, p.stat().st_size, int(p.stat().st_mtime)) for p in ext_dir.glob("*.so"))
-        if ext_dir is not None and ext_dir.is_dir()
-        else []
-    )
-    return {
-        "python": platform.python_version(),
-        "prefix": sys.prefix,
-        "packages": {p: package_version(p) for p in PACKAGES},
-        "ort_extensions": extensions,
-        "cpu": cpu_facts(),
-        "gpus": _gpu_facts(),
-        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        # Installing the allocator (or removing it) changes its row.
-        "tcmalloc": str(tcmalloc.find()),
-    }
-
-
-def _gpu_facts() -> list[str]:
-    """NVIDIA GPUs as the driver lists them (no CUDA initialisation, no torch import)."""
-    found = []
-    for info in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
-        try:
-            found.append(" ".join(info.read_text(errors="replace").split()))
-        except OSError:
-            continue
-    return found
-
-
-def _probe_code_hash() -> str:
-    here = Path(__file__).resolve().parent
-    h = hashlib.sha256()
-    for path in [Path(__file__).resolve(), here / "gpu.py", here / "peak.py", *sorted((here / "accel").glob("*.py"))]:
-        h.update(path.name.encode())
-        h.update(path.read_bytes())
-    return h.hexdigest()[:16]
-
-
-def _cache_path(facts: dict[str, Any]) -> Path:
-    key = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:20]
-    return cache_dir() / "doctor" / f"{key}.json"
-
-
-def _read_cache(facts: dict[str, Any]) -> DoctorReport | None:
-    try:
-        data = json.loads(_cache_path(facts).read_text())
-        if data.get("fingerprint") != json.loads(json.dumps(facts, default=str)):
-            return None
-        report = DoctorReport.from_dict(data["report"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # absent, unreadable or from another ortlab: probe instead
-    report.cached = True
-    return report
-
-
-def _write_cache(facts: dict[str, Any], report: DoctorReport) -> None:
-    """Best effort: a read-only home must not make the doctor fail."""
-    path = _cache_path(facts)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"fingerprint": facts, "report": report.to_dict()}, indent=2, default=str))
-        os.replace(tmp, path)
-    except OSError:
-        pass
-
-
-PACKAGES = (
-    "torch",
-    "transformers",
-    "datasets",
-    "accelerate",
-    "onnxruntime-training",
-    "onnxruntime",
-    "deepspeed",
-    "huggingface_hub",
-)
-
-
-def _local_info() -> dict[str, Any]:
-    return {
-        "python": platform.python_version(),
-        "platform": f"{platform.system()} {platform.machine()}",
-        "packages": {p: package_version(p) for p in PACKAGES},
-    }
-
-
-def _interpreter_info(python: str) -> dict[str, Any]:
-    if _same_interpreter(python):
-        return _local_info()
-    code = "import json, ortlab.probe as d; print(json.dumps(d._local_info()))"
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
-    out = subprocess.run([python, "-c", code], capture_output=True, text=True, env=env, timeout=30)
-    if out.returncode != 0:
-        return {"python": "unknown", "platform": "unknown", "packages": {}}
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--probe" and sys.argv[2] in (*GROUPS, "peak"):
-        result = run_probe_group(sys.argv[2])
-        sys.stdout.flush()
-        print(MARKER + json.dumps(result), flush=True)
-    else:
-        print(f"usage: python -m ortlab.probe --probe {{{','.join(GROUPS)},peak}}", file=sys.stderr)
-        sys.exit(2)
+def _clock(epoch: float | None) -> str:
+    return time.strftime("%H:%M", time.localtime(epoch)) if epoch else "?"

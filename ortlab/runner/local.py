@@ -11,9 +11,10 @@ Three things vary, and only in the command line and the check before it:
 Torchrun and another Python are not launchers of their own: they share every operation but the command line and
 the pre-check, so a class each would only copy `start` and `terminate`.
 
-The machine check reads the target interpreter's doctor (cached per environment; a cold one takes ~10 s and runs
-its probes in their own processes), so launching never imports torch into the caller: the Jupyter server
-launches in its own process, and `ortlab doctor` and a launch never disagree.
+The machine check reads the target interpreter's doctor (`launch_doctor`: its cached answers; only a group never
+probed in that environment is probed, once, ~10 s in processes of its own, and never the matmul peak, which the run
+measures itself), so launching never imports torch into the caller and never waits for a probe that already failed:
+the Jupyter server launches in its own process, and `ortlab doctor` and a launch never disagree.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ class Local(Launcher):
             return str(spec.target.python), None
         if not spec.accel.torch_compile or spec.accel.ort is True:
             return sys.executable, None
-        here = doctor().to_dict()["accelerations"]["torch_compile"]  # (cached: no torch imported here)
+        # Where torch_compile runs: this runtime's row says, from the compile runtime's doctor (no torch imported here).
+        here = launch_doctor(sys.executable, runtimes=True).accelerations["torch_compile"].to_dict()
         details = here.get("details") or {}
         if details.get("runtime") == "compile":
             state = state_of("compile")
@@ -79,7 +81,7 @@ class Local(Launcher):
         if spec.target.python:
             check_python(str(spec.target.python))
         python, _ = self.interpreter(spec)  # (the compile runtime, when the mix needs it and it is built)
-        report = doctor(python).to_dict()
+        report = launch_doctor(python).to_dict()
         problems = mix_problems(spec, report["accelerations"], "this Python" if python == sys.executable else python)
         if python == sys.executable:
             problems += _packages_problems(spec)
@@ -141,6 +143,13 @@ class Local(Launcher):
         time.sleep(5)
         if is_run_process(run, status):
             _signal_group(status["pid"], signal.SIGKILL)
+
+
+def launch_doctor(python: str, runtimes: bool = False) -> Any:
+    """What a launch knows of `python`'s environment: the doctor's cached answers, a group never probed there
+    probed once (its progress shown), a failed one not tried again, the matmul peak not measured (issue #42).
+    `runtimes`: ortlab's other runtimes probed too when never probed (a torch_compile run goes to one)."""
+    return doctor(python, retry=False, peak=False, runtimes=runtimes)
 
 
 def is_run_process(run: RunDir, status: dict[str, Any]) -> bool:

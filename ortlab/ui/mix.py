@@ -201,7 +201,10 @@ class MixPanel:
         self.check_note.value = "<small>checking: each acceleration is tried for real in its own process...</small>"
 
         def work() -> None:
-            from ortlab.probe import DoctorReport, doctor
+            from ortlab.probe import DoctorReport, doctor, progress_to
+
+            def said(line: str) -> None:  # the probes' progress, beside the button
+                self.check_note.value = _small(line.strip())
 
             try:
                 if self.where.value == "cluster":  # the cluster's own doctor, run there as a short job
@@ -209,7 +212,8 @@ class MixPanel:
 
                     report = DoctorReport.from_dict(target_doctor(self.spec()))
                 else:
-                    report = doctor(refresh=self.probed)
+                    with progress_to(said):
+                        report = doctor(refresh=self.probed)
             except Exception as e:  # say what failed next to the button; the notes keep what was known
                 self.check_note.value = f"<small style='color:#b00'>the check failed: {html.escape(str(e))}</small>"
             else:

@@ -13,6 +13,7 @@ import ipywidgets as widgets
 
 from ortlab.chat import read_generations
 from ortlab.errors import OrtlabError
+from ortlab.probe import progress_to
 from ortlab.runner import launch, runs
 from ortlab.ui.charts import RunMonitor
 from ortlab.ui.display import RefreshedDisplay
@@ -46,11 +47,19 @@ class RunsPanel(RefreshedDisplay):
 
         if not self.validate():
             return None
+        said: list[str] = []
+
+        def progress(line: str) -> None:  # a first launch in this environment probes it once: shown as it goes
+            said.append(html.escape(line))
+            self.problems.value = f"<small>launching: {'<br>'.join(said[-6:])}</small>"
+
         try:
-            run = launch(self.spec())
+            with progress_to(progress):
+                run = launch(self.spec())
         except OrtlabError as e:  # what the spec alone cannot tell (the mix here, another Python): said, not raised
             self.show_error(e)
             return None
+        self.problems.value = f"<span style='color:#080'>launched {html.escape(run.id)}</span>"
         self._track(run)
         return run
 
