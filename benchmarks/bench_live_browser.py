@@ -24,7 +24,8 @@ Measurements, against one JupyterLab server (a real jupyter_server and kernel) a
   (requestAnimationFrame, PerformanceObserver), the kernel's refreshes, bytes and points per refresh and its
   adaptive interval, and the CPU share of the kernel and chromium over the window.
 
-Results go to benchmarks/results/live-browser-<date>.json, with `uptime`'s load beside them (the machine is shared).
+Results go to benchmarks/results/live-browser-<date>.json, with `uptime`'s load beside them (the machine is shared),
+and the script errors of every page it opened (`page_errors`, tests/helpers/page_errors.py: none, or its test fails).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from common import cpu_name  # noqa: E402
 from cpu_meter import CpuMeter  # noqa: E402
 from lab_server import CHROMIUM, CHROMIUM_ARGS, ortlab_lab_options  # noqa: E402
 from live_sidebar import followed_by_sidebar, sidebar_open  # noqa: E402
+from page_errors import PageErrors, watch_page_errors  # noqa: E402
 
 TOKEN = "ortlab-bench-browser"
 
@@ -121,9 +123,10 @@ def wait_state(run_dir: Path, states: tuple[str, ...], timeout: float) -> str:
     raise SystemExit(f"{run_dir.name} did not reach {states} in {timeout:.0f} s")
 
 
-def watched(browser, url: str, folder: Path, name: str, steps: int) -> dict:
+def watched(browser, url: str, folder: Path, name: str, steps: int, errors: PageErrors) -> dict:
     source = f"import ortlab\nwb = ortlab.Workbench(spec={run_spec(name, steps)!r}, root='runs')\nwb"
     page = browser.new_page(viewport={"width": 1400, "height": 1800})
+    watch_page_errors(page, errors, label=name)
     page.set_default_timeout(180_000)  # a loaded 2-core machine: clicks wait on a busy page
     try:
         open_and_run(page, url, notebook(folder, name, source))
@@ -162,10 +165,11 @@ def unwatched(folder: Path, name: str, steps: int) -> dict:
     return {"samples_per_s": round(samples_per_s(run.dir.path), 3), **cpu}
 
 
-def page_open(browser, url: str, folder: Path, name: str, steps: int) -> dict:
+def page_open(browser, url: str, folder: Path, name: str, steps: int, errors: PageErrors) -> dict:
     """The unwatched run again, with JupyterLab open in chromium on a notebook that draws nothing (its kernel
     idle): what an open JupyterLab page costs a run by itself, the floor under the charts' own cost."""
     page = browser.new_page(viewport={"width": 1400, "height": 1800})
+    watch_page_errors(page, errors, label=f"{name}-page")
     page.set_default_timeout(180_000)
     try:
         open_and_run(page, url, notebook(folder, f"{name}-page", "import ortlab\nortlab.__version__"))
@@ -176,9 +180,9 @@ def page_open(browser, url: str, folder: Path, name: str, steps: int) -> dict:
         shut_down_kernels(url)
 
 
-def sidebar(browser, url: str, folder: Path, name: str, steps: int) -> dict:
+def sidebar(browser, url: str, folder: Path, name: str, steps: int, errors: PageErrors) -> dict:
     """The unwatched run again, with JupyterLab open in chromium on ortlab's runs panel following it."""
-    return followed_by_sidebar(browser, url, TOKEN, name, steps, lambda: unwatched(folder, name, steps))
+    return followed_by_sidebar(browser, url, TOKEN, name, steps, lambda: unwatched(folder, name, steps), errors)
 
 
 def _mean(rounds: list[dict], key: str) -> float | None:
@@ -252,8 +256,9 @@ FRAMES_JS = """() => {
 }"""
 
 
-def follow(browser, url: str, folder: Path, steps: int, seconds: float, rate: float) -> dict:
+def follow(browser, url: str, folder: Path, steps: int, seconds: float, rate: float, errors: PageErrors) -> dict:
     page = browser.new_page(viewport={"width": 1400, "height": 1800})
+    watch_page_errors(page, errors, label="follow")
     page.set_default_timeout(180_000)  # a loaded 2-core machine: clicks wait on a busy page
     stats_path = folder / "follow-stats.json"
     try:
@@ -335,6 +340,8 @@ def main(argv: list[str] | None = None) -> dict:
     rounds: list[dict] = []
     followed: dict = {}
     opened: dict = {}
+    # Script errors in any of the pages (tests/helpers/page_errors.py): the report lists them, its test fails on them.
+    errors = PageErrors()
 
     def write() -> dict:
         """The report as it stands: written after every round too, so that a run cut short leaves its rounds."""
@@ -358,6 +365,7 @@ def main(argv: list[str] | None = None) -> dict:
             "ratio_sidebar_mean": _mean(rounds, "ratio_sidebar"),
             "follow": followed,
             "sidebar_open": opened,
+            "page_errors": errors.errors,
         }
         opts.out.parent.mkdir(parents=True, exist_ok=True)
         opts.out.write_text(json.dumps(report, indent=2) + "\n")
@@ -372,13 +380,13 @@ def main(argv: list[str] | None = None) -> dict:
             def follow_now() -> None:
                 print(f"[bench] following a {opts.follow_steps}-step run for {opts.follow_s:.0f} s ...", flush=True)
                 followed["load_before"] = load()
-                followed.update(follow(browser, url, folder, opts.follow_steps, opts.follow_s, rate=8.0))
+                followed.update(follow(browser, url, folder, opts.follow_steps, opts.follow_s, rate=8.0, errors=errors))
                 followed["load_after"] = load()
                 write()
                 print(f"[bench] the sidebar opening 100- and {opts.open_steps}-step runs ...", flush=True)
                 opened["load_before"] = load()
                 lengths = [100, opts.open_steps]
-                opened.update(sidebar_open(browser, url, TOKEN, folder / "runs", lengths, opts.open_repeats))
+                opened.update(sidebar_open(browser, url, TOKEN, folder / "runs", lengths, opts.open_repeats, errors))
                 opened["load_after"] = load()
                 write()
                 shot = folder / "follow.png"
@@ -392,13 +400,13 @@ def main(argv: list[str] | None = None) -> dict:
                 for i in range(opts.rounds):
                     row = {"load_before": load()}
                     print(f"[bench] round {i + 1}: watched ...", flush=True)
-                    row["watched"] = watched(browser, url, folder, f"watched-{i}", opts.steps)
+                    row["watched"] = watched(browser, url, folder, f"watched-{i}", opts.steps, errors)
                     print(f"[bench] round {i + 1}: unwatched ...", flush=True)
                     row["unwatched"] = unwatched(folder, f"unwatched-{i}", opts.steps)
                     print(f"[bench] round {i + 1}: JupyterLab open, nothing drawn ...", flush=True)
-                    row["page_open"] = page_open(browser, url, folder, f"page-{i}", opts.steps)
+                    row["page_open"] = page_open(browser, url, folder, f"page-{i}", opts.steps, errors)
                     print(f"[bench] round {i + 1}: JupyterLab open, the sidebar following ...", flush=True)
-                    row["sidebar"] = sidebar(browser, url, folder, f"sidebar-{i}", opts.steps)
+                    row["sidebar"] = sidebar(browser, url, folder, f"sidebar-{i}", opts.steps, errors)
                     arms = ("watched", "unwatched", "page_open", "sidebar")
                     speed = {k: row[k]["samples_per_s"] for k in arms}
                     row["ratio"] = round(speed["watched"] / speed["unwatched"], 3)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lab_server import open_runs_panel, show_runs_panel, wait_for_lab
+from page_errors import PageErrors, watch_page_errors
 
 SPARKLINE_JS = """(run) => {
     const el = document.querySelector(`.ortlab-Run[data-run-id="${run}"] .ortlab-Sparkline-loss`);
@@ -26,10 +27,14 @@ def sparkline(page, run: str) -> dict | None:
     return page.evaluate(SPARKLINE_JS, run)
 
 
-def followed_by_sidebar(browser, url: str, token: str, name: str, steps: int, launch: Callable[[], dict]) -> dict:
+def followed_by_sidebar(
+    browser, url: str, token: str, name: str, steps: int, launch: Callable[[], dict], errors: PageErrors | None = None
+) -> dict:
     """`launch()` (the unwatched run, with its CPU meter) while JupyterLab is open in chromium with ortlab's runs
-    panel shown: the panel finds the run and follows it. Adds what the panel drew of it at the end."""
+    panel shown: the panel finds the run and follows it. Adds what the panel drew of it at the end. The page's
+    errors go to `errors` (tests/helpers/page_errors.py)."""
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    watch_page_errors(page, errors, label=f"sidebar {name}")
     page.set_default_timeout(180_000)  # a loaded 2-core machine: clicks wait on a busy page
     try:
         open_runs_panel(page, url, token)
@@ -46,11 +51,14 @@ def followed_by_sidebar(browser, url: str, token: str, name: str, steps: int, la
     return {**row, "sidebar_first_step": drawn.get("first"), "sidebar_last_step": drawn.get("last")}
 
 
-def sidebar_open(browser, url: str, token: str, runs_root: Path, lengths: list[int], repeats: int) -> dict:
+def sidebar_open(
+    browser, url: str, token: str, runs_root: Path, lengths: list[int], repeats: int, errors: PageErrors | None = None
+) -> dict:
     """Seconds from showing the runs panel to a running run's loss sparkline being drawn whole (its first and its
     newest step), for runs of each length in `lengths`, `repeats` times interleaved, each in a fresh page (a fresh
     model: the panel reads the history from offset 0). The runs are fake (tests/helpers/fake_runs.py: a `running`
     folder this process holds, no training), each stopped after it is measured so that the panel stops polling it.
+    The pages' errors go to `errors` (tests/helpers/page_errors.py).
     """
     from fake_runs import make_fake_run
 
@@ -63,6 +71,7 @@ def sidebar_open(browser, url: str, token: str, runs_root: Path, lengths: list[i
             name = f"open-{n}-{i}"
             path = make_fake_run(runs_root, name, state="running", steps=n, max_steps=2 * n)
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            watch_page_errors(page, errors, label=f"sidebar open {name}")
             page.set_default_timeout(180_000)
             try:
                 page.goto(f"{url}/lab?reset&token={token}", timeout=90_000)

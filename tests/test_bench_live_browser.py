@@ -16,6 +16,8 @@ def test_the_live_browser_benchmark_writes_its_report(tmp_path, load_benchmark):
     out = tmp_path / "live-browser.json"
     report = bench.main(["--smoke", "--out", str(out)])
     assert out.is_file() and report["benchmark"] == "bench_live_browser" and report["smoke"] is True
+    # No script error in any of its pages (tests/helpers/page_errors.py: the live chart threw in each, #42).
+    assert report["page_errors"] == [], "\n\n".join(report["page_errors"])
     (row,) = report["rounds"]
     assert row["watched"]["samples_per_s"] > 0 and row["unwatched"]["samples_per_s"] > 0 and row["ratio"] > 0
     assert row["watched"]["points_drawn"] > 0  # the workbench's chart drew the watched run in the page

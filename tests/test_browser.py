@@ -3,8 +3,10 @@
 The test opens a notebook that creates the workbench, launches a run of the embedded model and dataset with
 the Launch button, watches the loss chart gain points while the run goes (the run folder and the page both say
 "running" then), and stops it with the Stop button. The run has far more steps than the test waits for, so it
-cannot end before the checks see it running, however fast the machine. A screenshot is kept in test-artifacts/
-(uploaded by CI with the executed notebooks); docs/workbench.png, the README's picture, is a copy of it.
+cannot end before the checks see it running, however fast the machine. A script error in the page fails it
+(tests/helpers/page_errors.py: each live chart's view threw one that no other check saw, #42). A screenshot is kept
+in test-artifacts/ (uploaded by CI with the executed notebooks); docs/workbench.png, the README's picture, is a copy
+of it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import nbformat
 import pytest
 from conftest import ROOT
 from lab_server import CHROMIUM, CHROMIUM_ARGS, start_lab
+from page_errors import assert_no_page_errors, watch_page_errors
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -99,6 +102,7 @@ def test_workbench_launches_a_run_and_the_loss_chart_grows(jupyter_lab):
             args=CHROMIUM_ARGS,
         )
         page = browser.new_page(viewport={"width": 1400, "height": 1800})
+        errors = watch_page_errors(page)
         try:
             page.goto(f"{url}/lab/tree/workbench.ipynb?token={TOKEN}", timeout=90_000)
             page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
@@ -139,6 +143,7 @@ def test_workbench_launches_a_run_and_the_loss_chart_grows(jupyter_lab):
             page.locator("button.ortlab-stop").click()
             _wait_for(lambda: json.loads(status_path.read_text())["state"] == "stopped", 300, "the run to stop")
             _wait_for(lambda: "stopped" in _states_shown(page), 60, "the runs table to show 'stopped'")
+            assert_no_page_errors(errors)
         except Exception:
             page.screenshot(path=str(ARTIFACTS / "workbench-failure.png"), full_page=True)
             raise

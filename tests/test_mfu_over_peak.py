@@ -95,7 +95,7 @@ def test_the_charts_mfu_panel_says_it_once_a_point_is_over_the_peak(tmp_path):
         monitor.consume("r1", {"event": "step", "step": 2, "loss": 0.5, "mfu": 2.2})
         assert monitor.over_peak and REMEDY in title.text and title.text.startswith("MFU (model FLOPs")
         monitor.flush()  # the browser's chart gets the new title with the layout
-        assert any(REMEDY in (a.get("text") or "") for a in monitor.chart.layout["annotations"])
+        assert any(REMEDY in (a.get("text") or "") for a in monitor.chart.figure_layout["annotations"])
     finally:
         monitor.close()
 
@@ -116,6 +116,6 @@ def test_a_history_over_the_peak_flags_the_panel_when_a_chart_opens(tmp_path):
     try:
         monitor.add_run(Run(run_dir), follow=False)
         assert monitor.over_peak
-        assert any(REMEDY in (a.get("text") or "") for a in monitor.chart.layout["annotations"])
+        assert any(REMEDY in (a.get("text") or "") for a in monitor.chart.figure_layout["annotations"])
     finally:
         monitor.close()

@@ -34,6 +34,7 @@ from lab_server import (
     start_lab,
     wait_for_lab,
 )
+from page_errors import assert_no_page_errors, watch_page_errors
 from test_browser import _wait_for
 
 from ortlab.runfolder.rundir import RunDir, write_json
@@ -140,6 +141,7 @@ def test_sidebar_launches_watches_and_stops_a_run(lab_with_ortlab, tiny_bert):
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1280, "height": 900})
+        errors = watch_page_errors(page)
         try:
             page.goto(f"{url}/lab?token={TOKEN}", timeout=90_000)
             wait_for_lab(page)  # the tab is there with its own icon; the palette entry opens the panel
@@ -269,6 +271,7 @@ def test_sidebar_launches_watches_and_stops_a_run(lab_with_ortlab, tiny_bert):
             source = "".join(notebook["cells"][0]["source"])
             assert f'ortlab.attach("{RUN}", root="{(folder / "runs").resolve()}")' in source
             assert "RunMonitor(run)" in source
+            assert_no_page_errors(errors)
         except Exception:
             page.screenshot(path=str(ARTIFACTS / "sidebar-failure.png"))
             raise
@@ -330,6 +333,7 @@ def test_sidebar_draws_a_long_run_whole_at_bounded_points(lab_with_ortlab):
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1280, "height": 900})
+        errors = watch_page_errors(page)
         try:
             open_runs_panel(page, url, TOKEN)
             shown = _wait_for(_loss_reaching(page, LONG_STEPS), 120, "the long run's loss sparkline to be drawn")
@@ -370,6 +374,7 @@ def test_sidebar_draws_a_long_run_whole_at_bounded_points(lab_with_ortlab):
             shown = _wait_for(_loss_reaching(page, last + 50), 10, "the loss sparkline to reach the run's last step")
             assert shown["first"] == 1 and shown["points"] <= 2 * SPARKLINE_POINTS, shown
             page.screenshot(path=str(ARTIFACTS / "sidebar-long-run.png"))
+            assert_no_page_errors(errors)
         except Exception:
             page.screenshot(path=str(ARTIFACTS / "sidebar-long-run-failure.png"))
             raise

@@ -681,6 +681,21 @@ def test_the_chart_loads_plotly_js_from_the_installed_package_and_escapes_legend
     monitor.close()
 
 
+def test_the_charts_state_leaves_the_widgets_own_traits_alone():
+    """plotly's layout was once the chart's `layout` trait: that replaced ipywidgets' `Layout` model, and the
+    browser's DOMWidgetView, making a view of that dict, threw "Cannot read properties of undefined (reading
+    'then')" as each chart was shown (#42; tests/test_browser.py now fails on page errors)."""
+    import anywidget
+    import ipywidgets
+
+    from ortlab.ui.livechart import LiveChart
+
+    assert not set(LiveChart.class_own_traits()) & set(anywidget.AnyWidget.class_trait_names())
+    chart = LiveChart()
+    assert isinstance(chart.layout, ipywidgets.Layout)
+    chart.close()
+
+
 def test_a_refresh_does_not_rebuild_the_static_summary(tmp_path, monkeypatch):
     import ortlab.ui.charts as charts
     import ortlab.ui.summary as summary

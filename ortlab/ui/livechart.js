@@ -1,6 +1,7 @@
 // ortlab's live chart (ortlab/ui/livechart.py): plotly.js drawing curves whose points arrive as appends.
 //
-// The model's state holds the figure without data (layout, and each trace's style and name); the points come as
+// The model's state holds the figure without data (figure_layout: plotly's layout; traces: each one's style and
+// name; not `layout`, which is ipywidgets' own Layout model on every DOM widget); the points come as
 // custom messages {type: "points", snapshot, ops: [[trace, keep, xs, ys], ...]}: keep the trace's first `keep`
 // points, append xs/ys. keep 0 replaces the curve (a restyle); otherwise the new points go through
 // Plotly.extendTraces. A view asks for a snapshot when it opens, and again whenever what arrives does not fit what
@@ -64,7 +65,7 @@ function figure(model, gd) {
     lineOnly(trace, trace.x.length);
     return trace;
   });
-  return [data, { ...(model.get("layout") || {}), autosize: true }];
+  return [data, { ...(model.get("figure_layout") || {}), autosize: true }];
 }
 
 async function render({ model, el }) {
@@ -122,12 +123,12 @@ async function render({ model, el }) {
   };
   model.on("msg:custom", onMessage);
   model.on("change:traces", onFigure);
-  model.on("change:layout", onFigure);
+  model.on("change:figure_layout", onFigure);
   ask();
   return () => {
     model.off("msg:custom", onMessage);
     model.off("change:traces", onFigure);
-    model.off("change:layout", onFigure);
+    model.off("change:figure_layout", onFigure);
     Plotly.purge(gd);
   };
 }

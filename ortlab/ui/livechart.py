@@ -49,11 +49,16 @@ def _plotly_js() -> bytes:
 
 
 class LiveChart(anywidget.AnyWidget):
-    """A plotly figure whose curves grow by appended points. `layout` and `traces` (styles and names, no data) are
-    synced state; points travel through `send_points`."""
+    """A plotly figure whose curves grow by appended points. `figure_layout` (plotly's layout) and `traces` (styles
+    and names, no data) are synced state; points travel through `send_points`.
+
+    plotly's layout is `figure_layout`, not `layout`: every DOM widget already has a synced `layout`, ipywidgets'
+    `Layout` model (CSS size and placement), and its front end (`DOMWidgetView.setLayout`) creates a view of
+    whatever that trait holds. A plain dict there made every view of this chart throw "Cannot read properties of
+    undefined (reading 'then')" (`create_view` reads a model's `state_change`) as it was displayed (#42)."""
 
     _esm = Path(__file__).with_name("livechart.js")
-    layout = traitlets.Dict().tag(sync=True)
+    figure_layout = traitlets.Dict().tag(sync=True)
     traces = traitlets.List().tag(sync=True)
 
     def __init__(self, snapshot: Callable[[], list[Op]] | None = None, **kwargs: Any):
@@ -77,7 +82,7 @@ class LiveChart(anywidget.AnyWidget):
             traces.append(style)
         with self.hold_sync():
             self.traces = json.loads(json.dumps(traces, default=_plain))
-            self.layout = json.loads(json.dumps(figure.layout.to_plotly_json(), default=_plain))
+            self.figure_layout = json.loads(json.dumps(figure.layout.to_plotly_json(), default=_plain))
 
     def send_points(self, ops: list[Op], snapshot: bool = False) -> int:
         """Send the curves' changes in one message; returns its size in bytes (JSON, what the comm carries)."""
