@@ -23,6 +23,11 @@ S3-protocol server (moto, from the dev dependencies) started here on loopback, e
 (the delay then includes rank 0's push to the store and the driver's pull from it). `--storage URI` uses a store
 of yours, credentials from the environment.
 
+Run it with the venv's own interpreter path, not one through a link: the head runs under the interpreter its `ray`
+script names, the worker node under this one, and two paths make DeepSpeed rebuild its CPU op in a restart's way
+(`python` and `head_python` in the JSON; a warning says so). `TORCH_EXTENSIONS_DIR` in a folder of its own keeps
+other processes of the machine from rebuilding that op under it.
+
 The cluster (a head and a worker node, `--cpus-per-node` each) is started here and stopped by its PIDs at the
 end. `--gpus-per-worker` gives each worker GPUs (a GPU cluster: start it yourself and pass `--cluster ADDRESS`).
 Results go to benchmarks/results/raytrain-<date>.json.
@@ -249,6 +254,11 @@ def main() -> None:
     kind = "" if opts.storage == "shared" else "-s3" if opts.storage == "s3-local" else "-store"
     kind += f"-kill{opts.kill_rank}" if opts.kill_only else ""
     opts.out = opts.out or HERE / "results" / f"raytrain{kind}-{date.today().isoformat()}.json"
+
+    seen = interpreters()
+    if opts.cluster is None and seen["head_python"] not in (None, sys.executable):
+        where = f"the head will run {seen['head_python']}, its node {sys.executable}"
+        print(f"warning: {where} (see --help)", file=sys.stderr)
 
     import ortlab
     from ortlab import cluster
