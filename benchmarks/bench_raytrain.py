@@ -7,18 +7,26 @@ Measured, each against a baseline in the same run:
   threads per process (Ray gives a 1-CPU worker OMP_NUM_THREADS=1, torchrun gives its ranks 1), in ABBA order
   (local, cluster, cluster, local; `--rounds` repeats), the median of the paired ratios. Goal >= 0.95.
 - the optimizer state each rank holds with ZeRO-1 over two workers, measured on every rank (goal <= 1/2 + 5 %).
-- from a killed worker (SIGKILL of rank 1 once a checkpoint exists) to the `restart` record and to the next step
-  the new group writes (goal <= 60 s to that step; the new group re-imports torch and transformers first).
+- from a killed worker (SIGKILL of rank `--kill-rank`, default 0, once a checkpoint exists) to the next step the
+  new group writes (goal <= 60 s), and to each phase of the restart on the way (`killed_worker.phases`).
 - the metrics' delay from the workers' stamp to the local run folder (the monitor's poll of the job's log), p95
   (goal <= 2 s). The local runs' delay is what the file watcher alone costs.
 
 `--delay-only` runs only the cluster side (`--rounds` x 2 runs, no local runs, no killed worker) and reports its
 metric delay: to compare two versions of ortlab by turns on a shared machine (run this file from each checkout).
 
+`--kill-only` runs only the killed worker (`--rounds` times, on a fresh run each) and reports the restart's
+phases, the machine's load at each kill: results/raytrain[-s3]-kill<RANK>-<date>.json.
+
 `--storage s3-local` runs the cluster side through object storage instead of the cluster's shared folder: an
 S3-protocol server (moto, from the dev dependencies) started here on loopback, each node training in its own copy
 (the delay then includes rank 0's push to the store and the driver's pull from it). `--storage URI` uses a store
 of yours, credentials from the environment.
+
+Run it with the venv's own interpreter path, not one through a link: the head runs under the interpreter its `ray`
+script names, the worker node under this one, and two paths make DeepSpeed rebuild its CPU op in a restart's way
+(`python` and `head_python` in the JSON; a warning says so). `TORCH_EXTENSIONS_DIR` in a folder of its own keeps
+other processes of the machine from rebuilding that op under it.
 
 The cluster (a head and a worker node, `--cpus-per-node` each) is started here and stopped by its PIDs at the
 end. `--gpus-per-worker` gives each worker GPUs (a GPU cluster: start it yourself and pass `--cluster ADDRESS`).
@@ -66,36 +74,110 @@ def run_once(ortlab, spec: dict, name: str, target: dict) -> dict:
     return {**out, "delays": delays}
 
 
-def killed_worker(ortlab, spec: dict, target: dict, save_steps: int) -> dict:
-    """Kill rank 1 once a checkpoint exists; time the restart record and the next step written after it."""
-    from ortlab.job.raytrain import WORKERS_FILE as WORKERS
+def killed_worker(ortlab, spec: dict, target: dict, save_steps: int, rank: int = 0) -> dict:
+    """Kill `rank` once a checkpoint exists; time the restart's phases up to the next step written after it.
+
+    Each phase is the time from the kill to a stamp the run itself wrote (one clock: every process is on this
+    machine): Ray Train's controller recording the failure, the new group's processes starting, entering the
+    training loop (their imports done, the process group set up), agreeing on the attempt, rank 0's `restart`
+    record, its `resume` record (spec checked, data and model loaded, trainer built), `train_begin` (DeepSpeed's
+    engine up, the checkpoint restored) and the first step record after the kill (the steps since the checkpoint
+    trained again first; they are not written twice)."""
+    from ortlab.job.raytrain import FAILURES_FILE, WORKERS_FILE
     from ortlab.runfolder.place import place_at
 
     run = ortlab.launch(
-        {**spec, "name": "killed", "hyper": {**spec["hyper"], "save_steps": save_steps}, "target": target}
+        {**spec, "name": f"killed-rank{rank}", "hyper": {**spec["hyper"], "save_steps": save_steps}, "target": target}
     )
     while run.dir.last_step() <= save_steps + 1:
         if run.state not in ("pending", "running"):
             raise SystemExit(f"the run to kill ended {run.state}: {run.status().get('error')}")
         time.sleep(0.2)
-    where = run.status()["launcher"]["storage"]
-    workers = list(place_at(where).records(WORKERS))
-    rank1 = next(w for w in workers if w["rank"] == 1)
+    place = place_at(run.status()["launcher"]["storage"])
+    first = [w for w in place.records(WORKERS_FILE) if w["attempt"] == 0]
+    victim = next(w for w in first if w["rank"] == rank)
     last = run.dir.last_step()
+    load_at_kill = os.getloadavg()
     killed_at = time.time()
-    os.kill(rank1["pid"], signal.SIGKILL)
+    os.kill(victim["pid"], signal.SIGKILL)
     status = run.wait(timeout=600)
     metrics = run.metrics()
-    restart = next((r for r in metrics if r["event"] == "restart"), None)
-    after = next((r for r in metrics if r["event"] == "step" and r["step"] > last and r["time"] > killed_at), None)
+    after = [r for r in metrics if r.get("time", 0) > killed_at]
+    restart = next((r for r in after if r["event"] == "restart"), None)
+    step = next((r for r in after if r["event"] == "step" and r["step"] > last), None)
+    failure = next((f for f in place.records(FAILURES_FILE) if f["time"] > killed_at), None)
+    again = [w for w in place.records(WORKERS_FILE) if w["attempt"] == 1]
+
+    def since(t: float | None) -> float | None:
+        return None if t is None else round(t - killed_at, 1)
+
+    def stamp(event: str) -> float | None:
+        return next((r["time"] for r in after if r["event"] == event), None)
+
+    def latest(key: str, pick=max) -> float | None:
+        values = [w[key] for w in again if key in w]
+        return pick(values) if values else None
+
+    phases = {
+        "detected_s": since(failure and failure["time"]),  # Ray Train's controller saw the failure (its callback)
+        "group_started_s": since(latest("started", min)),  # the first new worker process started
+        "loop_entered_s": since(latest("entered")),  # every new worker in the training loop (imports, group)
+        "group_ready_s": since(latest("time")),  # every rank agreed on the attempt (copies pulled)
+        "restart_record_s": since(restart and restart["time"]),
+        "loaded_s": since(stamp("resume")),  # rank 0: spec checked, data and model loaded, trainer built
+        "checkpoint_loaded_s": since(stamp("train_begin")),  # DeepSpeed's engine up, checkpoint restored
+        "next_step_s": since(step and step["time"]),
+    }
     return {
         "state": status["state"],
+        "killed_rank": rank,
+        "load_at_kill": [round(x, 2) for x in load_at_kill],
+        "load_at_end": [round(x, 2) for x in os.getloadavg()],
         "killed_after_step": last,  # (the last step seen here: the workers were ahead by the metric delay)
         "resumed_from_step": restart and restart["resumes_from_step"],
-        "to_restart_record_s": restart and round(restart["time"] - killed_at, 1),
-        "to_next_step_s": after and round(after["time"] - killed_at, 1),
+        "to_restart_record_s": phases["restart_record_s"],
+        "to_next_step_s": phases["next_step_s"],
+        "phases": phases,
+        "failure": failure and failure["workers"],
         "steps_recorded_once": [r["step"] for r in metrics if r["event"] == "step"]
         == list(range(1, spec["hyper"]["max_steps"] + 1)),
+    }
+
+
+def interpreters() -> dict:
+    """The interpreter of the nodes started here and the one the head's `ray` script names: they differ for a venv
+    reached through a link, and DeepSpeed then rebuilds its CPU op (its build command names the paths) each time a
+    worker on the other node loads it, tens of seconds in a restart's way."""
+    script = Path(sys.executable).parent / "ray"
+    first = script.read_text(errors="replace").splitlines()[0] if script.is_file() else ""
+    return {"python": sys.executable, "head_python": first[2:].strip() if first.startswith("#!") else None}
+
+
+def kill_only(ortlab, spec: dict, on_cluster: dict, opts: argparse.Namespace, load: list[float]) -> dict:
+    """Only the killed worker (`--rounds` times): the restart's phases, with the load at each kill."""
+    kills = [
+        killed_worker(ortlab, spec, {**on_cluster, "max_failures": 1}, opts.save_steps, opts.kill_rank)
+        for _ in range(opts.rounds)
+    ]
+    load.append(os.getloadavg()[0])
+    worst = max((k["to_next_step_s"] for k in kills if k["to_next_step_s"] is not None), default=None)
+    return {
+        "benchmark": "raytrain --kill-only",
+        "date": date.today().isoformat(),
+        "cpu_count": os.cpu_count(),
+        "storage": opts.storage,
+        "steps": opts.steps,
+        "cpus_per_node": opts.cpus_per_node,
+        **interpreters(),
+        "torch_extensions_dir": os.environ.get("TORCH_EXTENSIONS_DIR", "(torch's default)"),
+        "load_1min_at_start_and_end": [round(x, 2) for x in load],
+        "killed_worker": kills[0] if len(kills) == 1 else kills,
+        "goals": {"killed_worker.to_next_step_s": "<= 60"},
+        "meets_goals": {
+            "killed_worker.to_next_step_s": worst is not None
+            and worst <= 60
+            and all(k["steps_recorded_once"] and k["state"] == "completed" for k in kills)
+        },
     }
 
 
@@ -164,10 +246,19 @@ def main() -> None:
         "--storage", default="shared", help="'shared' (the cluster's folder), 's3-local' (moto here) or a store URI"
     )
     parser.add_argument("--delay-only", action="store_true", help="only the cluster side's metric delay")
+    parser.add_argument("--kill-only", action="store_true", help="only the killed worker's restart (--rounds times)")
+    parser.add_argument("--kill-rank", type=int, choices=(0, 1), default=0, help="the rank killed (default 0)")
     parser.add_argument("--out", type=Path, default=None, help="JSON file (default: results/raytrain[-s3]-DATE.json)")
     opts = parser.parse_args()
+    opts.save_steps = max(4, opts.steps // 6)
     kind = "" if opts.storage == "shared" else "-s3" if opts.storage == "s3-local" else "-store"
+    kind += f"-kill{opts.kill_rank}" if opts.kill_only else ""
     opts.out = opts.out or HERE / "results" / f"raytrain{kind}-{date.today().isoformat()}.json"
+
+    seen = interpreters()
+    if opts.cluster is None and seen["head_python"] not in (None, sys.executable):
+        where = f"the head will run {seen['head_python']}, its node {sys.executable}"
+        print(f"warning: {where} (see --help)", file=sys.stderr)
 
     import ortlab
     from ortlab import cluster
@@ -194,8 +285,9 @@ def main() -> None:
             stack.callback(cluster.stop)
         start_s = time.monotonic() - started
         load = [os.getloadavg()[0]]
-        if opts.delay_only:
-            report = delay_only(ortlab, spec, on_cluster, opts, load)
+        if opts.delay_only or opts.kill_only:
+            only = delay_only if opts.delay_only else kill_only
+            report = only(ortlab, spec, on_cluster, opts, load)
             opts.out.parent.mkdir(parents=True, exist_ok=True)
             opts.out.write_text(json.dumps(report, indent=2) + "\n")
             print(json.dumps(report, indent=2))
@@ -204,7 +296,7 @@ def main() -> None:
             for name in ("local", "cluster", "cluster", "local"):
                 target = on_cluster if name == "cluster" else {"processes": 2}
                 runs[name].append(run_once(ortlab, spec, f"{name}-{i}-{len(runs[name])}", target))
-        kill = killed_worker(ortlab, spec, {**on_cluster, "max_failures": 1}, save_steps=max(4, opts.steps // 6))
+        kill = killed_worker(ortlab, spec, {**on_cluster, "max_failures": 1}, opts.save_steps, opts.kill_rank)
         load.append(os.getloadavg()[0])
     results, pairs = sides(runs, "local", "cluster")
     for name, done in runs.items():
@@ -225,6 +317,7 @@ def main() -> None:
         "gpus_per_worker": opts.gpus_per_worker,
         "model": "tiny-bert (tests/helpers)" if opts.model is None else str(opts.model),
         "cluster_start_s": round(start_s, 1),
+        **interpreters(),
         "load_1min_at_start_and_end": [round(x, 2) for x in load],
         **results,
         "samples_per_s_ratio_pairs": [round(p, 3) for p in pairs],

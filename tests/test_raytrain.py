@@ -110,6 +110,7 @@ def test_two_workers_with_zero1_survive_a_removed_node(three_nodes, remote_spec,
     wait_for(lambda: any(r["event"] == "restart" for r in run.metrics()), timeout=240, run=run)
     wait_for(lambda: workers_of(storage, attempt=1).keys() == {0, 1}, timeout=180, run=run)
     again = workers_of(storage, attempt=1)
+    assert all(w["started"] <= w["entered"] <= w["time"] for w in again.values()), "each rank's restart, stamped"
     assert removed not in [node_hosting(three_nodes, w["pid"]) for w in again.values()], "on the nodes left"
     stopped = run.stop(timeout=240)
     assert stopped["state"] == "stopped", (stopped, run.dir.log_path.read_text()[-4000:])

@@ -39,7 +39,9 @@ from ortlab.runfolder.place import RunPlace, place_at
 from ortlab.runfolder.rundir import TERMINAL, RunDir, RunStateError
 from ortlab.spec import RunSpec
 
-WORKERS_FILE = "ray-workers.jsonl"  # one line per rank and attempt: {attempt, rank, pid, node, time}
+# One line per rank and attempt: {job, attempt, rank, pid, node, started (the process's start), entered (the loop's),
+# time (the group's set-up done: every rank agreed and has its copy)}; rank 0's also has the step it starts from.
+WORKERS_FILE = "ray-workers.jsonl"
 FAILURES_FILE = "ray-failures.jsonl"  # one line per failure Ray Train saw: {time, workers: {rank: reason}}
 MAX_REASON_CHARS = 500
 
@@ -111,6 +113,8 @@ def train_loop(config: dict[str, Any]) -> None:
     With a shared storage folder every rank trains in it. With an object store each node has its own copy (the
     node's first rank pulls it from the store; see `ortlab.job.mirror.Mirror`), rank 0 keeps the store in step with its
     stream and status, and every node uploads its part of each checkpoint (`UploadCheckpoints`)."""
+    entered = time.time()
+    import psutil
     import ray.train
     import torch.distributed as dist
 
@@ -152,6 +156,7 @@ def train_loop(config: dict[str, Any]) -> None:
     if stop:  # every rank returns: the group ends without an error, and the driver reads the run's end
         return
     who = {"job": config["job"], "attempt": attempt, "rank": rank, "pid": os.getpid(), "node": context.get_node_rank()}
+    who.update(started=psutil.Process().create_time(), entered=entered, time=time.time())
     if rank == 0:  # where this group starts: a later group that finds no step since knows it made none
         who["step"] = run.last_step()
     everyone: list[Any] = [None] * dist.get_world_size()
