@@ -23,10 +23,10 @@ S3-protocol server (moto, from the dev dependencies) started here on loopback, e
 (the delay then includes rank 0's push to the store and the driver's pull from it). `--storage URI` uses a store
 of yours, credentials from the environment.
 
-Run it with the venv's own interpreter path, not one through a link: the head runs under the interpreter its `ray`
-script names, the worker node under this one, and two paths make DeepSpeed rebuild its CPU op in a restart's way
-(`python` and `head_python` in the JSON; a warning says so). `TORCH_EXTENSIONS_DIR` in a folder of its own keeps
-other processes of the machine from rebuilding that op under it.
+The head and its node run this interpreter (`python` in the JSON): before ortlab started the head with it, the head
+ran the one its `ray` script names, a venv reached through a link then ran two paths, and DeepSpeed rebuilt its CPU
+op at every group start (docs/decisions/ray.md). `TORCH_EXTENSIONS_DIR` in a folder of its own keeps other processes
+of the machine from rebuilding that op under it.
 
 The cluster (a head and a worker node, `--cpus-per-node` each) is started here and stopped by its PIDs at the
 end. `--gpus-per-worker` gives each worker GPUs (a GPU cluster: start it yourself and pass `--cluster ADDRESS`).
@@ -144,15 +144,6 @@ def killed_worker(ortlab, spec: dict, target: dict, save_steps: int, rank: int =
     }
 
 
-def interpreters() -> dict:
-    """The interpreter of the nodes started here and the one the head's `ray` script names: they differ for a venv
-    reached through a link, and DeepSpeed then rebuilds its CPU op (its build command names the paths) each time a
-    worker on the other node loads it, tens of seconds in a restart's way."""
-    script = Path(sys.executable).parent / "ray"
-    first = script.read_text(errors="replace").splitlines()[0] if script.is_file() else ""
-    return {"python": sys.executable, "head_python": first[2:].strip() if first.startswith("#!") else None}
-
-
 def kill_only(ortlab, spec: dict, on_cluster: dict, opts: argparse.Namespace, load: list[float]) -> dict:
     """Only the killed worker (`--rounds` times): the restart's phases, with the load at each kill."""
     kills = [
@@ -168,7 +159,7 @@ def kill_only(ortlab, spec: dict, on_cluster: dict, opts: argparse.Namespace, lo
         "storage": opts.storage,
         "steps": opts.steps,
         "cpus_per_node": opts.cpus_per_node,
-        **interpreters(),
+        "python": sys.executable,
         "torch_extensions_dir": os.environ.get("TORCH_EXTENSIONS_DIR", "(torch's default)"),
         "load_1min_at_start_and_end": [round(x, 2) for x in load],
         "killed_worker": kills[0] if len(kills) == 1 else kills,
@@ -255,11 +246,6 @@ def main() -> None:
     kind += f"-kill{opts.kill_rank}" if opts.kill_only else ""
     opts.out = opts.out or HERE / "results" / f"raytrain{kind}-{date.today().isoformat()}.json"
 
-    seen = interpreters()
-    if opts.cluster is None and seen["head_python"] not in (None, sys.executable):
-        where = f"the head will run {seen['head_python']}, its node {sys.executable}"
-        print(f"warning: {where} (see --help)", file=sys.stderr)
-
     import ortlab
     from ortlab import cluster
 
@@ -317,7 +303,7 @@ def main() -> None:
         "gpus_per_worker": opts.gpus_per_worker,
         "model": "tiny-bert (tests/helpers)" if opts.model is None else str(opts.model),
         "cluster_start_s": round(start_s, 1),
-        **interpreters(),
+        "python": sys.executable,
         "load_1min_at_start_and_end": [round(x, 2) for x in load],
         **results,
         "samples_per_s_ratio_pairs": [round(p, 3) for p in pairs],

@@ -150,14 +150,18 @@ def dashboard_is_ours(record: dict[str, Any]) -> bool:
     return any(p == port and _loopback(ip) for _, _, ip, p in listeners(record["pid"]))
 
 
-def _ray_program() -> str:
-    here = Path(sys.executable).parent / "ray"
-    if here.is_file():
-        return str(here)
-    found = shutil.which("ray")
-    if found is None:
-        raise ClusterError(f"the `ray` command is not installed in {sys.executable}'s environment: {INSTALL_HINT}")
-    return found
+def _ray_program() -> list[str]:
+    """`ray`'s command line run by this very interpreter, as the worker nodes are (`_start_node`).
+
+    Not the `ray` script beside it: its first line names the interpreter by the path it was installed under, and a
+    venv reached through a link then ran the head and its nodes under two paths. DeepSpeed keys its compiled CPU
+    ops by the interpreter's path, so every ZeRO group start on the other path rebuilt one (about 45 s of a 109 s
+    restart after a lost rank 0, issue #42)."""
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise ClusterError(f"Ray is not installed in {sys.executable}'s environment: {INSTALL_HINT}")
+    return [sys.executable, "-m", "ray.scripts.scripts"]
 
 
 def start(
@@ -210,11 +214,10 @@ def _start(
         return current
     _stop(folder, 5.0)  # what is left of an ended head (a killed `ray start` leaves Ray's agents running)
     token = _ensure_token(folder, new=new_token)
-    ray = _ray_program()
     dashboard, client = _free_ports(2)
     private = _private_temp()
     cmd = [
-        ray,
+        *_ray_program(),
         "start",
         "--head",
         "--block",
