@@ -315,6 +315,27 @@ def test_two_callers_at_once_probe_an_environment_once(alone, monkeypatch):
     assert second.available("ort")
 
 
+@pytest.mark.parametrize(
+    "content",
+    [b"not json", b'{"fingerprint": {}, "answer": {}}', b"[]", None],
+    ids=["not-json", "another-environment", "a-list", "a-row-missing"],
+)
+def test_a_damaged_answer_is_probed_again_not_trusted(alone, monkeypatch, content):
+    started: list[str] = []
+    monkeypatch.setattr(probe, "start", _scripted({}, started))
+    probe.doctor(progress=lambda _line: None)
+    facts = probe.fingerprint()
+    path = answers.folder(facts) / "torch.json"
+    if content is None:  # this environment's file, its fused_adam row gone
+        data = json.loads(path.read_text())
+        del data["answer"]["result"]["accelerations"]["fused_adam"]
+        content = json.dumps(data).encode()
+    path.write_bytes(content)
+    started.clear()
+    report = probe.doctor(progress=lambda _line: None)
+    assert started == ["torch"] and report.available("fused_adam")
+
+
 def test_an_unwritable_cache_still_answers(alone, monkeypatch):
     monkeypatch.setenv("ORTLAB_CACHE_DIR", str(alone / "file"))
     (alone / "file").write_text("not a folder")

@@ -185,12 +185,8 @@ def _probe(
         answer = cache.answered(group, result, time.monotonic() - t0, before.get(group))
         cache.write(facts, answer)
         found[group] = answer
-        retry = (
-            ""
-            if answer.ok
-            else f"; cached, tried again after {time.strftime('%H:%M', time.localtime(answer.retry_after))}"
-        )
-        progress(f"  {group}: {answer.outcome} in {answer.seconds:.1f} s{retry}")
+        again = "" if answer.ok else f"; kept as such, tried again after {_clock(answer.retry_after)}"
+        progress(f"  {group}: {answer.outcome} in {answer.seconds:.1f} s{again}")
 
     parallel = [g for g in todo if g != PEAK]
     t0 = time.monotonic()

@@ -32,10 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from ortlab import safeio
-from ortlab.accel import package_version, tcmalloc
+from ortlab.accel import Availability, package_version, tcmalloc
 from ortlab.accel.ort import extensions_dir
 from ortlab.cpuinfo import cpu_facts
 from ortlab.envvars import cache_dir, child_env
+from ortlab.probe.groups import GROUPS
 
 BACKOFF_S = 600.0
 MAX_BACKOFF_S = 86400.0
@@ -107,8 +108,11 @@ def read(facts: dict[str, Any], group: str) -> GroupAnswer | None:
         answer = GroupAnswer(**data["answer"])
         if answer.group != group or not isinstance(answer.result, dict) or not isinstance(answer.probed_at, float):
             return None
+        found = answer.result.get("accelerations", {})
+        for name in GROUPS.get(group, ()):  # every row the report takes from it, readable
+            Availability.from_dict(found[name])
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None  # absent, unreadable or from another ortlab: probe instead
+        return None  # absent, unreadable, damaged or from another ortlab: probe instead
     return answer
 
 
