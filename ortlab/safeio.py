@@ -27,6 +27,7 @@ import errno
 import json
 import math
 import os
+import re
 import shutil
 import stat
 import threading
@@ -40,6 +41,19 @@ from ortlab.errors import OrtlabError
 # One JSON document ortlab writes into a run folder (status, result, spec) is a few KiB; anything near this is not one.
 MAX_JSON_BYTES = 8 * 1024 * 1024
 READ_PIECE = 64 * 1024
+
+# A whole number in a name or a value from outside (a checkpoint folder's suffix, a query's offset, a label): ASCII
+# digits only. `str.isdigit` says yes to '²' and '٣', which `int` refuses ('²') or reads ('٣' is 3): each a traceback
+# or a surprise (issue #48).
+_ASCII_INT = re.compile(r"-?[0-9]{1,18}")
+
+
+def ascii_int(text: str, signed: bool = False) -> int | None:
+    """`text` as an int when it is ASCII digits (at most 18, a leading '-' if `signed`), else None."""
+    if not isinstance(text, str) or not _ASCII_INT.fullmatch(text) or (text.startswith("-") and not signed):
+        return None
+    return int(text)
+
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 

@@ -291,7 +291,8 @@ def test_metrics_offset_returns_only_new_complete_records(api, runs):
     assert [r["step"] for r in last["records"]] == [6]
     assert last["offset"] == path.stat().st_size
 
-    for bad in ("-1", "abc", "1.5", str(path.stat().st_size + 10)):
+    # '%C2%B2' is '²' and '%D9%A3' is '٣' (str.isdigit says yes to both; int refuses the first, reads the second as 3)
+    for bad in ("-1", "abc", "1.5", str(path.stat().st_size + 10), "%C2%B2", "%D9%A3"):
         code, body, _ = api("GET", f"runs/live/metrics?offset={bad}")
         assert code == 400 and "offset" in body["message"], (bad, body)
 
@@ -321,7 +322,7 @@ def test_metrics_max_points_is_honoured_and_checked(api, runs):
     code, whole, _ = api("GET", f"runs/live/metrics?offset=0&max_points={MAX_POINTS_LIMIT}")
     assert code == 200 and "downsampled" not in whole  # a client may ask for every step of a page
     assert sum(r["event"] == "step" for r in whole["records"]) == in_file
-    for bad in ("0", "3", str(MAX_POINTS_LIMIT + 1), "-5", "ten", "1e3", ""):
+    for bad in ("0", "3", str(MAX_POINTS_LIMIT + 1), "-5", "ten", "1e3", "", "%C2%B2", "%D9%A3%D9%A3"):
         code, body, _ = api("GET", f"runs/live/metrics?offset=0&max_points={bad}")
         assert code == 400 and "max_points must be an integer" in body["message"], (bad, body)
 

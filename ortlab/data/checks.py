@@ -21,6 +21,7 @@ from ortlab.data.columns import (
 )
 from ortlab.data.load import load_raw
 from ortlab.data.prepared import ROW_COLUMN, DataError, Prepared
+from ortlab.safeio import ascii_int
 
 if TYPE_CHECKING:  # pragma: no cover
     from datasets import Dataset
@@ -170,7 +171,8 @@ def label_names(train: Dataset, label: str, task: str, values: list | None = Non
         )
     if len(flat) > 1000:
         raise DataError(f"data.label_column: {label!r} has {len(flat)} distinct labels; is it really a label column?")
-    return sorted(flat, key=lambda s: (not s.lstrip("-").isdigit(), int(s) if s.lstrip("-").isdigit() else 0, s))
+    # Whole numbers first, in numeric order (ASCII digits only: '²' is a name like any other, not a number).
+    return sorted(flat, key=lambda s: (ascii_int(s, signed=True) is None, ascii_int(s, signed=True) or 0, s))
 
 
 HEAD_ROWS = 1000  # streamed data: training rows read for the checks before any model loads

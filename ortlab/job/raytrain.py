@@ -36,7 +36,8 @@ from ortlab.lifecycle.execute import execute
 from ortlab.runfolder import events
 from ortlab.runfolder.objstore import UPLOADED, StoredRun
 from ortlab.runfolder.place import RunPlace, place_at
-from ortlab.runfolder.rundir import TERMINAL, RunDir, RunStateError
+from ortlab.runfolder.rundir import TERMINAL, RunDir, RunStateError, checkpoint_step
+from ortlab.safeio import ascii_int
 from ortlab.spec import RunSpec
 
 # One line per rank and attempt: {job, attempt, rank, pid, node, started (the process's start), entered (the loop's),
@@ -218,13 +219,13 @@ def _record_restart(run: RunDir, place: RunPlace, attempt: int) -> bool:
         pass
     failure = _last(place, FAILURES_FILE) or {}
     workers = failure.get("workers") if isinstance(failure.get("workers"), dict) else {}
-    step = int(with_checkpoint.name.split("-")[-1]) if with_checkpoint else 0
+    step = (checkpoint_step(with_checkpoint.name) or 0) if with_checkpoint else 0
     sink = JsonLinesSink(run.metrics_path)
     sink(
         {
             "event": events.RESTART,
             "attempt": attempt,
-            "failed_workers": sorted(int(k) for k in workers if k.isdigit()),
+            "failed_workers": sorted(r for k in workers if (r := ascii_int(k)) is not None),
             "reason": "; ".join(f"rank {r}: {why}" for r, why in workers.items())
             or "a worker of the previous group ended (Ray Train restarted the group)",
             "resumes_from_step": step,

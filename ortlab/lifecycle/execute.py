@@ -27,7 +27,7 @@ from ortlab.fit import check
 from ortlab.lifecycle.assemble import Loaded, build_trainer, load
 from ortlab.runfolder import events
 from ortlab.runfolder.compare import summarize
-from ortlab.runfolder.rundir import RunDir, write_json
+from ortlab.runfolder.rundir import RunDir, checkpoint_step, write_json
 from ortlab.runfolder.stream import summary_of
 from ortlab.scores import add_perplexity
 from ortlab.spec import RunSpec
@@ -165,7 +165,7 @@ def _train(
         log("before training: " + _headline(before))
     else:
         before = summary_of(run.path).eval_before or {}
-        emit({"event": events.RESUME, "step": int(checkpoint.name.split("-")[-1]), "checkpoint": str(checkpoint)})
+        emit({"event": events.RESUME, "step": checkpoint_step(checkpoint.name), "checkpoint": str(checkpoint)})
         log(f"resuming from {checkpoint}")
     trainer.eval_phase = None
     trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)

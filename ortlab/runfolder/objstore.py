@@ -36,7 +36,15 @@ from urllib.parse import urlsplit, urlunsplit
 from ortlab import safeio
 from ortlab.addresses import storage_scheme
 from ortlab.errors import OrtlabError
-from ortlab.runfolder.rundir import DAMAGED, RESUMABLE, STATES, TRANSITIONS, RunStateError, pause_step
+from ortlab.runfolder.rundir import (
+    DAMAGED,
+    RESUMABLE,
+    STATES,
+    TRANSITIONS,
+    RunStateError,
+    checkpoint_step,
+    pause_step,
+)
 from ortlab.runfolder.stream import CHUNK_BYTES, METRICS_FILE, MetricsStream
 
 UPLOADED = ".ortlab-uploaded"  # written last into a stored checkpoint: the checkpoint is whole
@@ -394,8 +402,8 @@ class StoredRun:
     def last_checkpoint_name(self) -> str | None:
         """The newest stored checkpoint whose upload finished (its marker is there), e.g. `checkpoint-10`."""
         names = {name.split("/")[0] for name in self.store.files("checkpoints") if name.endswith("/" + UPLOADED)}
-        numbered = [n for n in names if n.startswith("checkpoint-") and n.split("-")[-1].isdigit()]
-        return max(numbered, key=lambda n: int(n.split("-")[-1]), default=None)
+        numbered = [n for n in names if checkpoint_step(n) is not None]
+        return max(numbered, key=lambda n: checkpoint_step(n) or 0, default=None)
 
     last_checkpoint = last_checkpoint_name
 

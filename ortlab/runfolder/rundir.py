@@ -477,10 +477,10 @@ class RunDir:
         found = [
             Path(e.path)
             for e in entries
-            if e.name.split("-")[-1].isdigit() and e.is_dir(follow_symlinks=False) and not e.is_symlink()
+            if checkpoint_step(e.name) is not None and e.is_dir(follow_symlinks=False) and not e.is_symlink()
         ]
         complete = [p for p in found if _checkpoint_complete(p)]
-        return max(complete, key=lambda p: int(p.name.split("-")[-1]), default=None)
+        return max(complete, key=lambda p: checkpoint_step(p.name) or 0, default=None)
 
     def request_stop(self) -> None:
         """Ask for a graceful stop: control/stop is created by replacing whatever is there (a planted link is
@@ -522,9 +522,14 @@ class RunDir:
 
 
 def pause_step(text: str) -> int | None:
-    """The step a pause request names (its file holds ASCII digits), or None (no step: pause now). Read with
-    care: `str.isdigit` says yes to '²', which `int` refuses."""
-    return int(text) if re.fullmatch(r"[0-9]{1,15}", text) else None
+    """The step a pause request names (its file holds ASCII digits), or None (no step: pause now)."""
+    return safeio.ascii_int(text)
+
+
+def checkpoint_step(name: str) -> int | None:
+    """The step of a checkpoint folder's name (`checkpoint-120`), or None for any other name (`checkpoint-²`)."""
+    prefix, _, step = name.rpartition("-")
+    return safeio.ascii_int(step) if prefix == "checkpoint" else None
 
 
 def _damaged(reason: str, status: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from ortlab._version import __version__
 from ortlab.errors import OrtlabError
 from ortlab.runfolder.rundir import DAMAGED, RunDir, RunStateError, resolve
 from ortlab.runner import RunError
+from ortlab.safeio import ascii_int
 from ortlab.server.actions import launch_in, resume_in
 from ortlab.server.runs import metrics_since, parse_max_points
 from ortlab.spec import SpecError
@@ -158,14 +159,15 @@ class MetricsHandler(OrtlabHandler):
         `max_points` step records (downsampled past it, keeping each bucket's extremes; bounded by default)."""
         run = self.run_dir(run_id)
         raw = self.get_argument("offset", "0")
-        if not raw.isdigit():
-            raise web.HTTPError(400, f"offset must be a byte offset (an integer >= 0), got {raw!r}")
+        offset = ascii_int(raw)
+        if offset is None:
+            raise web.HTTPError(400, f"offset must be a byte offset (an integer >= 0, ASCII digits), got {raw[:40]!r}")
         try:
             max_points = parse_max_points(self.get_argument("max_points", None))
         except ValueError as e:
             raise web.HTTPError(400, str(e)) from None
         try:
-            self.reply(200, await self.io(metrics_since, run, int(raw), max_points))
+            self.reply(200, await self.io(metrics_since, run, offset, max_points))
         except ValueError as e:
             raise web.HTTPError(400, str(e)) from None
 

@@ -223,12 +223,13 @@ def parse_max_points(raw: str | None) -> int:
     absent. ValueError says what is accepted (the route answers it as a 400)."""
     if raw is None:
         return DEFAULT_MAX_POINTS
-    if not raw.isdigit() or not MIN_POINTS_LIMIT <= int(raw) <= MAX_POINTS_LIMIT:
+    value = safeio.ascii_int(raw)
+    if value is None or not MIN_POINTS_LIMIT <= value <= MAX_POINTS_LIMIT:
         raise ValueError(
             f"max_points must be an integer from {MIN_POINTS_LIMIT} to {MAX_POINTS_LIMIT} (step records per answer; "
             f"default {DEFAULT_MAX_POINTS}), got {raw[:40]!r}"
         )
-    return int(raw)
+    return value
 
 
 def _column(records: list[dict[str, Any]], steps: list[int], name: str) -> array:
