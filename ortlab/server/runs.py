@@ -208,8 +208,9 @@ class RunIndex:
             try:
                 import yaml
 
-                loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-                data = yaml.load(safeio.read_bytes(run.path, "spec.yaml", SPEC_MAX_BYTES), Loader=loader)
+                from ortlab import safeyaml
+
+                data = safeyaml.load(safeio.read_bytes(run.path, "spec.yaml", SPEC_MAX_BYTES))
                 steps = (data.get("hyper") or {}).get("max_steps") if isinstance(data, dict) else None
                 if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0:
                     follow.spec_max_steps = steps
