@@ -187,8 +187,13 @@ def _read_fd(fd: int, limit: int) -> bytes | None:
 
 
 def read_json(folder: str | os.PathLike, rel: str | os.PathLike, limit: int = MAX_JSON_BYTES) -> Any:
-    """A JSON file in `folder` (no links, at most `limit` bytes). Raises OSError or ValueError when it is not one."""
-    return json.loads(read_bytes(folder, rel, limit))
+    """A JSON file in `folder` (no links, at most `limit` bytes). Raises OSError or ValueError when it is not one
+    (nested deeper than the parser recurses included: a few KB of '[' is a RecursionError to `json.loads`)."""
+    data = read_bytes(folder, rel, limit)
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError(f"{os.fspath(rel)} is nested too deep to be ortlab's") from None
 
 
 def write_bytes(

@@ -86,3 +86,15 @@ def test_ordinary_yaml_reads_as_before():
     assert RunSpec.from_yaml(spec.to_yaml()) == spec
     with pytest.raises(SpecError, match="not YAML ortlab reads"):
         RunSpec.from_yaml("hyper: [unclosed\n")
+
+
+@pytest.mark.parametrize("name", ["status.json", "result.json"])
+def test_a_deeply_nested_json_file_is_damaged_not_a_traceback(tmp_path, name):
+    run = RunDir.create(tmp_path / "runs", RunSpec(name="deep"))
+    (run.path / name).write_text("[" * 100_000 + "]" * 100_000)
+    if name == "status.json":
+        status = run.status()
+        assert status["state"] == "damaged" and "nested too deep" in status["damaged"], status
+    else:
+        result, why = run.read_result()
+        assert result is None and "nested too deep" in why
