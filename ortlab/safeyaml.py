@@ -18,10 +18,12 @@ from typing import Any
 
 import yaml
 
+from ortlab.errors import OrtlabError
+
 MAX_DEPTH = 32
 
 
-class UnsafeYAML(yaml.YAMLError):
+class UnsafeYAML(OrtlabError, yaml.YAMLError):
     """A YAML document ortlab will not build: it uses an alias, or nests too deep. The message says where."""
 
 

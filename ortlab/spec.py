@@ -572,7 +572,7 @@ class SpecError(OrtlabError, ValueError):
         problems = []
         errors = e.errors()
         for err in errors[:MAX_PROBLEMS]:
-            field = ".".join(bounded_repr(x)[1:-1] if isinstance(x, str) else str(x) for x in err["loc"]) or "spec"
+            field = ".".join(_cut(x) if isinstance(x, str) else str(x) for x in err["loc"]) or "spec"
             msg = err["msg"]
             if err["type"] == "extra_forbidden":
                 msg = "unknown field (check the spelling; `ortlab spec --schema` lists the fields)"
@@ -596,6 +596,11 @@ class SpecError(OrtlabError, ValueError):
 MAX_PROBLEMS = 30  # a spec from elsewhere may hold thousands of wrong fields: the first ones say enough
 _REPR = reprlib.Repr()
 _REPR.maxstring = _REPR.maxother = 80  # each quoted value at most this long, whatever its size
+
+
+def _cut(name: str) -> str:
+    """A field's name as written (the terminal's view strips what it must), at most 80 characters of it."""
+    return name if len(name) <= 80 else name[:77] + "..."
 
 
 def bounded_repr(value: Any) -> str:

@@ -191,3 +191,25 @@ def test_a_probe_too_slow_for_the_machine_stops_at_its_bound_and_keeps_fp32(monk
     assert probe.chosen == "fp32" and probe.rounds < pp.MIN_ROUNDS, probe
     assert f"stopped at its {pp.HARD_S:.0f} s bound" in probe.verdict and "accel.precision: bf16" in probe.verdict
     assert len(steps) <= 2 + 2 * 2, steps  # the warm-up pair and at most the rounds the bound let start
+
+
+def test_ort_on_a_cpu_keeps_fp32_and_refuses_bf16(monkeypatch):
+    """ONNX Runtime's CPU kernels have no bf16 matmul ("Could not find an implementation for Gemm(13)", seen once the
+    model had loaded on a CPU where the probe found bf16 faster). 'auto' keeps fp32 under ORT there, without probing;
+    an explicit ort + bf16 is refused with its fix before anything loads."""
+    from ortlab.accel.mix import problems
+    from ortlab.mixrules import Mix
+    from ortlab.spec import RunSpec
+    from ortlab.tune import auto
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA machine: ORT's bf16 question is another one there")
+    monkeypatch.setattr(auto, "candidate_precision", lambda: ("bf16", "forced for the test"))
+    monkeypatch.setattr(auto, "probe_precision", lambda *a, **k: pytest.fail("the probe ran under ORT on a CPU"))
+    spec = RunSpec.parse({"accel": {"ort": True, "precision": "auto"}})
+    choice, probe, why = auto._probed(spec, None, "m", [], None, print, "rest")
+    assert choice is None and probe is None and "no bf16 matmul" in why
+    errors, _ = problems(Mix(ort=True, precision="bf16"))
+    assert any("ort with bf16 on a CPU" in e and "Fix:" in e for e in errors), errors
+    errors, _ = problems(Mix(ort=True, precision="fp32"))
+    assert not any("bf16" in e for e in errors), errors

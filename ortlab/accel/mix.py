@@ -55,6 +55,13 @@ def problems(mix: Mix, launched: bool = False) -> tuple[list[str], list[str]]:
             errors.append(_unavailable(bf16))
         elif bf16.slow and not cuda:
             warnings.append(f"bf16: {bf16.reason}. {bf16.remedy}")
+        if mix.ort and not cuda:
+            # Seen: "Could not find an implementation for Gemm(13)" once the model had loaded (an EPYC with
+            # avx512_bf16, where the precision probe found bf16 faster and chose it under ORT).
+            errors.append(
+                "ort with bf16 on a CPU: ONNX Runtime's CPU kernels have no bf16 matmul (Gemm). Fix: precision "
+                "'fp32' (or 'auto') with ort, or ort false (or 'auto') with bf16"
+            )
     if mix.tf32:
         tf32 = precision.check_tf32()
         if not tf32.available or not cuda:

@@ -141,6 +141,8 @@ def _probed(
     candidate, reason = candidate_precision()
     if candidate is None:
         return None, None, f"{reason}; {rest}"
+    if candidate == "bf16" and spec.accel.ort is True and not _cuda():
+        return None, None, f"fp32: this run asks for ort, whose CPU kernels have no bf16 matmul; {rest}"
     if batches is None:  # (the tuner's batches, when given, are all the data has: drawing again gives the same)
         batches = batches_from(train_dataset, collate, spec.hyper.batch_size, spec.seed, n=PROBE_ROUNDS + 1)
     if len(batches) < PROBE_MIN_ROUNDS + 1:
@@ -186,3 +188,9 @@ def tune_spec(
     )
     assert result is not None  # measure=True always returns a result or raises
     return result
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
