@@ -296,19 +296,26 @@ def test_two_callers_at_once_probe_an_environment_once(alone, monkeypatch):
 
     started: list[str] = []
     scripted = _scripted({}, started)
-    entered = threading.Event()
+    entered, second_waits = threading.Event(), threading.Event()
 
-    def slow_start(python: str, group: str) -> subprocess.Popen:
+    def held_start(python: str, group: str) -> subprocess.Popen:
+        # The first caller holds the lock here until the second has found it held (however slow the machine); a
+        # doctor that took no lock never lets the second wait, and the assertions below fail after 30 s.
         entered.set()
-        time.sleep(0.5)  # holding the lock while the second caller arrives
+        second_waits.wait(30)
         return scripted(python, group)
 
-    monkeypatch.setattr(probe, "start", slow_start)
+    def second_says(line: str) -> None:
+        said.append(line)
+        if "another process is probing" in line:
+            second_waits.set()
+
+    monkeypatch.setattr(probe, "start", held_start)
     said: list[str] = []
     first = threading.Thread(target=lambda: probe.doctor(progress=lambda _line: None))
     first.start()
     assert entered.wait(30)
-    second = probe.doctor(progress=said.append)
+    second = probe.doctor(progress=second_says)
     first.join(60)
     assert sorted(started) == sorted(ALL), "each group probed once, by the first caller"
     assert any("another process is probing" in line for line in said), said
