@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ortlab.accel import tcmalloc
+from ortlab.accel.mix import _cuda_available
 from ortlab.data import collator, tokenize
 from ortlab.fit import check, fitted
 from ortlab.tasks import load_tokenizer
@@ -141,7 +142,7 @@ def _probed(
     candidate, reason = candidate_precision()
     if candidate is None:
         return None, None, f"{reason}; {rest}"
-    if candidate == "bf16" and spec.accel.ort is True and not _cuda():
+    if candidate == "bf16" and spec.accel.ort is True and not _cuda_available():
         return None, None, f"fp32: this run asks for ort, whose CPU kernels have no bf16 matmul; {rest}"
     if batches is None:  # (the tuner's batches, when given, are all the data has: drawing again gives the same)
         batches = batches_from(train_dataset, collate, spec.hyper.batch_size, spec.seed, n=PROBE_ROUNDS + 1)
@@ -188,9 +189,3 @@ def tune_spec(
     )
     assert result is not None  # measure=True always returns a result or raises
     return result
-
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
