@@ -171,8 +171,13 @@ def label_names(train: Dataset, label: str, task: str, values: list | None = Non
         )
     if len(flat) > 1000:
         raise DataError(f"data.label_column: {label!r} has {len(flat)} distinct labels; is it really a label column?")
+
     # Whole numbers first, in numeric order (ASCII digits only: '²' is a name like any other, not a number).
-    return sorted(flat, key=lambda s: (ascii_int(s, signed=True) is None, ascii_int(s, signed=True) or 0, s))
+    def key(name: str) -> tuple[bool, int, str]:
+        number = ascii_int(name, signed=True)
+        return number is None, number or 0, name
+
+    return sorted(flat, key=key)
 
 
 HEAD_ROWS = 1000  # streamed data: training rows read for the checks before any model loads
