@@ -510,7 +510,7 @@ class RunSpec(_Strict):
         try:
             data = safeyaml.load(text)
         except yaml.YAMLError as e:
-            raise SpecError([f"the spec is not YAML ortlab reads: {bounded_repr(str(e))[1:-1]}"]) from None
+            raise SpecError([f"the spec is not YAML ortlab reads: {cut(str(e), 160)}"]) from None
         if data is not None and not isinstance(data, dict):
             raise SpecError([f"the YAML must be a mapping of fields (got {type(data).__name__})"])
         return cls.parse(data or {})
@@ -572,7 +572,7 @@ class SpecError(OrtlabError, ValueError):
         problems = []
         errors = e.errors()
         for err in errors[:MAX_PROBLEMS]:
-            field = ".".join(_cut(x) if isinstance(x, str) else str(x) for x in err["loc"]) or "spec"
+            field = ".".join(cut(x) if isinstance(x, str) else str(x) for x in err["loc"]) or "spec"
             msg = err["msg"]
             if err["type"] == "extra_forbidden":
                 msg = "unknown field (check the spelling; `ortlab spec --schema` lists the fields)"
@@ -598,9 +598,10 @@ _REPR = reprlib.Repr()
 _REPR.maxstring = _REPR.maxother = 80  # each quoted value at most this long, whatever its size
 
 
-def _cut(name: str) -> str:
-    """A field's name as written (the terminal's view strips what it must), at most 80 characters of it."""
-    return name if len(name) <= 80 else name[:77] + "..."
+def cut(text: str, limit: int = 80) -> str:
+    """`text` as written (a field's name, a parser's message; the terminal's view strips what it must), at most
+    `limit` characters of it."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def bounded_repr(value: Any) -> str:

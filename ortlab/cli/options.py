@@ -184,14 +184,14 @@ def read_spec_file(path: Path) -> dict:
     import yaml
 
     from ortlab import safeyaml
-    from ortlab.spec import SpecError, bounded_repr, read_spec_text
+    from ortlab.spec import SpecError, cut, read_spec_text
 
     text = read_spec_text(path)
     try:
         data = json.loads(text) if path.suffix == ".json" else safeyaml.load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as e:
         what = "JSON" if path.suffix == ".json" else "YAML ortlab reads"
-        raise SpecError([f"{path}: not {what}: {bounded_repr(str(e))[1:-1]}"]) from None
+        raise SpecError([f"{path}: not {what}: {cut(str(e), 160)}"]) from None
     if not isinstance(data, dict):
         raise SpecError([f"{path}: a spec is a mapping of fields, got {type(data).__name__}"])
     return data
