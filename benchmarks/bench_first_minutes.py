@@ -128,6 +128,7 @@ def _launch_once(browser, url: str, folder: Path, name: str, nbformat) -> dict:
     nb.cells = [nbformat.v4.new_code_cell(f"import ortlab\nwb = ortlab.Workbench(spec={spec!r}, root={name!r})\nwb")]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, folder / f"{name}.ipynb")
+    from lab_server import stop_if_running
     from page_errors import watch_page_errors
 
     page = browser.new_page(viewport={"width": 1400, "height": 1800})
@@ -160,7 +161,7 @@ def _launch_once(browser, url: str, folder: Path, name: str, nbformat) -> dict:
             time.sleep(0.1)
     finally:
         page.close()
-        _stop(folder / name / name)
+        stop_if_running(folder / name / name)
     return {
         "launch_to_running_s": running,
         "launch_to_first_point_s": first_point,
@@ -184,16 +185,6 @@ def _points(page) -> int:
             return 0;
         }"""
     )
-
-
-def _stop(run_dir: Path) -> None:
-    if not (run_dir / "status.json").exists():
-        return
-    from ortlab.runner import attach
-
-    run = attach(run_dir)
-    if run.state in ("pending", "running"):
-        run.stop(timeout=120)
 
 
 def main(argv: list[str] | None = None) -> dict:

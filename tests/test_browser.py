@@ -18,7 +18,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from conftest import ROOT
-from lab_server import CHROMIUM, CHROMIUM_ARGS, start_lab
+from lab_server import CHROMIUM, CHROMIUM_ARGS, start_lab, stop_if_running
 from page_errors import assert_no_page_errors, watch_page_errors
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -149,15 +149,4 @@ def test_workbench_launches_a_run_and_the_loss_chart_grows(jupyter_lab):
             raise
         finally:
             browser.close()
-            _stop_if_running(folder / "runs" / "browser-run")
-
-
-def _stop_if_running(run_dir) -> None:
-    """Whatever happened above, leave no run behind: this one has 100000 steps."""
-    if not (run_dir / "status.json").exists():
-        return
-    from ortlab.runner import attach
-
-    run = attach(run_dir)
-    if run.state in ("pending", "running"):
-        run.stop(timeout=120)
+            stop_if_running(folder / "runs" / "browser-run")

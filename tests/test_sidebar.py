@@ -32,6 +32,7 @@ from lab_server import (
     ortlab_lab_options,
     show_runs_panel,
     start_lab,
+    stop_if_running,
     wait_for_lab,
 )
 from page_errors import assert_no_page_errors, watch_page_errors
@@ -277,7 +278,7 @@ def test_sidebar_launches_watches_and_stops_a_run(lab_with_ortlab, tiny_bert):
             raise
         finally:
             browser.close()
-            _stop_if_running(run_dir)
+            stop_if_running(run_dir)
 
 
 LONG = "long-run"
@@ -380,14 +381,3 @@ def test_sidebar_draws_a_long_run_whole_at_bounded_points(lab_with_ortlab):
             raise
         finally:
             browser.close()
-
-
-def _stop_if_running(run_dir: Path) -> None:
-    """Whatever happened above, leave no run behind: this one has 100000 steps."""
-    if not (run_dir / "status.json").exists():
-        return
-    from ortlab.runner import attach
-
-    run = attach(run_dir)
-    if run.state in ("pending", "running"):
-        run.stop(timeout=120)

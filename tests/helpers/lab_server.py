@@ -150,3 +150,14 @@ def show_runs_panel(page):
     panel = page.locator("#ortlab-runs")
     panel.wait_for(state="visible", timeout=30_000)
     return panel
+
+
+def stop_if_running(run_dir: Path) -> None:
+    """Whatever a browser test or benchmark did, leave no run behind (theirs have 100,000 steps)."""
+    if not (run_dir / "status.json").exists():
+        return
+    from ortlab.runner import attach
+
+    run = attach(run_dir)
+    if run.state in ("pending", "running"):
+        run.stop(timeout=120)
