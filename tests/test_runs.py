@@ -248,9 +248,28 @@ def test_run_in_another_python_environment(make_spec, tmp_path):
     assert status["python"] == str(other / "bin" / "python")
 
 
+def keys_a_stranger_reads(agent_pid: int) -> dict:
+    """Connect to the rendezvous store of the run whose torchrun agent is `agent_pid`, as any local user can, and
+    read the keys torch's own `env://` set-up gives a gloo group (the ranks' addresses): what a user who never saw
+    the run's environment could name."""
+    from datetime import timedelta
+
+    import psutil
+    import torch.distributed as dist
+
+    ports = [c.laddr.port for c in psutil.Process(agent_pid).net_connections("inet") if c.status == psutil.CONN_LISTEN]
+    connected, read = [], []
+    for port in ports:
+        client = dist.TCPStore("127.0.0.1", port, 2, False, timedelta(seconds=5), use_libuv=False)
+        connected.append(client.num_keys())
+        read += [k for k in ("default_pg/0//cpu//0/0", "default_pg/0//cpu//0/1") if client.check([k])]
+    return {"connected": connected, "read": read}
+
+
 def test_two_processes_zero1_through_the_launcher(make_spec):
     """Two processes under torchrun with ZeRO-1 train as one run; while they train, nothing of the run (torchrun's
-    agent, its rendezvous store, gloo, DeepSpeed, the workers) listens beyond loopback."""
+    agent, its rendezvous store, gloo, DeepSpeed, the workers) listens beyond loopback, and another local user who
+    connects to the store cannot read the group's keys."""
     spec = make_spec("zero1-x2", max_steps=8)
     spec["target"] = {"processes": 2}
     spec["accel"]["zero_stage"] = 1
@@ -258,8 +277,11 @@ def test_two_processes_zero1_through_the_launcher(make_spec):
     try:
         wait_paused(run)
         found = listening(run.status()["pid"])
+        seen = keys_a_stranger_reads(run.status()["pid"])
     finally:
         run.unpause()
+    assert seen["connected"], "the stranger reached the store (the check below would prove nothing otherwise)"
+    assert not seen["read"], f"a local user read the group's keys from its rendezvous store: {seen['read']}"
     assert found, "the run's rendezvous store listens (on loopback): the listing sees the run's sockets"
     assert not beyond_loopback(found), f"the run listens beyond loopback: {found}"
     status = run.wait(timeout=400)

@@ -12,6 +12,10 @@ itself (`netutil.bound_store`), and every rank joins the group through that stor
 - workers on several machines: rank 0's address in the cluster, the one Ray itself uses for that node
   (`ray.util.get_node_ip_address()`), not the machine's other interfaces.
 
+Whoever can reach that address (a local user, for loopback) can still connect to the store; the group's keys live
+under a secret the driver makes for each start of the group and hands the ranks through Ray's own calls
+(`netutil.secret_store`), so they cannot name, read or overwrite them.
+
 gloo's own sockets are pinned the same way (GLOO_SOCKET_IFNAME: `lo`, or the interface that holds the worker's node
 address), unless the environment names an interface already. NCCL (GPU workers) picks its bootstrap interface
 itself (NCCL_SOCKET_IFNAME): this module does not change it (see docs/guide/clusters.md).
@@ -26,6 +30,7 @@ This module imports Ray and torch at the top: only the job's driver and its work
 from __future__ import annotations
 
 import os
+import secrets
 from datetime import timedelta
 from typing import Any
 
@@ -34,7 +39,7 @@ import ray
 from ray.train.torch import TorchConfig
 from ray.train.torch.config import _set_torch_distributed_env_vars, _TorchBackend
 
-from ortlab.netutil import LOOPBACK, LOOPBACK_INTERFACE, bound_store
+from ortlab.netutil import LOOPBACK, LOOPBACK_INTERFACE, bound_store, secret_store
 
 # Rank 0's store server, held for the life of its worker process (a group started again is a new process).
 _hosted: list[Any] = []
@@ -59,8 +64,9 @@ def _interface_of(address: str) -> str | None:
     return None
 
 
-def _join(backend: str, rank: int, world_size: int, host: str, port: int, timeout_s: int) -> None:
-    """On every rank: join the group through the store on host:port (rank 0 through the one it hosts)."""
+def _join(backend: str, rank: int, world_size: int, host: str, port: int, timeout_s: int, secret: str) -> None:
+    """On every rank: join the group through the store on host:port (rank 0 through the one it hosts), every key
+    under `secret`."""
     import torch.distributed as dist
 
     interface = LOOPBACK_INTERFACE if host == LOOPBACK else _interface_of(_node_address())
@@ -72,7 +78,9 @@ def _join(backend: str, rank: int, world_size: int, host: str, port: int, timeou
     os.environ.update(MASTER_ADDR=host, MASTER_PORT=str(port))
     timeout = timedelta(seconds=timeout_s)
     store = _hosted[0] if rank == 0 else dist.TCPStore(host, port, world_size, False, timeout)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+    dist.init_process_group(
+        backend, store=secret_store(store, secret), rank=rank, world_size=world_size, timeout=timeout
+    )
 
 
 class _BoundTorchBackend(_TorchBackend):
@@ -81,11 +89,12 @@ class _BoundTorchBackend(_TorchBackend):
         addresses = worker_group.execute(_node_address)
         host = LOOPBACK if len(set(addresses)) == 1 else addresses[0]
         port = worker_group.execute_single(0, _host_store, host, len(worker_group), backend_config.timeout_s)
+        secret = secrets.token_hex(16)
         worker_group.execute(_set_torch_distributed_env_vars)  # (RANK, LOCAL_RANK, ...: Ray Train v2 sets them here)
         ray.get(
             [
                 worker_group.execute_single_async(
-                    rank, _join, backend, rank, len(worker_group), host, port, backend_config.timeout_s
+                    rank, _join, backend, rank, len(worker_group), host, port, backend_config.timeout_s, secret
                 )
                 for rank in range(len(worker_group))
             ]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ortlab.lifecycle.execute import execute
 from ortlab.runfolder.rundir import RunDir
+from ortlab.runner.torchrun import join_group
 
 
 def worker_main(argv: list[str] | None = None) -> int:
@@ -20,6 +21,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     run = RunDir(a.run_dir)
     try:
+        join_group()  # (under torchrun: the run's group, its keys under the run's secret)
         execute(run, resume=a.resume, progress=False)
     except Exception:
         traceback.print_exc()
