@@ -466,11 +466,34 @@ def test_resume_of_a_planted_folder_runs_nothing_and_sends_no_token(api, runs_ro
     assert not marker.exists(), "the planted interpreter was started"
     assert planted.read_status()["state"] == "stopped"
 
+    monkeypatch.setenv("ORTLAB_STORAGE_URIS", str(tmp_path / "storage"))  # (the storage is the user's: see #48)
     with recording_server("127.0.0.2") as (address, seen):
         planted = _plant(runs_root, "planted-cluster", cluster=address, storage=str(tmp_path / "storage"))
         code, body, _ = api("POST", "runs/planted-cluster/resume")
         assert code == 409 and "ORTLAB_RAY_ADDRESSES" in body["message"], body
         assert seen == [], f"requests reached the address the folder names: {seen}"
+    assert planted.read_status()["state"] == "stopped"
+
+
+def test_resume_of_a_planted_folder_never_claims_a_run_in_the_storage_it_names(api, runs_root, tmp_path, monkeypatch):
+    """A planted folder naming a storage folder and, in its status, another run's place there: the resume route
+    refuses it before anything is read or written there, saying how to allow it (issue #48)."""
+    from ortlab.runfolder.place import new_place
+    from ortlab.runner import trust
+
+    monkeypatch.delenv("ORTLAB_STORAGE_URIS", raising=False)
+    monkeypatch.setattr(trust, "_named_here", set(), raising=False)
+    remote = new_place(tmp_path / "shared", "victim", b"name: victim\n")
+    remote.set_status("stopped", step=3)
+    (remote.checkpoints / "checkpoint-3").mkdir(parents=True)
+    (remote.checkpoints / "checkpoint-3" / "trainer_state.json").write_text("{}")
+    before = {p: p.read_bytes() for p in remote.path.rglob("*") if p.is_file()}
+    planted = _plant(runs_root, "victim", cluster="local", storage=str(tmp_path / "shared"))
+    planted.update_status(launcher={"kind": "ray-job", "cluster": "local", "job_id": "x", "storage": str(remote.path)})
+    code, body, _ = api("POST", "runs/victim/resume")
+    assert code == 409, body
+    assert "names the storage folder" in body["message"] and "ORTLAB_STORAGE_URIS" in body["message"], body
+    assert {p: p.read_bytes() for p in remote.path.rglob("*") if p.is_file()} == before
     assert planted.read_status()["state"] == "stopped"
 
 
