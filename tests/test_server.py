@@ -497,6 +497,34 @@ def test_resume_of_a_planted_folder_never_claims_a_run_in_the_storage_it_names(a
     assert planted.read_status()["state"] == "stopped"
 
 
+def test_every_query_of_every_route_is_answered_in_ortlabs_words(api, runs):
+    """Non-numbers, huge numbers, negative ones, other digits ('²', '٣'), empty values, repeated parameters: every
+    query a route reads is a 400 naming the parameter and what it takes; no route answers 500 or a traceback, and
+    a route that reads no query ignores one (issue #48, item 4)."""
+    hostile = [
+        "abc", "1.5", "-1", "-0", "+3", "%203", "3%20", "0x10", "1e3", "", "9" * 5000, "9" * 19, "%C2%B2", "%D9%A3",
+        "%EF%BC%93", "%00", "nan", "inf", "%0A5",
+    ]  # fmt: skip
+    python_words = ("invalid literal", "Exceeds the limit", "Traceback", "int()", "ValueError")
+    for name in ("offset", "max_points"):
+        for bad in hostile:
+            code, body, _ = api("GET", f"runs/live/metrics?{name}={bad}")
+            assert code == 400, (name, bad, code, body)
+            assert body["message"].startswith(f"{name} must be"), (name, bad, body)
+            assert not any(w in body["message"] for w in python_words), (name, bad, body)
+            assert len(body["message"]) < 300, "the value is quoted cut"
+    for query in ("offset=0&offset=abc", "offset=abc&offset=0", "max_points=50&max_points=%C2%B2"):
+        code, body, _ = api("GET", f"runs/live/metrics?{query}")
+        assert code in (200, 400) and isinstance(body, dict), (query, code, body)
+        if code == 400:
+            assert not any(w in body["message"] for w in python_words), (query, body)
+    for method, route in ROUTES:
+        if method == "GET" and route != "runs/live/metrics":
+            for bad in ("abc", "9" * 5000, "%C2%B2", ""):
+                code, body, _ = api(method, f"{route}?offset={bad}&max_points={bad}&x={bad}")
+                assert code == 200, (route, bad, code, body)
+
+
 def test_stop_on_a_planted_folder_never_writes_through_its_links(api, runs_root, tmp_path):
     # A folder planted under the runs root: control/stop links to a file of the user's. Stop replaces the link
     # with its own file; a forged pid (a live process that is not the run's) shows as damaged and is refused.
