@@ -88,6 +88,13 @@ def storage_folder(storage: str) -> str:
     return storage
 
 
+def _azure_container(scheme: str, netloc: str) -> bool:
+    """Is `netloc` Azure's `container@account[.dfs.core.windows.net]`, the way abfs(s) URIs name a container (an '@'
+    that carries no credential), rather than a `user:password@` part?"""
+    container, _, account = netloc.partition("@")
+    return scheme in ("abfs", "abfss") and bool(container and account) and ":" not in container and "@" not in account
+
+
 def plain_segments(path: str) -> tuple[str, ...] | None:
     """The segments of a store URI's path, percent-decoded (`%2e%2e` is '..' to the store's client), or None when
     one is empty, '.', '..' or holds an encoded '/': the client resolves those to another place."""
@@ -117,14 +124,16 @@ def storage_problem(storage: str) -> str | None:
         )
     parts = urlsplit(storage)
     fix = "each side takes its credentials from its own environment (e.g. AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)"
-    if "@" in parts.netloc:
+    if "@" in parts.netloc and not _azure_container(scheme, parts.netloc):
         return f"the storage URI carries credentials (a user:password@ part), which would be written down; {fix}"
     if not parts.netloc:
         return f"the storage URI names no bucket: give {scheme}://BUCKET/PREFIX"
     for key, value in parse_qsl(parts.query, keep_blank_values=True):
         if _SECRET_KEY.search(key):
             return f"the storage URI carries a credential in its query ({key}=...), which would be written down; {fix}"
-        if "@" in urlsplit(value).netloc:  # endpoint_override=http://user:password@host
+        # endpoint_override=http://user:password@host, and the same without a scheme (`user:password@host`, which
+        # urlsplit reads as scheme `user` and no host): no option of a store's client takes an '@'.
+        if "@" in value:
             return (
                 f"the storage URI's option {key} carries credentials (a user:password@ part), which would be "
                 f"written down; {fix}"

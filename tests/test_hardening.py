@@ -285,6 +285,7 @@ def test_resume_sends_nothing_to_a_cluster_a_run_folder_names(tmp_path, monkeypa
 
     monkeypatch.setenv("RAY_AUTH_TOKEN", "the-users-ray-token")
     monkeypatch.delenv("ORTLAB_RAY_ADDRESSES", raising=False)
+    monkeypatch.setenv("ORTLAB_STORAGE_URIS", str(tmp_path / "storage"))  # (the storage is the user's: see #48)
     with recording_server("127.0.0.2") as (address, seen):
         target = {"cluster": address, "storage": str(tmp_path / "storage")}
         run = _stopped_run_with_checkpoint(tmp_path / "runs", target=target)

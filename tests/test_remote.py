@@ -336,9 +336,12 @@ def test_a_head_that_listens_beyond_loopback_is_refused(monkeypatch, tmp_path):
         cluster_head._refuse_exposed({"pid": 10}, tmp_path)
 
 
-def _monitor(tmp_path: Path):
+def _monitor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch | None = None):
     """A Monitor on a local run folder whose job's storage folder finished with a model and a result: the parts
-    of a remote run that the monitor's parsing and its end work on, without a cluster."""
+    of a remote run that the monitor's parsing and its end work on, without a cluster. With `monkeypatch`, the
+    storage is listed as the user's (a bring-home or resume outside the monitor goes through trust.storage_gate)."""
+    if monkeypatch is not None:
+        monkeypatch.setenv("ORTLAB_STORAGE_URIS", str(tmp_path / "storage"))
     local, storage = RunDir(tmp_path / "local"), RunDir(tmp_path / "storage" / "local")
     for run in (local, storage):
         (run.path / "logs").mkdir(parents=True)
@@ -352,12 +355,12 @@ def _monitor(tmp_path: Path):
     return raymonitor.Monitor(local.path, "local"), local
 
 
-def test_bring_home_copies_a_finished_jobs_results_when_its_monitor_could_not(tmp_path):
+def test_bring_home_copies_a_finished_jobs_results_when_its_monitor_could_not(tmp_path, monkeypatch):
     """The launcher interface's bring_home: a monitor that died left the model on the storage; Run.bring_home()
     copies it (and result.json) into the local folder, through the run's own launcher, without a cluster."""
     from ortlab.runner import Run
 
-    _, local = _monitor(tmp_path)
+    _, local = _monitor(tmp_path, monkeypatch)
     assert not local.model_dir.exists() and local.result() is None
     Run(local.path).bring_home()
     assert (local.model_dir / "config.json").read_text() == "{}"

@@ -466,12 +466,63 @@ def test_resume_of_a_planted_folder_runs_nothing_and_sends_no_token(api, runs_ro
     assert not marker.exists(), "the planted interpreter was started"
     assert planted.read_status()["state"] == "stopped"
 
+    monkeypatch.setenv("ORTLAB_STORAGE_URIS", str(tmp_path / "storage"))  # (the storage is the user's: see #48)
     with recording_server("127.0.0.2") as (address, seen):
         planted = _plant(runs_root, "planted-cluster", cluster=address, storage=str(tmp_path / "storage"))
         code, body, _ = api("POST", "runs/planted-cluster/resume")
         assert code == 409 and "ORTLAB_RAY_ADDRESSES" in body["message"], body
         assert seen == [], f"requests reached the address the folder names: {seen}"
     assert planted.read_status()["state"] == "stopped"
+
+
+def test_resume_of_a_planted_folder_never_claims_a_run_in_the_storage_it_names(api, runs_root, tmp_path, monkeypatch):
+    """A planted folder naming a storage folder and, in its status, another run's place there: the resume route
+    refuses it before anything is read or written there, saying how to allow it (issue #48)."""
+    from ortlab.runfolder.place import new_place
+    from ortlab.runner import trust
+
+    monkeypatch.delenv("ORTLAB_STORAGE_URIS", raising=False)
+    monkeypatch.setattr(trust, "_named_here", set(), raising=False)
+    remote = new_place(tmp_path / "shared", "victim", b"name: victim\n")
+    remote.set_status("stopped", step=3)
+    (remote.checkpoints / "checkpoint-3").mkdir(parents=True)
+    (remote.checkpoints / "checkpoint-3" / "trainer_state.json").write_text("{}")
+    before = {p: p.read_bytes() for p in remote.path.rglob("*") if p.is_file()}
+    planted = _plant(runs_root, "victim", cluster="local", storage=str(tmp_path / "shared"))
+    planted.update_status(launcher={"kind": "ray-job", "cluster": "local", "job_id": "x", "storage": str(remote.path)})
+    code, body, _ = api("POST", "runs/victim/resume")
+    assert code == 409, body
+    assert "names the storage folder" in body["message"] and "ORTLAB_STORAGE_URIS" in body["message"], body
+    assert {p: p.read_bytes() for p in remote.path.rglob("*") if p.is_file()} == before
+    assert planted.read_status()["state"] == "stopped"
+
+
+def test_every_query_of_every_route_is_answered_in_ortlabs_words(api, runs):
+    """Non-numbers, huge numbers, negative ones, other digits ('²', '٣'), empty values, repeated parameters: every
+    query a route reads is a 400 naming the parameter and what it takes; no route answers 500 or a traceback, and
+    a route that reads no query ignores one (issue #48, item 4)."""
+    hostile = [
+        "abc", "1.5", "-1", "-0", "+3", "%203", "3%20", "0x10", "1e3", "", "9" * 5000, "9" * 19, "%C2%B2", "%D9%A3",
+        "%EF%BC%93", "%00", "nan", "inf", "%0A5",
+    ]  # fmt: skip
+    python_words = ("invalid literal", "Exceeds the limit", "Traceback", "int()", "ValueError")
+    for name in ("offset", "max_points"):
+        for bad in hostile:
+            code, body, _ = api("GET", f"runs/live/metrics?{name}={bad}")
+            assert code == 400, (name, bad, code, body)
+            assert body["message"].startswith(f"{name} must be"), (name, bad, body)
+            assert not any(w in body["message"] for w in python_words), (name, bad, body)
+            assert len(body["message"]) < 300, "the value is quoted cut"
+    for query in ("offset=0&offset=abc", "offset=abc&offset=0", "max_points=50&max_points=%C2%B2"):
+        code, body, _ = api("GET", f"runs/live/metrics?{query}")
+        assert code in (200, 400) and isinstance(body, dict), (query, code, body)
+        if code == 400:
+            assert not any(w in body["message"] for w in python_words), (query, body)
+    for method, route in ROUTES:
+        if method == "GET" and route != "runs/live/metrics":
+            for bad in ("abc", "9" * 5000, "%C2%B2", ""):
+                code, body, _ = api(method, f"{route}?offset={bad}&max_points={bad}&x={bad}")
+                assert code == 200, (route, bad, code, body)
 
 
 def test_stop_on_a_planted_folder_never_writes_through_its_links(api, runs_root, tmp_path):

@@ -125,10 +125,12 @@ def place_in(storage: Storage, run_id: str, recorded: Any) -> RunPlace | None:
         if _made_for(run_id, name) and storage.child(name).uri == recorded:
             return StoredRun(storage.child(name))
         return None
+    # Exactly what `new_place` records (the storage's real path, then the name), and not a link: no `..`, no
+    # relative path (relative to whose folder?), nothing a link could move elsewhere.
     path = Path(recorded)
-    if not _made_for(run_id, path.name) or path.is_symlink() or path.parent.resolve() != storage.resolve():
+    if not _made_for(run_id, path.name) or recorded != str(storage.resolve() / path.name):
         return None
-    return RunDir(path)
+    return None if path.is_symlink() else RunDir(path)
 
 
 def _made_for(run_id: str, name: str) -> bool:

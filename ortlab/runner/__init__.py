@@ -41,7 +41,7 @@ from ortlab.runner.launcher import Launcher, RunError
 from ortlab.runner.local import Local
 from ortlab.runner.rayjob import RayJob
 from ortlab.runner.raytrain import RayTrain
-from ortlab.runner.trust import trusted_target
+from ortlab.runner.trust import storage_named, trusted_target
 from ortlab.spec import RunSpec, SpecError
 
 DEFAULT_ROOT = "ortlab-runs"
@@ -313,6 +313,8 @@ def launch(
     if overrides:
         spec = RunSpec.parse({**spec.model_dump(mode="json"), **overrides})
     check(spec)  # before the run folder exists: a refused launch leaves nothing behind
+    if spec.target.storage:  # the user's own spec: this process may resume it and bring it home (trust.storage_gate)
+        storage_named(spec.target.storage)
     run_dir = RunDir.create(root or spec.output_dir, spec)
     run = Run(run_dir.path)
     run._process = _start(run_dir, spec, cwd=None if cwd is None else str(cwd))

@@ -158,12 +158,13 @@ class MetricsHandler(OrtlabHandler):
         """Metrics records after byte `offset` (complete lines only) and the offset to ask from next; at most
         `max_points` step records (downsampled past it, keeping each bucket's extremes; bounded by default)."""
         run = self.run_dir(run_id)
-        raw = self.get_argument("offset", "0")
+        # Unstripped (tornado strips by default): the value checked is the value sent, so ' 3' is refused as '²' is.
+        raw = self.get_argument("offset", "0", strip=False)
         offset = ascii_int(raw)
         if offset is None:
             raise web.HTTPError(400, f"offset must be a byte offset (an integer >= 0, ASCII digits), got {raw[:40]!r}")
         try:
-            max_points = parse_max_points(self.get_argument("max_points", None))
+            max_points = parse_max_points(self.get_argument("max_points", None, strip=False))
         except ValueError as e:
             raise web.HTTPError(400, str(e)) from None
         try:
