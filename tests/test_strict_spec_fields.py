@@ -31,7 +31,7 @@ def test_a_boolean_that_is_not_true_or_false_is_refused_in_yaml(text, field):
 def test_a_boolean_that_is_not_true_or_false_is_refused_in_json():
     for value in ('"false"', "0", '"on"', "null"):
         with pytest.raises(SpecError, match=r"data.lazy: write true or false \(got "):
-            RunSpec.parse(json.loads(f"{{\"data\": {{\"lazy\": {value}}}}}"))
+            RunSpec.parse(json.loads(f'{{"data": {{"lazy": {value}}}}}'))
     with pytest.raises(SpecError, match=r"accel.fused_adam: write true, false or 'auto' \(got 'yes'"):
         RunSpec.parse({"accel": {"fused_adam": "yes"}})
 
