@@ -9,11 +9,16 @@ is built; nesting deeper than MAX_DEPTH is refused too (the composer recurses: d
 RecursionError). Without aliases a document is at most as large as its text, which its reader bounds (spec.yaml:
 `SPEC_MAX_BYTES`).
 
+Booleans are YAML 1.2's: `true` and `false` (any case). PyYAML follows YAML 1.1, where `yes`, `no`, `on` and `off`
+are booleans too: `name: no` was False, and `packing: on` slipped past the spec's strict booleans as True. Here
+they stay the words they are, and a boolean field refuses them with what to write.
+
 The pure-Python loader (PyYAML's C loader composes in C, where aliases cannot be refused first): a spec is a few KB.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -46,7 +51,16 @@ class _Loader(yaml.SafeLoader):
             self._depth -= 1
 
 
+_BOOL = "tag:yaml.org,2002:bool"
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != _BOOL]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(_BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+
+
 def load(text: str | bytes) -> Any:
-    """The one YAML document in `text` (None when empty), as `yaml.safe_load` would give it; `UnsafeYAML` (a
+    """The one YAML document in `text` (None when empty), as `yaml.safe_load` would give it (but for
+    YAML 1.1's `yes`/`no`/`on`/`off`, which stay strings); `UnsafeYAML` (a
     `yaml.YAMLError`) for an alias or a nesting deeper than MAX_DEPTH, `yaml.YAMLError` for what is not YAML."""
     return yaml.load(text, Loader=_Loader)  # (a SafeLoader: no Python objects either)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import reprlib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -31,6 +31,28 @@ TASKS: tuple[str, ...] = ("sequence-classification", "token-classification", "ca
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _booleans_are_true_or_false(cls, value: Any, info: Any) -> Any:
+        """A boolean field takes true or false, nothing else: pydantic's lax mode reads 'yes', 'on', 'off', '1', 1
+        and 0 as booleans, so `packing: 'no'` or a JSON `"ort": "false"` from a hand-written file meant something
+        its writer may not have, silently. (Strict bool cannot be set on `bool | 'auto'`, a union: checked here.)"""
+        choices = _bool_choices(cls.model_fields[info.field_name].annotation)
+        if choices is None or isinstance(value, bool) or (isinstance(value, str) and value in choices):
+            return value
+        allowed = ", ".join(["true", "false", *(repr(c) for c in choices)])
+        allowed = " or ".join(allowed.rsplit(", ", 1))
+        raise ValueError(f"write {allowed} (got {bounded_repr(value)}; 'yes', 'on', 1 and the like are not read)")
+
+
+def _bool_choices(annotation: Any) -> tuple[str, ...] | None:
+    """For a field that takes a boolean (`bool`, `bool | Literal['auto']`): the strings it takes besides; else
+    None."""
+    args = get_args(annotation) if get_args(annotation) and get_origin(annotation) is not Literal else (annotation,)
+    if bool not in args:
+        return None
+    return tuple(c for a in args if get_origin(a) is Literal for c in get_args(a) if isinstance(c, str))
 
 
 class ModelSpec(_Strict):
@@ -338,10 +360,17 @@ class TargetSpec(_Strict):
     def _python_or_cluster(self) -> TargetSpec:
         if self.cluster and self.python:
             raise ValueError("python and cluster exclude each other (a cluster run uses the cluster's python)")
-        if not self.cluster and (self.storage or self.gpus_per_process or self.max_failures):
-            raise ValueError(
-                "storage, gpus_per_process and max_failures only apply to a cluster run; set target.cluster"
-            )
+        if not self.cluster:
+            # Each of these only means something to a Ray cluster; a local run would ignore it in silence (a
+            # start_timeout_s written for a local run bounds nothing).
+            fields = TargetSpec.model_fields
+            cluster_only = ("storage", "gpus_per_process", "cpus_per_process", "max_failures", "start_timeout_s")
+            given = [f for f in cluster_only if getattr(self, f) != fields[f].default]
+            if given:
+                raise ValueError(
+                    f"{', '.join(given)}: only for a cluster run (what a Ray job asks the cluster for); set "
+                    "target.cluster, or leave them out for a run on this machine"
+                )
         return self
 
 

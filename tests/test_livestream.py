@@ -41,12 +41,15 @@ class HandFedJob:
         return State()
 
     async def tail_job_logs(self, job_id: str):
+        """As Ray's: the log from its start, followed until the job ends, then the rest and the stream closes."""
         sent = 0
         while not self.ended.is_set():
             while sent < len(self.lines):
                 sent += 1
                 yield self.lines[sent - 1]
             await asyncio.sleep(0.02)
+        for line in self.lines[sent:]:
+            yield line
 
     def get_job_logs(self, job_id: str) -> str:
         return "".join(self.lines)

@@ -409,13 +409,16 @@ def test_a_refused_remote_folder_is_named_beside_where_the_launch_puts_it(tmp_pa
 
 
 class _EndedJob:
-    """What the monitor's end asks a Ray Jobs client: the whole log of a job that has ended."""
+    """What the monitor's end asks a Ray Jobs client: the log of a job that has ended."""
 
     def __init__(self, logs: str):
         self.logs = logs
 
     def get_job_logs(self, job_id: str) -> str:
         return self.logs
+
+    async def tail_job_logs(self, job_id: str):  # (the catch-up reads the log's tail: from here, its stream)
+        yield self.logs
 
     def get_job_info(self, job_id: str):
         raise ConnectionError("the head went away")

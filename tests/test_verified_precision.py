@@ -70,3 +70,41 @@ def test_bf16_asked_for_but_not_computed_is_reported_loudly(tmp_path):
     assert any("bf16 was requested but is NOT applied: training runs in fp32 (observed" in m for m in messages), (
         messages
     )
+
+
+def test_gradient_checkpointing_is_verified_by_what_recomputed(tmp_path):
+    """Issue #48, Low: gradient checkpointing was recorded as the model's flag claimed. Now it is applied only when
+    layers ran their forward again inside the backward pass, and reported loudly when asked and not applied."""
+    from train_mix import tiny_bert
+
+    acc, said = _train(tmp_path / "on", tiny_bert(0), activation_checkpointing=True)
+    record = acc["gradient_checkpointing"]
+    assert record.requested and record.applied, record
+    assert record.details["recomputed_in_backward"] > 0 and record.details["verified_by"].startswith("observed")
+    assert not any("gradient_checkpointing" in s for s in said)
+    acc, _ = _train(tmp_path / "off", tiny_bert(0))
+    assert "gradient_checkpointing" not in acc, "not asked: no record (as before)"
+
+
+def test_gradient_checkpointing_claimed_but_not_done_is_reported_loudly(tmp_path):
+    from train_mix import tiny_bert
+
+    model = tiny_bert(0)
+    enable = model.activation_checkpointing_enable
+
+    def claims_only(*args, **kwargs):
+        # Every layer's flag says on, but its checkpoint function just calls the layer: nothing is recomputed.
+        enable(*args, **kwargs)
+        for m in model.modules():
+            if hasattr(m, "_gradient_checkpointing_func"):
+                m._gradient_checkpointing_func = lambda fn, *a, **k: fn(*a, **k)
+
+    model.activation_checkpointing_enable = claims_only
+    acc, said = _train(tmp_path, model, activation_checkpointing=True)
+    assert model.is_activation_checkpointing, "the model's flag says on"
+    record = acc["gradient_checkpointing"]
+    assert record.requested and not record.applied, record
+    assert record.details["recomputed_in_backward"] == 0
+    assert any(
+        "gradient_checkpointing was requested but is NOT applied: no layer ran its forward again" in s for s in said
+    )

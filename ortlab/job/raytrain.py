@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import shutil
 import time
@@ -83,10 +84,39 @@ def _agree(*flags: int) -> tuple[int, ...]:
     return tuple(int(v) for v in values.tolist())
 
 
+# What changes between two runs of the same error: a pid, a port, an address, a hex id, a time. Compared without
+# them (`failure_signature`), a worker that dies with "pid=4242 ... 127.0.0.1:40123" each time is the same failure.
+_VOLATILE = [
+    (re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?"), "<time>"),
+    (re.compile(r"\b0x[0-9a-fA-F]+\b"), "<hex>"),
+    (re.compile(r"\b[0-9a-fA-F]{8,}\b"), "<hex>"),  # object, node, actor and job ids
+    (re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}\b|\[[0-9a-fA-F:]*:[0-9a-fA-F:]*\]"), "<address>"),
+    (re.compile(r"\d+(?:\.\d+)?"), "<n>"),  # pids, ports, durations, ranks' numbers
+]
+
+
+def failure_signature(reason: Any) -> str:
+    """A failure's reason with what differs from one run of the same error to the next made neutral: a reason
+    that carries a pid or a port was never "the same" twice, and a deterministic error was restarted
+    target.max_failures times. (Numbers in the message go too: two errors that differ only in them are one.)"""
+    text = str(reason)
+    for pattern, neutral in _VOLATILE:
+        text = pattern.sub(neutral, text)
+    return text
+
+
+def _signatures(failure: dict[str, Any]) -> dict[str, str] | None:
+    workers = failure.get("workers")
+    if not isinstance(workers, dict) or not workers:
+        return None
+    return {str(rank): failure_signature(reason) for rank, reason in workers.items()}
+
+
 def _same_failure_without_a_step(place: RunPlace, run: RunDir, job: str, attempt: int) -> str | None:
     """Why a restarted group should not train again, or None: this job's last two groups failed with the same
-    reasons and trained no step between them (a missing model, a bad spec: a deterministic error that every restart
-    repeats, up to target.max_failures times, about half a minute each)."""
+    reasons (pids, ports, addresses, ids and times aside: `failure_signature`) and trained no step between them (a
+    missing model, a bad spec: a deterministic error that every restart repeats, up to target.max_failures times,
+    about half a minute each)."""
     if attempt < 2:
         return None
     failures = [f for f in place.records(FAILURES_FILE) if f.get("job") == job]
@@ -95,7 +125,8 @@ def _same_failure_without_a_step(place: RunPlace, run: RunDir, job: str, attempt
         for w in place.records(WORKERS_FILE)
         if w.get("job") == job and w.get("rank") == 0
     }
-    if len(failures) < 2 or failures[-1].get("workers") != failures[-2].get("workers"):
+    last = _signatures(failures[-1]) if len(failures) >= 2 else None
+    if last is None or last != _signatures(failures[-2]):
         return None
     if starts.get(attempt - 2) != run.last_step():  # (steps only grow: none since two groups ago)
         return None

@@ -37,6 +37,10 @@ from ortlab.spec import RunSpec
 # A tagged line longer than this is not one ortlab printed (a record is a few KiB, the final status with its
 # traceback tens); a partial line longer than this is cut, so a writer that never ends its line cannot fill memory.
 MAX_LINE_CHARS = 4 * 1024 * 1024
+# The catch-up at a job's end reads the log's tail only: at most this many lines of it, and of those at most this
+# many bytes (the last ones). The records it may have missed are the last ones; older ones come from the run place.
+CATCH_UP_LINES = 5000
+CATCH_UP_BYTES = 16 * 1024 * 1024
 # How long the cluster may stay silent (head restarted, network lost) before the run is declared failed.
 LOST_GRACE_S = 20.0
 
@@ -326,12 +330,11 @@ class Monitor:
                 side.cancel()
 
     def catch_up(self, client: Any) -> None:
-        """The log stream may close before its last lines came through: the job's whole log, read once it has
-        ended, completes the records (by sequence number, so nothing twice) and the final status."""
-        try:
-            logs = client.get_job_logs(self.job_id)
-        except Exception:
-            logs = ""
+        """The log stream may close before its last lines came through: the tail of the job's log, read once it
+        has ended, completes the records (by sequence number, so nothing twice) and the final status. Only the tail
+        (`job_log_tail`): a job's log holds what every library printed, and was read whole into memory here."""
+        logs, how = job_log_tail(client, self.job_id)
+        self.log.write(f"[ortlab monitor] caught up from {how}\n")
         tagged = [ln[ln.find("@@ortlab-") :] for ln in logs.splitlines() if "@@ortlab-" in ln]
         if tagged:
             self.begin_read()
@@ -392,7 +395,8 @@ class Monitor:
             if state == "failed":
                 fields["error"] = f"the remote job ended without a result: {message}"
                 with contextlib.suppress(Exception):
-                    lines = [ln for ln in client.get_job_logs(self.job_id).splitlines() if not ln.startswith("@@")]
+                    tail, _ = job_log_tail(client, self.job_id, lines=200, limit=64 * 1024)
+                    lines = [ln for ln in tail.splitlines() if not ln.startswith("@@")]
                     fields["traceback"] = "\n".join(lines[-30:])
         with contextlib.suppress(RunStateError):
             self.run.set_status(state, job_state=job_state, **fields)
@@ -413,6 +417,53 @@ class Monitor:
         for item in bring_home(self.remote, self.run):
             self.log.write(f"not brought home from {self.remote.path}: {item}\n")
         self.log.flush()
+
+
+def job_log_tail(client: Any, job_id: str, lines: int | None = None, limit: int | None = None) -> tuple[str, str]:
+    """(the last `lines` lines of a Ray job's log, at most its last `limit` bytes; how it was read, for the run's
+    log). Defaults: CATCH_UP_LINES and CATCH_UP_BYTES.
+
+    Ray Jobs' `get_job_logs` sends the whole log in one answer, whatever its size, and the catch-up held all of it
+    (twice: the text, then its lines). Ray's log API (`/api/v0/logs/file?submission_id=..&lines=N`, what
+    `ray logs job --tail` asks) reads the file's tail on the head; its answer is streamed here and only its last
+    `limit` bytes kept. Where that is refused (a head without the log API), the log's stream (`tail_job_logs`, Ray's
+    public client) is read to its end keeping only the last `limit` bytes: the whole log is sent, but never held."""
+    import asyncio
+    from urllib.parse import urlencode
+
+    lines = CATCH_UP_LINES if lines is None else lines
+    limit = CATCH_UP_BYTES if limit is None else limit
+    kept = bytearray()
+
+    def keep(chunk: bytes) -> None:
+        kept.extend(chunk)
+        if len(kept) > limit:
+            del kept[: len(kept) - limit]
+
+    def text() -> str:
+        out = kept.decode("utf-8", errors="replace")
+        # A tail cut at `limit` starts inside a line: that piece is dropped, not read as a line.
+        return out.split("\n", 1)[1] if len(kept) >= limit and "\n" in out else out
+
+    try:
+        query = urlencode({"submission_id": job_id, "lines": lines, "media_type": "file"})
+        response = client._do_request("GET", f"/api/v0/logs/file?{query}", stream=True, timeout=60)
+        if response.status_code == 200:
+            for chunk in response.iter_content(chunk_size=1 << 16):
+                keep(chunk)
+            return text(), f"the last {lines} lines of the job's log (at most {limit} bytes)"
+    except Exception:
+        kept.clear()
+
+    async def streamed() -> None:
+        async for piece in client.tail_job_logs(job_id):
+            keep(piece.encode("utf-8", errors="replace"))
+
+    try:
+        asyncio.run(streamed())
+    except Exception as e:
+        return text(), f"the job's log, not read to its end ({type(e).__name__})"
+    return text(), f"the job's log streamed, its last {limit} bytes kept"
 
 
 def _is_int(value: Any) -> bool:

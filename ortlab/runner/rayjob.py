@@ -27,22 +27,25 @@ import time
 from typing import Any
 
 from ortlab import cluster, safeio
-from ortlab.envvars import child_env, ortlab_path
+from ortlab.envvars import cache_dir, child_env, ortlab_path
 from ortlab.job.channel import DOCTOR_TAG
 from ortlab.netutil import LOOPBACK_INTERFACE
 from ortlab.runfolder.objstore import StoreError, is_uri
 from ortlab.runfolder.place import bring_home, new_place, probe_storage
 from ortlab.runfolder.rundir import RunDir, RunStateError, pause_step, process_create_time
 from ortlab.runner.launcher import Launcher, RunError, mix_problems
-from ortlab.runner.monitor import recorded_storage, storage_for
+from ortlab.runner.monitor import job_log_tail, recorded_storage, storage_for
 from ortlab.runner.trust import storage_gate
 from ortlab.spec import RunSpec
 
 DOCTOR_TIMEOUT_S = 180.0
-# A cluster's doctor answer is reused for this long in one process (a doctor job costs seconds; a notebook that
-# launches several runs in a row asks the same cluster the same question).
+# A cluster's doctor answer is kept on disk (`cache_dir()/cluster-doctor/`) and reused for this long (a doctor job
+# costs seconds to minutes; each `ortlab train --cluster` is a new process, and a notebook launches several runs in a
+# row): within one session of the cluster (its head's session name: a restarted head is asked again) for
+# DOCTOR_SESSION_TTL_S, where the session cannot be told for DOCTOR_TTL_S.
 DOCTOR_TTL_S = 300.0
-_doctors: dict[tuple[str, str], tuple[float, dict[str, Any]]] = {}
+DOCTOR_SESSION_TTL_S = 3600.0
+DOCTOR_LOG_BYTES = 4 << 20  # the doctor job's log is read from its tail, at most this much (its report is a line)
 JOB = "ortlab.job"  # what a job runs on the cluster (`python -m ortlab.job worker|doctor|raytrain ...`)
 MONITOR = "ortlab.runner.rayentry"  # the local monitor's process (`ortlab.runner.monitor`)
 
@@ -109,14 +112,26 @@ def resource_problems(spec: Any, report: dict[str, Any]) -> list[str]:
 def cluster_doctor(spec: Any) -> dict[str, Any]:
     """Run ortlab's doctor on the cluster (a short job with no special resources) and return its report, with the
     cluster's total resources under `resources`, and for an object store `storage`: "ok", or why a job there
-    cannot write and read it."""
+    cannot write and read it.
+
+    Cached on disk per cluster session (see DOCTOR_SESSION_TTL_S). A doctor that does not finish within
+    DOCTOR_TIMEOUT_S (a busy machine: the job's Python imports torch among other jobs) does not fail the launch by
+    itself: the last answer this cluster gave is used, marked `stale`; with none, the report says `unchecked` and
+    the launch goes on (`RayJob.check` says so): the job itself then fails with the reason if the cluster cannot
+    run it."""
     client = _client(spec)  # (also when the answer is cached: the cluster must answer, and accept the token)
     python, runtime_env = _python_for(spec)
     probe = spec.target.storage if is_uri(spec.target.storage) else None
-    key = (client.get_address(), python, probe)
-    cached = _doctors.get(key)
-    if cached is not None and time.monotonic() - cached[0] < DOCTOR_TTL_S:
-        return cached[1]
+    from ortlab import __version__
+
+    key = [client.get_address(), python, probe, __version__]
+    session = _session(client)
+    cached = _cached_doctor(key)
+    if cached is not None:
+        age = time.time() - cached["time"]
+        same_session = session is not None and cached.get("session") == session
+        if age < (DOCTOR_SESSION_TTL_S if same_session else DOCTOR_TTL_S):
+            return cached["report"]
     job = client.submit_job(
         entrypoint=f"{python} -m {JOB} doctor" + (f" --storage {shlex.quote(probe)}" if probe else ""),
         submission_id=f"ortlab-doctor-{secrets.token_hex(4)}",
@@ -131,19 +146,59 @@ def cluster_doctor(spec: Any) -> dict[str, Any]:
         if time.monotonic() > deadline:
             with contextlib.suppress(Exception):
                 client.stop_job(job)
-            raise RunError(f"ortlab's doctor did not finish on {spec.target.cluster} within {DOCTOR_TIMEOUT_S:.0f} s")
+            slow = f"ortlab's doctor did not finish on {spec.target.cluster} within {DOCTOR_TIMEOUT_S:.0f} s"
+            if cached is not None:
+                when = time.strftime("%Y-%m-%d %H:%M", time.localtime(cached["time"]))
+                return {**cached["report"], "stale": f"{slow}; its answer of {when} is used"}
+            return {"unchecked": f"{slow} (a busy cluster?) and gave no answer before", "accelerations": {}}
         time.sleep(0.3)
-    logs = client.get_job_logs(job)
+    logs, _ = job_log_tail(client, job, lines=1000, limit=DOCTOR_LOG_BYTES)
     for line in logs.splitlines():
         if line.startswith(DOCTOR_TAG):
             report = json.loads(line[len(DOCTOR_TAG) :])
-            _doctors[key] = (time.monotonic(), report)
+            _keep_doctor(key, session, report)
             return report
     last = "\n".join(logs.strip().splitlines()[-5:])
     raise RunError(
         f"ortlab's doctor could not run on {spec.target.cluster} (is ortlab installed on its workers? "
         f"pip install ortlab[remote] there):\n{last}"
     )
+
+
+def _session(client: Any) -> str | None:
+    """The cluster's session name (a new one each time its head starts), from its dashboard; None if not told."""
+    with contextlib.suppress(Exception):
+        name = client._do_request("GET", "/api/version", timeout=10).json().get("session_name")
+        return name if isinstance(name, str) else None
+    return None
+
+
+def _doctor_file(key: list[Any]) -> tuple[Any, str]:
+    import hashlib
+
+    name = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:20] + ".json"
+    return cache_dir() / "cluster-doctor", name
+
+
+def _cached_doctor(key: list[Any]) -> dict[str, Any] | None:
+    """The last answer kept for this cluster, interpreter and store, or None (none, damaged, another key)."""
+    folder, name = _doctor_file(key)
+    try:
+        data = json.loads(safeio.read_bytes(folder, name, limit=DOCTOR_LOG_BYTES))
+        if data.get("key") != key or not isinstance(data.get("time"), float) or not isinstance(data["report"], dict):
+            return None
+        data["report"]["accelerations"].items()  # (a report the checks can read)
+        return data
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _keep_doctor(key: list[Any], session: str | None, report: dict[str, Any]) -> None:
+    """Best effort: a read-only cache means the doctor runs again next time, nothing worse."""
+    folder, name = _doctor_file(key)
+    with contextlib.suppress(OSError):
+        folder.mkdir(parents=True, exist_ok=True)
+        safeio.write_json(folder, name, {"key": key, "session": session, "time": time.time(), "report": report}, False)
 
 
 class RayJob(Launcher):
@@ -165,13 +220,25 @@ class RayJob(Launcher):
                 "the bucket)"
             ) from None
         report = cluster_doctor(spec)
-        problems = resource_problems(spec, report) + self.shape_problems(spec)
-        if is_uri(spec.target.storage) and report.get("storage") != "ok":
-            problems.append(
-                f"target.storage: a job on the cluster {report.get('storage') or 'could not check the storage'} "
-                "(the workers write checkpoints and the model there; check the cluster's credentials for the store)"
+        if report.get("unchecked") or report.get("stale"):
+            import warnings
+
+            warnings.warn(
+                f"{report.get('unchecked') or report.get('stale')}: the run is launched without the cluster's "
+                "check of this moment (if the cluster cannot run it, the job fails saying why)",
+                RuntimeWarning,
+                stacklevel=2,
             )
-        problems += mix_problems(spec, report["accelerations"], f"the cluster {spec.target.cluster}")
+        problems = self.shape_problems(spec)
+        if not report.get("unchecked"):  # (what only the cluster's answer can judge)
+            problems += resource_problems(spec, report)
+            if is_uri(spec.target.storage) and report.get("storage") != "ok":
+                problems.append(
+                    f"target.storage: a job on the cluster {report.get('storage') or 'could not check the storage'} "
+                    "(the workers write checkpoints and the model there; check the cluster's credentials for the "
+                    "store)"
+                )
+            problems += mix_problems(spec, report["accelerations"], f"the cluster {spec.target.cluster}")
         if spec.accel.tcmalloc is True:
             problems.append(
                 "accel.tcmalloc: not on a Ray cluster yet (an allocator is chosen when a process starts, and Ray's "

@@ -49,6 +49,7 @@ class VerifiesAccelerations:
         self._verify_tf32()
         self._verify_tcmalloc()
         self._verify_torch_compile(final)
+        self._verify_gradient_checkpointing()
         self._record_parameters()
         if not final and self.args.report_to and self.is_world_process_zero():
             from ortlab.trackers import log_applied
@@ -229,6 +230,38 @@ class VerifiesAccelerations:
         elif not record.applied:
             self._report_not_applied(record, "Dynamo compiled no frame of the model (every frame ran eagerly)")
 
+    def _verify_gradient_checkpointing(self) -> None:
+        """Applied only when layers really ran their forward again inside the backward pass (`RecomputeProbe`):
+        the model's own flag (`is_activation_checkpointing`) says it was switched on, not that any layer of this
+        model honours it (a custom model, a layer class transformers does not wrap, a wrapper in between)."""
+        probe = self._recompute_probe
+        if not self.args.activation_checkpointing or "gradient_checkpointing" in self._reported:
+            return
+        record = self.accelerations.setdefault("gradient_checkpointing", Applied("gradient_checkpointing", True))
+        if probe is None or probe.forwards == 0:
+            if record.details.get("verified_by"):
+                return  # (verified after the first step: the final call keeps that)
+            record.applied = bool(getattr(self.model, "is_activation_checkpointing", False))
+            record.details["verified_by"] = "the model's flag only: no Linear forward was observed"
+            return
+        probe.remove()
+        self._recompute_probe = None
+        record.applied = probe.recomputed > 0
+        record.details.update(
+            {
+                "linear_forwards": probe.forwards,
+                "recomputed_in_backward": probe.recomputed,
+                "verified_by": "observed: Linear layers that ran their forward again inside the first backward pass",
+            }
+        )
+        if not record.applied:
+            flag = bool(getattr(self.model, "is_activation_checkpointing", False))
+            self._report_not_applied(
+                record,
+                f"no layer ran its forward again in the backward pass, so every activation was kept (the model's "
+                f"flag says {'on' if flag else 'off'})",
+            )
+
     def _report_not_applied(self, record: Applied, why: str) -> None:
         if record.name in self._reported:
             return
@@ -245,6 +278,32 @@ class VerifiesAccelerations:
         Path(output_dir).mkdir(parents=True, exist_ok=True)
         data = {"feature": self.feature, "accelerations": {k: v.to_dict() for k, v in self.accelerations.items()}}
         write_json(Path(output_dir) / ACCELERATIONS_FILE, data)
+
+
+class RecomputeProbe:
+    """Watches one training step: does any Linear layer run its forward inside the backward pass? That is what
+    activation checkpointing is (a checkpointed layer's forward runs again when its gradients are needed, reentrant
+    or not), whatever flag says it is on. Removed after the first step (`_verify_gradient_checkpointing`)."""
+
+    def __init__(self, model: Any):
+        import torch
+
+        self.forwards, self.recomputed = 0, 0
+        linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        self._handles = [m.register_forward_hook(self._hook) for m in linears]
+
+    def _hook(self, module: Any, inputs: Any, output: Any) -> None:
+        import torch
+
+        self.forwards += 1
+        # (-1 outside a backward pass; torch has no public name for "inside autograd's engine")
+        if torch._C._current_graph_task_id() != -1:
+            self.recomputed += 1
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
 
 
 def _optimizer_state_share(optimizer: Any, model: Any) -> float | None:

@@ -196,7 +196,8 @@ class StepMetricsCallback(TrainerCallback):
         # The attention the model trains with (transformers' sdpa by default; eager only where ORT needs it).
         config = getattr(self.trainer.model, "config", None)
         self.device["attention"] = getattr(config, "_attn_implementation", None)
-        # Recomputing layers in the backward pass (hyper.gradient_checkpointing), as the model says it does.
+        # Recomputing layers in the backward pass (hyper.gradient_checkpointing), as the model's flag says; whether
+        # layers really recomputed is verified after the first step (accelerations["gradient_checkpointing"]).
         self.device["gradient_checkpointing"] = bool(getattr(self.trainer.model, "is_activation_checkpointing", False))
         if shape is None:
             self.device["mfu"]["reason"] = "the model's config names no layer count / hidden size: no FLOP count"

@@ -35,7 +35,7 @@ from transformers import Trainer, TrainingArguments
 
 from ortlab.accel import Applied, fused_adam, ort
 from ortlab.train import compat
-from ortlab.train.applied import ACCELERATIONS_FILE, AccelerationNotApplied, VerifiesAccelerations
+from ortlab.train.applied import ACCELERATIONS_FILE, AccelerationNotApplied, RecomputeProbe, VerifiesAccelerations
 from ortlab.train.args import ORT_FUSED, ORTTrainingArguments
 from ortlab.train.metrics import JsonLinesSink, StepMetricsCallback
 from ortlab.train.sampler import lean_train_sampler
@@ -107,6 +107,7 @@ class ORTTrainer(VerifiesAccelerations, OwnShardLoader, Trainer):
         # _record_parameters): what an adapter saves, in numbers.
         self.parameters_record: dict[str, Any] | None = None
         self._precision_probe: Any = None
+        self._recompute_probe: Any = None  # (applied.RecomputeProbe, with activation checkpointing, for one step)
         self._step_counters: dict[str, float] = {"samples": 0, "tokens": 0, "loss": 0.0, "flops": 0.0}
         self._shape: Any = False  # ortlab.flops.ModelShape, None when it cannot be counted; False: not yet counted
         # Never into output_dir (transformers' own tests count what is there): the run folder's file, logging_dir,
@@ -238,6 +239,8 @@ class ORTTrainer(VerifiesAccelerations, OwnShardLoader, Trainer):
             from ortlab.accel.precision import PrecisionProbe
 
             self._precision_probe = PrecisionProbe(self.model)  # removed after the first step (_verify_precision)
+            if self.args.activation_checkpointing:
+                self._recompute_probe = RecomputeProbe(self.model)  # (_verify_gradient_checkpointing removes it)
         if self._ort_module is not None and not self._forward_checked:
             self._forward_checked = True
             if self.args.ort_check_forward:
