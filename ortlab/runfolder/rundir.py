@@ -95,9 +95,8 @@ def check_output_folder(root: str | os.PathLike) -> None:
     while not os.path.lexists(here) and here.parent != here:
         here = here.parent
     if not here.is_dir():
-        kind = "a file" if here.is_file() else "not a folder"
-        what = f"is {kind}" if here == base else f"cannot be made: {here} in its path is {kind}"
-        raise OutputFolderError(f"the output folder {base} {what}: {fix}")
+        what = "a file, or a file is in its path" if here.is_file() else "not a folder (a FIFO, a device, a link)"
+        raise OutputFolderError(f"the output folder {base} is {what}: {fix}")
     if not os.access(here, os.W_OK | os.X_OK):
         where = "" if here == base else f" (it would be created in {here})"
         raise OutputFolderError(f"the output folder {base} cannot be written by this user{where}: {fix}")
