@@ -243,6 +243,45 @@ def _check_blocks(tokenizer: Any, prepared: Prepared, max_length: int) -> None:
     )
 
 
+def check_answers(tokenizer: Any, prepared: Prepared, max_length: int) -> None:
+    """Chat data: the first SAMPLE_ROWS conversations of each split, laid out as training lays them out, must keep
+    assistant tokens within `max_length`, by the rule training applies (`lazylm.Dropped.check`); the tokenizer
+    alone (no weights), so before the model loads, on every path.
+
+    Why here: an example whose assistant tokens are all cut off is dropped (it teaches nothing). The eager path
+    counted the drops once every row was templated, after the model had loaded; the lazy and streamed paths only as
+    training read them, so a file whose every answer is cut off loaded the model, evaluated on 0 rows and read on.
+    The rows read first stand for the rest: what is refused here is what the run would refuse later (all cut off,
+    or more than DROP_FAIL_SHARE of at least DROP_FAIL_AFTER), and later rows are still counted as they are read."""
+    from ortlab.chat import IGNORE, ChatDataError, encode
+    from ortlab.data.lazylm import DROP_FAIL_AFTER, DROP_FAIL_SHARE
+
+    if not tokenizer.is_fast:
+        raise DataError("chat data needs a fast tokenizer (it maps tokens to characters); this one is not")
+    for split in ("train", "eval"):
+        try:
+            conversations = prepared.conversations(split, SAMPLE_ROWS)
+        except ChatDataError as e:
+            raise DataError(f"data: {e}") from None
+        read = len(conversations)
+        kept = sum(any(t != IGNORE for t in encode(tokenizer, c, max_length)["labels"]) for c in conversations)
+        share = read >= DROP_FAIL_AFTER and read - kept > DROP_FAIL_SHARE * read
+        if read and (kept == 0 or (split == "train" and share)):
+            rows = "training" if split == "train" else "eval"
+            consequence = (
+                "nothing to learn from"
+                if kept == 0 and split == "train"
+                else "evaluation would have no rows"
+                if kept == 0
+                else f"more than {DROP_FAIL_SHARE:.0%} would be dropped"
+            )
+            raise DataError(
+                f"data: {read - kept} of the first {read} {rows} conversations have every assistant token beyond "
+                f"hyper.max_length={max_length} (the prompt before the answer fills it), so {consequence}; raise "
+                "hyper.max_length or shorten the prompts"
+            )
+
+
 def check(spec: RunSpec, log: Callable[[str], None] = print):
     """The cheap checks, data before models: where the model is, the data against the task, then the model's
     tokenizer, positions and head against the data (config and tokenizer only: no weights). Returns what they found.
@@ -296,6 +335,7 @@ def check(spec: RunSpec, log: Callable[[str], None] = print):
             require_template(tokenizer, spec.model.name)
         except ChatDataError as e:
             raise DataError(str(e)) from None
+        check_answers(tokenizer, prepared, prepared.max_length or spec.hyper.max_length)
     if spec.adapter.kind == "lora":
         from ortlab.adapters import check_model
 

@@ -95,12 +95,14 @@ def _train(
     the terminal's view (returns the result), or launched and followed through its run folder unless `detach`
     (returns None). `again`: this command may be started again, with another allocator (`_allocator`)."""
     from ortlab.fit import check
+    from ortlab.runfolder.rundir import check_output_folder
     from ortlab.runner import default_root, launch, launcher_for
     from ortlab.runner.foreground import Foreground, train_spec
     from ortlab.spec import SpecError
 
     if adapter_rank is not None and spec.adapter.kind == "none":
         raise SpecError(["adapter.rank: --adapter-rank sets the rank of a LoRA adapter; add --lora to train one"])
+    check_output_folder(spec.output_dir)  # before the model and data checks (13-20 s), on every path below
     if isinstance(launcher_for(spec, here=not detach), Foreground):
         from ortlab.train.terminal import Terminal
 

@@ -19,7 +19,7 @@ from ortlab.data.columns import (
     propose_mapping,
     seq2seq_columns,
 )
-from ortlab.data.load import load_raw
+from ortlab.data.load import load_raw, read_error
 from ortlab.data.prepared import ROW_COLUMN, DataError, Prepared
 from ortlab.safeio import ascii_int
 
@@ -275,12 +275,19 @@ def _check_stream(raw: dict, files: list[str], spec: DataSpec, task: str, seed: 
     features = raw[spec.train_split].features
     if features is not None:
         features = datasets.Features({**features, ROW_COLUMN: datasets.Value("int64")})
+
+    def read(rows: Any, n: int) -> list[dict]:
+        try:
+            return list(rows.take(n))
+        except Exception as e:  # a CSV that does not parse, found in the rows read first: said before any model
+            raise read_error(e, spec.source) or e from None
+
     if spec.eval_split is not None:
-        evaluation = materialise(list(numbered(raw[spec.eval_split]).take(n_eval)), features)
-        head = materialise(list(stream.take(HEAD_ROWS)), features)
+        evaluation = materialise(read(numbered(raw[spec.eval_split]), n_eval), features)
+        head = materialise(read(stream, HEAD_ROWS), features)
         train = stream
     else:  # the first n_eval rows are held out: read once, never trained on
-        first = list(stream.take(n_eval + HEAD_ROWS))
+        first = read(stream, n_eval + HEAD_ROWS)
         evaluation, head = materialise(first[:n_eval], features), materialise(first[n_eval:], features)
         train = stream.skip(n_eval)
     if len(head) == 0:

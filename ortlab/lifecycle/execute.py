@@ -23,6 +23,8 @@ from typing import Any
 
 from ortlab.accel.mix import resolve
 from ortlab.adapters import adapter_summary, merge
+from ortlab.data import DataError
+from ortlab.data.load import read_error
 from ortlab.fit import check
 from ortlab.lifecycle.assemble import Loaded, build_trainer, load
 from ortlab.runfolder import events
@@ -103,7 +105,7 @@ def _execute(run: RunDir, resume: bool, checked: tuple | None, watch: Watchers) 
     stop = StopRequested(run)
     previous = signal.getsignal(signal.SIGTERM)
     if _is_main_thread():
-        signal.signal(signal.SIGTERM, lambda *_: setattr(stop, "flag", True))
+        signal.signal(signal.SIGTERM, stop.on_sigterm)
     rank = int(os.environ.get("RANK", "0"))
     try:
         spec = RunSpec.from_run(run)
@@ -158,6 +160,11 @@ def _train(
     checkpoint = run.last_checkpoint() if resume else None
     if resume and checkpoint is None:
         raise RuntimeError(f"cannot resume {run.id}: it has no complete checkpoint in {run.checkpoints}")
+    if loaded.prepared.chat and len(loaded.eval_ds) == 0:  # (`fit.check_answers` says so from the first rows)
+        raise DataError(
+            "data: no eval conversation keeps an assistant token within hyper.max_length (every answer is cut off), "
+            "so there is nothing to evaluate on; raise hyper.max_length or shorten the prompts"
+        )
     if checkpoint is None:
         trainer.eval_phase = "before"  # the metrics callback writes the eval record, tagged with its phase
         log(f"evaluating on {len(loaded.eval_ds)} rows before training ...")
@@ -168,7 +175,16 @@ def _train(
         emit({"event": events.RESUME, "step": checkpoint_step(checkpoint.name), "checkpoint": str(checkpoint)})
         log(f"resuming from {checkpoint}")
     trainer.eval_phase = None
-    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    stop.training = True  # from here a SIGTERM stops at the end of a step, keeping a checkpoint
+    try:
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    except Exception as e:  # a streamed CSV's line that does not parse, read only now: said with its line
+        late = read_error(e, spec.data.source)
+        if late is None:
+            raise
+        raise late from e
+    finally:
+        stop.training = False
     if stop.flag:
         last = run.last_checkpoint()
         emit({"event": events.STOPPED, "step": trainer.state.global_step, "checkpoint": str(last)})

@@ -84,6 +84,24 @@ class OutputFolderError(OrtlabError, OSError):
     """The folder runs are created in cannot be one (a file is in the way, no permission): says which and why."""
 
 
+def check_output_folder(root: str | os.PathLike) -> None:
+    """Refuse an output folder that a run folder cannot be created in, before the checks that cost (the data read,
+    the model's tokenizer, the embedded LLM made: 13-20 s) rather than after them: the folder, or where it would be
+    created (its nearest existing parent), must be a folder this user can write in. Creates nothing: a refused
+    launch leaves nothing behind. A look, not a lock: `RunDir.create` still says what goes wrong after it."""
+    fix = "choose another output folder (--output-dir, or output_dir in the spec)"
+    base = Path(os.path.expanduser(os.fspath(root)))
+    here = base
+    while not os.path.lexists(here) and here.parent != here:
+        here = here.parent
+    if not here.is_dir():
+        what = "a file, or a file is in its path" if here.is_file() else "not a folder (a FIFO, a device, a link)"
+        raise OutputFolderError(f"the output folder {base} is {what}: {fix}")
+    if not os.access(here, os.W_OK | os.X_OK):
+        where = "" if here == base else f" (it would be created in {here})"
+        raise OutputFolderError(f"the output folder {base} cannot be written by this user{where}: {fix}")
+
+
 def check_name(name: str, what: str = "run name") -> str:
     """`name` if it is a safe folder name, else ValueError saying what is allowed."""
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):

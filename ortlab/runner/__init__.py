@@ -33,6 +33,7 @@ from ortlab.runfolder.rundir import (
     TERMINAL,
     RunDir,
     RunStateError,
+    check_output_folder,
     resolve,
 )
 from ortlab.runfolder.stream import MetricsStream
@@ -312,6 +313,7 @@ def launch(
         spec = RunSpec.parse(spec)
     if overrides:
         spec = RunSpec.parse({**spec.model_dump(mode="json"), **overrides})
+    check_output_folder(root or spec.output_dir)  # first: before the machine, model and data checks
     check(spec)  # before the run folder exists: a refused launch leaves nothing behind
     if spec.target.storage:  # the user's own spec: this process may resume it and bring it home (trust.storage_gate)
         storage_named(spec.target.storage)

@@ -29,7 +29,7 @@ from ortlab.accel.mix import MixError, mix_of, runtime_for, validate
 from ortlab.fit import check
 from ortlab.lifecycle.execute import execute
 from ortlab.probe import doctor
-from ortlab.runfolder.rundir import RunDir, process_create_time
+from ortlab.runfolder.rundir import RunDir, check_output_folder, process_create_time
 from ortlab.runner.launcher import Launcher, RunError
 from ortlab.spec import RunSpec, SpecError
 from ortlab.trackers import not_installed
@@ -112,6 +112,7 @@ def train_spec(
 
     With a `view` (`ortlab train`'s `Terminal`), ortlab's lines and a progress bar go to the screen and everything
     else this process prints (third-party libraries) to the run's logs/run.log."""
+    check_output_folder(spec.output_dir)  # first: a folder that cannot hold the run is said before 13-20 s of checks
     launcher = Foreground(view, progress, log, on_metrics)
     launcher.check(spec)
     run = RunDir.create(spec.output_dir, spec)

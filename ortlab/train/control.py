@@ -10,15 +10,34 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ortlab.errors import OrtlabError
 from ortlab.runfolder.rundir import RunDir
 
 
+class StoppedBeforeTraining(OrtlabError, RuntimeError):
+    """SIGTERM reached the run before its training loop began: there is no step to finish and no checkpoint to
+    keep, so the run ends at once (a hanging load or evaluation would otherwise never see the request)."""
+
+
 class StopRequested:
-    """Set by SIGTERM or by the run folder's control/stop file; checked after every optimizer step."""
+    """Set by SIGTERM or by the run folder's control/stop file; checked after every optimizer step.
+
+    `training`: the training loop is running, so a SIGTERM waits for the step to end (`on_sigterm`)."""
 
     def __init__(self, run: RunDir):
         self.run = run
         self.flag = False
+        self.training = False
+
+    def on_sigterm(self, *_: Any) -> None:
+        """SIGTERM's handler: a graceful stop at the next step inside the training loop; before it (the checks, the
+        model load, the evaluation before training), the run ends now, raising StoppedBeforeTraining."""
+        self.flag = True
+        if not self.training:
+            raise StoppedBeforeTraining(
+                "stopped (SIGTERM) before training began: nothing was trained and there is no checkpoint to keep; "
+                "start the run again"
+            )
 
     def __call__(self) -> bool:
         self.flag = self.flag or self.run.stop_requested()
