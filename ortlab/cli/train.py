@@ -12,6 +12,7 @@ import typer
 from ortlab.cli.common import num, reported
 from ortlab.cli.options import SpecFile, build_spec, overrides, spec_option
 from ortlab.cli.runs import follow
+from ortlab.envvars import SAFE_PATH
 
 if TYPE_CHECKING:
     from ortlab.spec import RunSpec
@@ -132,6 +133,9 @@ def _train(
 
 
 AGAIN = "ORTLAB_STARTED_AGAIN"  # set in the command started again: it never starts itself a third time
+# The first Python that honours PYTHONSAFEPATH: an older one would import from the user's folder when started again
+# with `-m`, so it is not started again (it trains with glibc's malloc, and its run record says tcmalloc did not apply).
+SAFE_PATH_PYTHON = (3, 11)
 
 
 def _allocator(spec: RunSpec) -> None:
@@ -147,9 +151,12 @@ def _allocator(spec: RunSpec) -> None:
 
     if not common.WHOLE_PROCESS or os.environ.get(AGAIN) or tcmalloc.loaded() is not None:
         return
-    if not tcmalloc.wanted(spec.accel.tcmalloc):
+    if not tcmalloc.wanted(spec.accel.tcmalloc) or sys.version_info < SAFE_PATH_PYTHON:
         return
-    env = {**tcmalloc.process_env(dict(os.environ), on=True), AGAIN: "1"}
+    # `python -m` would put this folder, the user's, first on the new process's import path (a typer.py or yaml.py
+    # here would run, with the allocator preloaded): PYTHONSAFEPATH keeps it off. The folder itself stays, since the
+    # command's relative paths (the spec file, --data, --output-dir) are relative to it.
+    env = {**tcmalloc.process_env(dict(os.environ), on=True), **SAFE_PATH, AGAIN: "1"}
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, "-m", "ortlab.cli", *sys.argv[1:]], env)

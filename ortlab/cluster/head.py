@@ -63,7 +63,7 @@ from ortlab.cluster.record import (
     status,
     token_path,
 )
-from ortlab.envvars import child_env
+from ortlab.envvars import child_cwd, child_env
 from ortlab.runfolder.rundir import process_alive, process_create_time
 
 # Nodes on this one machine: each is a raylet and its agents (~300 MiB); more than a few only share the same CPUs.
@@ -252,8 +252,15 @@ def _start(
     log = folder / "head.log"
     try:
         with log.open("ab") as out:
+            # Ray's processes (and the jobs' entrypoints) start in ortlab's folder, with a safe path (`child_env`).
             proc = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=child_cwd(),
+                start_new_session=True,
             )
     except OSError:
         _remove_private_temp(str(private))
@@ -296,7 +303,13 @@ def _start_node(gcs: str, private: Path, env: dict[str, str], log: Path, each: d
     cmd += [f"--{k.replace('_', '-')}={v}" for k, v in each.items() if v is not None]
     with log.open("ab") as out:
         proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=child_cwd(),
+            start_new_session=True,
         )
     return {"pid": proc.pid, "create_time": process_create_time(proc.pid), "log": str(log)}
 

@@ -80,13 +80,15 @@ def execute(
     log: Callable[[str], None] = print,
     view: Any = None,
     callbacks: Sequence[Any] = (),
+    base: str | None = None,
 ) -> dict[str, Any]:
     """Train the run in `run` (resuming from its last checkpoint if asked); keep its status true throughout.
 
     `checked`: the model and data checks' answer (`fit.check`) when the launcher ran them in this process already.
     `view`: what follows the run here (`ortlab.train.terminal.Terminal`). `callbacks`: more `TrainerCallback`s, for
     a launcher that must act at a point of training (a Ray Train worker uploads each checkpoint to an object store
-    once every rank has written its part)."""
+    once every rank has written its part). `base`: the folder the spec's relative paths were written in, when this
+    process runs elsewhere (a launched worker runs in `ortlab.envvars.child_cwd`)."""
     # The run's log stays open while this process runs it, until its final status is written: how readers tell
     # this process (a notebook kernel too) from one that a forged status.json names (`rundir.run_process`).
     try:
@@ -94,13 +96,15 @@ def execute(
     except OSError:
         held = None  # a planted link at logs/run.log: readers will call this run damaged, which it is
     try:
-        return _execute(run, resume, checked, Watchers(log, progress, on_metrics, view, callbacks))
+        return _execute(run, resume, checked, Watchers(log, progress, on_metrics, view, callbacks), base)
     finally:
         if held is not None:
             os.close(held)
 
 
-def _execute(run: RunDir, resume: bool, checked: tuple | None, watch: Watchers) -> dict[str, Any]:
+def _execute(
+    run: RunDir, resume: bool, checked: tuple | None, watch: Watchers, base: str | None = None
+) -> dict[str, Any]:
     started = time.monotonic()
     stop = StopRequested(run)
     previous = signal.getsignal(signal.SIGTERM)
@@ -109,6 +113,7 @@ def _execute(run: RunDir, resume: bool, checked: tuple | None, watch: Watchers) 
     rank = int(os.environ.get("RANK", "0"))
     try:
         spec = RunSpec.from_run(run)
+        spec = spec if base is None else spec.anchored(base)
         if rank == 0:
             run.set_status(
                 "running",

@@ -35,7 +35,7 @@ from ortlab import safeio
 from ortlab.accel import Availability, package_version, tcmalloc
 from ortlab.accel.ort import extensions_dir
 from ortlab.cpuinfo import cpu_facts
-from ortlab.envvars import cache_dir, child_env
+from ortlab.envvars import cache_dir, child_cwd, child_env
 from ortlab.probe.groups import GROUPS
 
 BACKOFF_S = 600.0
@@ -168,6 +168,7 @@ def fingerprint(python: str | None = None) -> dict[str, Any]:
                 capture_output=True,
                 text=True,
                 env=child_env(),
+                cwd=child_cwd(),
                 stdin=subprocess.DEVNULL,
                 timeout=FACTS_TIMEOUT_S,
             )

@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from ortlab.accel import Availability, fused_adam, ort, package_version, precision, tcmalloc, torch_compile, zero
-from ortlab.envvars import child_env
+from ortlab.envvars import child_cwd, child_env
 from ortlab.gpu import probe_cuda
 from ortlab.peak import measure_all
 
@@ -92,6 +92,7 @@ def start(python: str, group: str) -> subprocess.Popen:
         stdin=subprocess.DEVNULL,
         text=True,
         env=child_env(),
+        cwd=child_cwd(),  # (and a safe path, `child_env`): nothing imported from the caller's folder
     )
 
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from ortlab.accel.tcmalloc import process_env
 from ortlab.adapters import AdapterError, check_installed
-from ortlab.envvars import child_env
+from ortlab.envvars import child_cwd, child_env
 from ortlab.probe import cached_report, doctor
 from ortlab.runfolder.rundir import RunDir, process_create_time
 from ortlab.runner.launcher import Launcher, RunError, mix_problems
@@ -89,9 +89,14 @@ class Local(Launcher):
             raise RunError("this run cannot start here:\n" + "\n".join(f"  - {p}" for p in problems))
         return report
 
-    def command(self, run: RunDir, spec: Any, resume: bool) -> tuple[list[str], str | None]:
+    def command(self, run: RunDir, spec: Any, resume: bool, base: str | None = None) -> tuple[list[str], str | None]:
+        """(command line, runtime) of the run's process. `base`: the caller's folder, where the spec's relative
+        paths mean something (the process itself runs in `child_cwd`)."""
         python, runtime = self.interpreter(spec)
+        if os.sep in python and not os.path.isabs(python):
+            python = os.path.abspath(python)  # as `check_python` found it, from this process's folder
         worker = ["-m", WORKER, str(run.path.resolve()), *(["--resume"] if resume else [])]
+        worker += ["--base", os.path.abspath(base or os.getcwd())]
         if spec.target.processes == 1:
             return [python, *worker], runtime
         return [
@@ -105,21 +110,22 @@ class Local(Launcher):
     def start(self, run: RunDir, spec: Any, resume: bool = False, cwd: str | None = None) -> subprocess.Popen:
         """Start the worker; status.json records its pid and create time (how a reader tells it is alive), the
         first words of its command, and the ortlab runtime chosen ("current" when it runs where the spec says)."""
-        cmd, runtime = self.command(run, spec, resume)
+        cmd, runtime = self.command(run, spec, resume, base=cwd)
         # Opened without following a link: a planted logs/run.log link would get the run's output appended elsewhere.
         with os.fdopen(run.open_log(), "ab") as log:
             log.write(f"\n$ {' '.join(cmd)}\n".encode())
             log.flush()
             try:
                 # Its own session: a stop or kill reaches the whole group (torchrun and its workers), and a notebook
-                # interrupt (SIGINT to the kernel's group) does not reach the run.
+                # interrupt (SIGINT to the kernel's group) does not reach the run. Its own folder and a safe path
+                # (`child_env`): nothing is imported from the caller's folder (`cwd` reaches it as --base).
                 proc = subprocess.Popen(
                     cmd,
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
                     env=allocator_env(spec, cmd[0]),
-                    cwd=cwd or os.getcwd(),
+                    cwd=child_cwd(),
                     start_new_session=True,
                 )
             except OSError as e:
@@ -205,6 +211,7 @@ def check_python(python: str) -> None:
             capture_output=True,
             text=True,
             env=child_env(),
+            cwd=child_cwd(),
             timeout=PYTHON_CHECK_TIMEOUT_S,
             stdin=subprocess.DEVNULL,
         )

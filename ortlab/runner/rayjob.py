@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from ortlab import cluster, safeio
-from ortlab.envvars import cache_dir, child_env, ortlab_path
+from ortlab.envvars import SAFE_PATH, cache_dir, child_cwd, child_env, ortlab_path
 from ortlab.job.channel import DOCTOR_TAG
 from ortlab.netutil import LOOPBACK_INTERFACE
 from ortlab.runfolder.objstore import StoreError, is_uri
@@ -66,11 +66,13 @@ def _python_for(spec: Any) -> tuple[str, dict[str, Any]]:
     start = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": f"{spec.target.start_timeout_s:g}"}
     if spec.target.cluster == "local":
         env = {"PYTHONPATH": ortlab_path(), "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1", **start}
+        env.update(SAFE_PATH)
         # The local head is on loopback only: so are the process groups of its Ray Train workers (their store:
         # `ortlab.job.raygroup`; gloo would otherwise bind to the address the host name resolves to).
         env["GLOO_SOCKET_IFNAME"] = LOOPBACK_INTERFACE
         return shlex.quote(sys.executable), {"env_vars": env}
-    return "python", {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1", **start}}
+    # PYTHONSAFEPATH: `python -m ortlab.job` imports nothing from the folder Ray starts it in (Python >= 3.11).
+    return "python", {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1", **SAFE_PATH, **start}}
 
 
 def _resources(spec: Any) -> dict[str, Any]:
@@ -328,6 +330,7 @@ class RayJob(Launcher):
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=child_env(),
+                cwd=child_cwd(),
                 start_new_session=True,  # outlives the kernel: a restart loses nothing
             )
         run.update_status(pid=proc.pid, create_time=process_create_time(proc.pid))

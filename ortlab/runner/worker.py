@@ -1,4 +1,8 @@
-"""Driver side: entry point of a launched run process: `python -m ortlab.runner.worker RUN_DIR [--resume]`."""
+"""Driver side: entry point of a launched run process: `python -m ortlab.runner.worker RUN_DIR [--resume] [--base DIR]`.
+
+The process runs in a folder of ortlab's (`ortlab.envvars.child_cwd`), not the caller's: `--base` is the caller's
+folder, against which the spec's relative paths (`./train.csv`, `./model`) are read, as they were written.
+"""
 
 from __future__ import annotations
 
@@ -18,11 +22,12 @@ def worker_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ortlab.runner.worker")
     p.add_argument("run_dir", type=Path)
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--base", default=None, help="the folder the spec's relative paths are relative to")
     a = p.parse_args(argv)
     run = RunDir(a.run_dir)
     try:
         join_group()  # (under torchrun: the run's group, its keys under the run's secret)
-        execute(run, resume=a.resume, progress=False)
+        execute(run, resume=a.resume, progress=False, base=a.base)
     except Exception:
         traceback.print_exc()
         return 1

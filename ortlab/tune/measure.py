@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from ortlab.accel.mix import _cuda_available
 from ortlab.accel.tcmalloc import process_env
-from ortlab.envvars import child_env
+from ortlab.envvars import child_cwd, child_env
 from ortlab.tune import share
 from ortlab.tune.cache import cache_key, cached, environment, model_identity, store
 from ortlab.tune.child import MARK
@@ -101,7 +102,8 @@ def tune_batches(
         logs = log_dir or work
         logs.mkdir(parents=True, exist_ok=True)
         config = {
-            "model_path": model_path,
+            # The candidates run in ortlab's folder (`child_cwd`): a local model folder is named in full.
+            "model_path": os.path.abspath(model_path) if os.path.isdir(model_path) else model_path,
             "task": task,
             "label_names": label_names,
             "revision": revision,
@@ -228,6 +230,7 @@ class Stepper:
             stderr=self._log,
             text=True,
             env=child_env() if env is None else env,
+            cwd=child_cwd(),  # (and a safe path, `child_env`): nothing imported from the caller's folder
         )
         self._last_error = ""
 

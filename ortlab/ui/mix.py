@@ -85,20 +85,27 @@ def _small(text: str) -> str:
 def _run_tune(spec: Any, progress: Any) -> Any:
     """`python -m ortlab.cli tune SPEC --json`: its progress lines (stderr) to `progress`, its result parsed."""
     import json
+    import os
     import subprocess
     import sys
     import tempfile
     from pathlib import Path
 
+    from ortlab.envvars import child_cwd, child_env
+
     with tempfile.TemporaryDirectory(prefix="ortlab-tune-spec-") as tmp:
         path = Path(tmp) / "spec.json"
-        path.write_text(spec.to_json())
+        # The tune runs in ortlab's folder with a safe path (nothing imported from the notebook's folder): the
+        # spec's relative paths are named in full first, from the kernel's folder, where they were written.
+        path.write_text(spec.anchored(os.getcwd()).to_json())
         proc = subprocess.Popen(
             [sys.executable, "-m", "ortlab.cli", "tune", str(path), "--json"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
             text=True,
+            env=child_env(),
+            cwd=child_cwd(),
         )
         last = ""
         assert proc.stderr is not None and proc.stdout is not None
