@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import reprlib
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
@@ -30,8 +31,32 @@ Task = Literal["sequence-classification", "token-classification", "causal-lm", "
 TASKS: tuple[str, ...] = ("sequence-classification", "token-classification", "causal-lm", "seq2seq")
 
 
+# Characters no name holds (a path, a column, a Hub id, an address): C0 controls and DEL. A NUL reached the os calls
+# as "embedded null byte", a newline passed into logs and status files as a line of its own.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# Fields of free text, where a newline is the writer's: generation prompts.
+_FREE_TEXT = frozenset({"prompts"})
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan=False: `learning_rate: .inf` passed `gt=0` and trained on NaN losses; nan failed only by accident.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _names_have_no_control_characters(cls, value: Any, info: Any) -> Any:
+        """A name with a NUL, a newline or another control character is refused with the character named, before
+        it reaches a path, a log line or a status file."""
+        if info.field_name in _FREE_TEXT:
+            return value
+        for text in [value] if isinstance(value, str) else value if isinstance(value, list) else []:
+            found = _CONTROL.search(text) if isinstance(text, str) else None
+            if found:
+                raise ValueError(
+                    f"{bounded_repr(text)} holds a control character ({found.group()!r} at position {found.start()}): "
+                    "names, paths and addresses take printable characters only"
+                )
+        return value
 
     @field_validator("*", mode="before")
     @classmethod
