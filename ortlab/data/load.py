@@ -35,7 +35,12 @@ def resolve_source(spec: DataSpec) -> tuple[str, list[str] | None]:
             raise DataError(f"data.source: {e}") from None
         return fmt, [str(path)]
     path = Path(os.path.expanduser(source))
-    if path.exists():
+    try:
+        found = path.exists()
+    except OSError as e:  # a name too long for the file system, a loop of links: the OS says which
+        shown = source if len(source) <= 80 else source[:77] + "..."
+        raise DataError(f"data.source: {shown!r} cannot be opened: {e.strerror}") from None
+    if found:
         files = data_files(path, source)
         if not files:
             raise DataError(f"data.source: the folder {source!r} has no data files ({', '.join(SUFFIX_FORMATS)})")
