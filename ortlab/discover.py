@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ortlab import safeio
 from ortlab.assets import (
     EMBEDDED_DATASETS,
     EMBEDDED_LLM_ID,
@@ -44,23 +45,35 @@ def _folder_mb(path: Path) -> float:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 2**20
 
 
+# The safetensors format's own bound on its JSON header (the file's first 8 bytes say how long it is).
+MAX_SAFETENSORS_HEADER = 100 << 20
+
+
 def _parameter_count(folder: Path) -> int | None:
-    """Parameters from the safetensors header (no weights are read)."""
+    """Parameters from the safetensors header (no weights are read); None when a file does not say plainly.
+
+    A folder found by a search may hold anything: the header's length is the file's own claim (8 bytes that once
+    made this read ask for exabytes, a MemoryError), and a `*.safetensors` may be a link to /dev/zero. So each file
+    is opened without following a link, and its header read only when it fits in the file and the format's bound."""
     import json
     import struct
 
     total = 0
-    files = list(folder.glob("*.safetensors"))
-    for f in files:
-        with f.open("rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(n))
-        for name, meta in header.items():
-            if name != "__metadata__":
-                count = 1
-                for d in meta["shape"]:
-                    count *= d
-                total += count
+    for f in folder.glob("*.safetensors"):
+        try:
+            with os.fdopen(safeio.open_in(folder, f.name), "rb") as fh:
+                (n,) = struct.unpack("<Q", fh.read(8))
+                if n > min(MAX_SAFETENSORS_HEADER, os.fstat(fh.fileno()).st_size - 8):
+                    return None
+                header = json.loads(fh.read(n))
+            for name, meta in header.items():
+                if name != "__metadata__":
+                    count = 1
+                    for d in meta["shape"]:
+                        count *= int(d)
+                    total += count
+        except (OSError, ValueError, RecursionError, struct.error, KeyError, TypeError, AttributeError):
+            return None
     return total or None
 
 

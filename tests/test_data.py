@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from ortlab import scores
@@ -26,6 +28,30 @@ def test_inspect_proposes_mapping_and_task(source, task, text, label):
     if source == "embedded:rotten-tomatoes":
         assert info.label_names == ["fresh", "rotten"]
         assert info.splits == {"train": 12808}
+
+
+def test_a_model_search_reads_no_safetensors_header_a_folder_lies_about(tmp_path):
+    """A found folder's `*.safetensors` claims a header of 2**60 bytes (a MemoryError once), or is a link to
+    /dev/zero, or holds a header that is not a table of shapes: the candidate is listed with no parameter count."""
+    import struct
+
+    from ortlab.discover import search_models
+
+    cases = {
+        "huge-header": struct.pack("<Q", 2**60) + b"{}",
+        "not-json": struct.pack("<Q", 4) + b"nope",
+        "no-shape": struct.pack("<Q", 11) + b'{"w": "x"}\n',
+    }
+    for name, data in cases.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text('{"model_type": "bert"}')
+        (tmp_path / name / "model.safetensors").write_bytes(data)
+    (tmp_path / "zero").mkdir()
+    (tmp_path / "zero" / "config.json").write_text('{"model_type": "bert"}')
+    (tmp_path / "zero" / "model.safetensors").symlink_to("/dev/zero")
+    models, _ = search_models("", folders=[str(tmp_path)])
+    found = {Path(m.id).name: m.parameters for m in models if m.where == "local"}
+    assert found == {"huge-header": None, "not-json": None, "no-shape": None, "zero": None}
 
 
 def test_offline_search_answers_at_once_with_local_candidates(tiny_bert, monkeypatch):
