@@ -32,6 +32,7 @@ import pytest
 import yaml
 from conftest import PYTHON, ROOT
 from gates import launch_gated, wait_paused
+from hostile import refuse_model_loads, refused
 
 import ortlab
 from ortlab.assets import EMBEDDED_LLM_ID
@@ -299,40 +300,13 @@ def hostile_cases(
     ]
 
 
-def _cli(args: list[str], capfd) -> tuple[int, str, BaseException | None]:
-    """`ortlab ARGS` in this process, with real file descriptors (the CLI redirects them while it trains)."""
-    from ortlab.cli import app
-
-    error = None
-    try:
-        app(args, prog_name="ortlab")
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    except BaseException as e:
-        code, error = 1, e
-    out, err = capfd.readouterr()
-    return code, out + err, error
-
-
 def test_hostile_inputs_are_refused_before_any_model_loads(tiny_bert, tiny_gpt2, tmp_path, monkeypatch, capfd):
     import torch
-    from transformers import PreTrainedModel
 
     import ortlab.assets
-    import ortlab.tasks
 
-    def no_model(*args, **kwargs):
-        raise AssertionError("a model was loaded for a hostile input")
-
-    def no_conversion(*args, **kwargs):
-        raise AssertionError("the embedded LLM was converted for a hostile input")
-
-    # Weights never load (a tokenizer and a config may be read: they are how the model is checked against the data),
-    # and the embedded LLM is not converted from GGUF, in a cache of this test's own.
-    monkeypatch.setattr(ortlab.tasks, "load_model", no_model)
-    monkeypatch.setattr(PreTrainedModel, "from_pretrained", no_model)
-    monkeypatch.setattr(ortlab.assets, "_llm_folder", no_conversion)
+    # Weights never load, and the embedded LLM is not converted from GGUF, in a cache of this test's own.
+    refuse_model_loads(monkeypatch)
     cache = tmp_path / "cache"
     cache.mkdir()
     monkeypatch.setenv("ORTLAB_CACHE_DIR", str(cache))
@@ -354,21 +328,8 @@ def test_hostile_inputs_are_refused_before_any_model_loads(tiny_bert, tiny_gpt2,
             spec_file.write_text(yaml.safe_dump({**spec, "output_dir": str(runs)}))
         else:
             spec_file = spec
-        before = {p for p in tmp_path.rglob("*") if "case-" not in str(p.relative_to(tmp_path)).split("/")[0]}
-        code, output, error = _cli(["train", str(spec_file), "--output-dir", str(runs), "--quiet"], capfd)
-        after = {p for p in tmp_path.rglob("*") if "case-" not in str(p.relative_to(tmp_path)).split("/")[0]}
-        message = " ".join(output.split())
-        problems = []
-        if code != 2:
-            problems.append(f"exit code {code} ({error!r})")
-        if word.lower() not in message.lower():
-            problems.append(f"message lacks {word!r}")
-        if "Traceback" in output:
-            problems.append("traceback shown")
-        if after - before:
-            problems.append(f"wrote outside the runs folder: {sorted(map(str, after - before))[:3]}")
-        if runs.exists() and any(runs.iterdir()):
-            problems.append("a run folder was created")
+        args = ["train", str(spec_file), "--output-dir", str(runs), "--quiet"]
+        message, problems = refused(args, runs, word, tmp_path, case, capfd)
         if (cache / "models").exists():
             problems.append("the embedded LLM's folder was made")
         shown = message.split("error: ")[-1].removeprefix("invalid run spec: - ")
