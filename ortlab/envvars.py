@@ -47,6 +47,11 @@ DISTRIBUTED_ENV = (
 )
 
 
+# A run whose Hub downloads go without the user's token (a folder from elsewhere, resumed: `ortlab.runner.trust`):
+# huggingface_hub sends no implicit token (neither the variables' nor the saved one), and the variables are emptied.
+WITHOUT_HUB_TOKEN = {"HF_HUB_DISABLE_IMPLICIT_TOKEN": "1", "HF_TOKEN": "", "HUGGING_FACE_HUB_TOKEN": ""}
+
+
 def cache_dir() -> Path:
     """ortlab's cache (doctor reports, runtimes, tune results, the embedded assets, the local Ray head):
     $ORTLAB_CACHE_DIR, else $XDG_CACHE_HOME/ortlab, else ~/.cache/ortlab. One rule, read here only."""

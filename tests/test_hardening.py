@@ -200,7 +200,7 @@ def test_two_concurrent_resumes_start_one_worker(tmp_path, monkeypatch):
     started = []
     gate = threading.Barrier(4)
 
-    def fake_start(run_dir, spec, resume=False, cwd=None):
+    def fake_start(run_dir, spec, resume=False, cwd=None, hub_token=True):
         started.append(run_dir.id)
         return None
 

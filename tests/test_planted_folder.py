@@ -312,7 +312,11 @@ def test_a_model_name_cannot_inject_front_matter(root):
     path = make_fake_run(root, "done", "completed", steps=2)
     run = RunDir(path)
     spec = yaml.safe_load(run.spec_path.read_text())
-    evil = "org/model\n---\nlicense: stolen\n<script>alert(1)</script>`"
+    spec["model"]["name"] = "org/model\n---\nlicense: stolen"
+    run.spec_path.write_text(yaml.safe_dump(spec))
+    with pytest.raises(SpecError, match="control character"):
+        model_card(run)  # a newline in a name is refused before it reaches the card's front matter
+    evil = "org/model --- license: stolen <script>alert(1)</script>`"
     spec["model"]["name"] = evil
     run.spec_path.write_text(yaml.safe_dump(spec))
     card = model_card(run)
@@ -388,7 +392,7 @@ def test_a_stop_right_after_a_resume_claims_the_run_survives(root, monkeypatch):
     ckpt.mkdir(parents=True)
     (ckpt / "trainer_state.json").write_text("{}")
     run.request_stop()  # the stop that ended it: the resume clears this one
-    monkeypatch.setattr(runner, "_start", lambda run_dir, spec, resume=False, cwd=None: None)
+    monkeypatch.setattr(runner, "_start", lambda run_dir, spec, resume=False, cwd=None, hub_token=True: None)
     real_write = rundir.write_json
 
     def write_then_stop(path, data):

@@ -16,7 +16,7 @@ import pytest
 from ortlab import safeio
 from ortlab.job.mirror import Follower, Mirror
 from ortlab.runfolder.objstore import UPLOADED, Store, StoredRun, StoreError
-from ortlab.runfolder.place import NothingThere, bring_home, new_place, place_in, probe_storage
+from ortlab.runfolder.place import NothingThere, bind, bring_home, new_place, place_in, probe_storage
 from ortlab.runfolder.rundir import RunDir, RunStateError
 from ortlab.runner import RunError
 from ortlab.runner.trust import STORAGES_ENV, storage_trusted, trusted_target
@@ -171,6 +171,7 @@ def test_one_gate_for_every_use_of_a_store_named_by_a_run_folder(s3_store, tmp_p
         RayJob().bring_home(run)
     monkeypatch.setenv(STORAGES_ENV, s3_store)
     stored = new_place(Store(s3_store), run.id, b"name: x\n")
+    bind(stored, run)
     stored.store.write_bytes("result.json", b'{"ok": 1}')
     RayJob().bring_home(run)
     assert json.loads((run.path / "result.json").read_text()) == {"ok": 1}, "a listed store's results come home"
@@ -182,9 +183,12 @@ def test_run_places_are_found_only_where_their_launch_puts_them(tmp_path):
     again = new_place(storage, "r1", b"name: r1\n")
     assert place.path.name == "r1" and again.path.name.startswith("r1-"), "a taken name gets a suffix"
     assert place.read_status()["state"] == "pending" and place.path.is_absolute()
-    assert place_in(storage, "r1", str(again.path)).path == again.path
-    assert place_in(storage, "r1", str(tmp_path / "elsewhere" / "r1")) is None
-    assert place_in(storage, "r1", str(storage / "other")) is None
+    run = RunDir.create(tmp_path / "runs", RunSpec(name="r1"))
+    bind(again, run)
+    assert place_in(storage, run, str(again.path)).path == again.path
+    assert place_in(storage, run, str(place.path)) is None, "the place of another launch of the same name"
+    assert place_in(storage, run, str(tmp_path / "elsewhere" / "r1")) is None
+    assert place_in(storage, run, str(storage / "other")) is None
     (tmp_path / "a-file").write_text("")
     with pytest.raises(StoreError, match="cannot create and write the storage folder"):
         probe_storage(tmp_path / "a-file" / "runs")
@@ -197,6 +201,7 @@ def test_the_monitor_writes_each_line_of_the_jobs_log_once_however_often_it_read
     spec = RunSpec.parse({"target": {"cluster": "local", "storage": str(tmp_path / "shared")}})
     run = RunDir.create(tmp_path / "runs", spec)
     remote = new_place(tmp_path / "shared", run.id, b"name: x\n")
+    bind(remote, run)
     run.update_status(launcher={"kind": "ray-job", "job_id": "j", "storage": str(remote.path)})
     monitor = Monitor(run.path, cluster="local")
     log = "loading the model\n" + METRIC_TAG + '{"seq": 0, "record": {"event": "step", "step": 1}}\n' + "step one\n"

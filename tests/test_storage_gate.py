@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 import ortlab.runner as runner
-from ortlab.runfolder.place import new_place, place_in
+from ortlab.runfolder.place import bind, new_place, place_in
 from ortlab.runfolder.rundir import RunDir
 from ortlab.runner import Run, RunError, trust
 from ortlab.runner.trust import STORAGES_ENV, storage_trusted
@@ -127,7 +127,13 @@ def test_a_listed_storage_folder_is_used_and_a_link_out_of_it_is_not(tmp_path, v
     assert not storage_trusted("relative/shared"), "a listed folder is absolute (relative to which folder?)"
 
     monkeypatch.setenv(STORAGES_ENV, str(shared))
-    mine = _planted(tmp_path / "runs", victim)  # (now: the user's own run, its storage listed)
+    planted = _planted(tmp_path / "runs", victim)
+    before = _snapshot(victim.path)
+    with pytest.raises(RunError, match="not the one this run folder's launch made"):
+        Run(planted.path).bring_home()  # a listed storage, a folder named as the user's run: still not its place
+    assert not planted.model_dir.exists() and _snapshot(victim.path) == before
+    mine = planted
+    bind(victim, mine)  # (now: the user's own run, its storage listed, the place its launch made)
     Run(mine.path).bring_home()
     assert (mine.model_dir / "config.json").read_bytes() == (victim.model_dir / "config.json").read_bytes()
 
@@ -136,7 +142,7 @@ def test_a_run_launched_in_this_process_resumes_and_comes_home_without_a_listing
     """The user's own spec names its storage: `launch` remembers it for this process (the sidebar's server too),
     so its run's monitor, a bring-home and a resume work as before; a run folder never adds to that."""
     monkeypatch.setattr(runner, "check", lambda spec: {})
-    monkeypatch.setattr(runner, "_start", lambda run, spec, resume=False, cwd=None: None)
+    monkeypatch.setattr(runner, "_start", lambda run, spec, resume=False, cwd=None, hub_token=True: None)
     storage = tmp_path / "mine"
     assert not storage_trusted(str(storage))
     Run(_planted_plain(tmp_path / "other", storage).path)  # reading a folder names nothing
@@ -151,17 +157,20 @@ def _planted_plain(root: Path, storage: Path) -> RunDir:
 
 def test_a_remote_place_is_exactly_where_the_launch_put_it(tmp_path):
     storage = tmp_path / "shared"
+    run = RunDir.create(tmp_path / "runs", RunSpec(name="r1"))
     place = new_place(storage, "r1", b"name: r1\n")
-    assert place_in(storage, "r1", str(place.path)) is not None
+    assert place_in(storage, run, str(place.path)) is None, "a place this folder's launch did not make (no secret)"
+    bind(place, run)
+    assert place_in(storage, run, str(place.path)) is not None
     for recorded in (
         f"{storage}/../shared/r1",  # the same folder, spelled with '..'
         f"{storage}/./r1",
         "shared/r1",  # relative: to whose folder?
         f"{storage}/r1/",
     ):
-        assert place_in(storage, "r1", recorded) is None, recorded
+        assert place_in(storage, run, recorded) is None, recorded
     (storage / "r1-abcdef").symlink_to(tmp_path / "elsewhere")
-    assert place_in(storage, "r1", str(storage / "r1-abcdef")) is None, "a link in the storage is not a place"
+    assert place_in(storage, run, str(storage / "r1-abcdef")) is None, "a link in the storage is not a place"
 
 
 @pytest.mark.parametrize(

@@ -91,11 +91,19 @@ def resume(
             "it is 'local' or listed in $ORTLAB_RAY_ADDRESSES)"
         ),
     ] = None,
+    hub_token: Annotated[
+        bool,
+        typer.Option(
+            "--hub-token",
+            help="send your Hugging Face token with the Hub downloads of a run folder you did not launch here (a "
+            "folder from elsewhere resumes without it)",
+        ),
+    ] = False,
 ) -> None:
     """Continue a stopped run from its last checkpoint (in the background; watch with `ortlab follow`)."""
     run = attach(run_id, root)
     with reported():
-        run.resume(python=python, cluster=cluster)
+        run.resume(python=python, cluster=cluster, hub_token=hub_token)
     typer.echo(f"resumed {run.id}; watch it with: ortlab follow {run.path}")
 
 

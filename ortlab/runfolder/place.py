@@ -14,6 +14,7 @@ run folder, and loses nothing on the way (see its docstring).
 from __future__ import annotations
 
 import contextlib
+import hmac
 import os
 import re
 import secrets
@@ -88,6 +89,32 @@ def place_at(where: str | os.PathLike) -> RunPlace:
     return StoredRun(Store(str(where))) if is_uri(where) else RunDir(where)
 
 
+# The secret a launch shares between a local run folder (its control/, mode 0600) and the remote place it made (its
+# root): how `place_in` tells the place made for this folder from one a planted folder's status points at.
+PLACE_TOKEN = "control/place-token"
+ORIGIN = "origin"
+
+
+def bind(place: RunPlace, run: RunDir) -> None:
+    """Bind the new remote `place` to the local `run` that launched it: a fresh secret in both."""
+    token = secrets.token_hex(16).encode()
+    if isinstance(place, StoredRun):
+        place.store.write_bytes(ORIGIN, token)
+    else:
+        safeio.write_bytes(place.path, ORIGIN, token, durable=True, mode=0o600)
+    safeio.write_bytes(run.path, PLACE_TOKEN, token, durable=True, mode=0o600)
+
+
+def bound(place: RunPlace, run: RunDir) -> bool:
+    """Was `place` made by `run`'s launch (`bind`)? False when either side's secret is missing or unreadable."""
+    try:
+        mine = safeio.read_bytes(run.path, PLACE_TOKEN, limit=64)
+        theirs = place.read_small(ORIGIN)
+    except (OSError, StoreError):
+        return False
+    return len(mine) == 32 and hmac.compare_digest(mine, theirs)
+
+
 def new_place(storage: Storage, run_id: str, spec_yaml: bytes) -> RunPlace:
     """A new run place for `run_id` in `storage`, holding the spec and a `pending` status: `<storage>/<run id>`,
     or `<run id>-<6 hex>` when that is taken (run ids are unique in their runs folder, not in a storage that runs
@@ -114,10 +141,17 @@ def new_place(storage: Storage, run_id: str, spec_yaml: bytes) -> RunPlace:
     return remote
 
 
-def place_in(storage: Storage, run_id: str, recorded: Any) -> RunPlace | None:
-    """The run place `recorded` names, if it is one `new_place` could have made for `run_id` in `storage`, else
-    None. A status is a file of the run folder, and a folder may come from anyone: a planted path naming another
-    folder would have a resume claim it and the monitor bring its files home."""
+def place_in(storage: Storage, run: RunDir, recorded: Any) -> RunPlace | None:
+    """The run place `recorded` names, if `run`'s launch made it in `storage` (where `new_place` puts it, and bound
+    to `run` by `bind`), else None. A status is a file of the run folder, and a folder may come from anyone: a
+    planted path naming another folder would have a resume claim it and the monitor bring its files home; a
+    planted folder named as one of the user's runs, in a storage the user listed, names exactly where that run's
+    place is, and only the secret tells them apart."""
+    place = _place_named(storage, run.id, recorded)
+    return place if place is not None and bound(place, run) else None
+
+
+def _place_named(storage: Storage, run_id: str, recorded: Any) -> RunPlace | None:
     if not isinstance(recorded, str):
         return None
     if isinstance(storage, Store):

@@ -27,6 +27,7 @@ from typing import Any
 
 from ortlab.export import export_onnx
 from ortlab.publish import push_to_hub
+from ortlab.runfolder import vouch
 from ortlab.runfolder.compare import compare
 from ortlab.runfolder.rundir import (
     DAMAGED,
@@ -176,7 +177,9 @@ class Run:
     def unpause(self) -> None:
         self.dir.clear_pause()
 
-    def resume(self, python: str | None = None, cluster: str | None = None, cwd: str | None = None) -> Run:
+    def resume(
+        self, python: str | None = None, cluster: str | None = None, cwd: str | None = None, hub_token: bool = False
+    ) -> Run:
         """Continue a stopped (or failed) run from its last checkpoint, in a new run process.
 
         Exclusive: the run is claimed (`pending`) under its status lock, so a second `resume` of the same run,
@@ -186,6 +189,10 @@ class Run:
         started only when it is this one, one of ortlab's runtimes, or one listed in $ORTLAB_TRUSTED_PYTHONS; the
         Ray token goes only to 'local' or an address in $ORTLAB_RAY_ADDRESSES. Otherwise RunError says how to allow
         it: `python=` / `cluster=` resume in the interpreter / on the cluster you name here instead of the folder's.
+
+        A folder the user launched carries their mark (`ortlab.runfolder.vouch`) and resumes as launched, without
+        these gates. Any other is a stranger's: besides the gates, the Hub models and data its spec names are
+        fetched without the user's Hub token, unless `hub_token=True` (`--hub-token`) says to send it.
         """
         spec = self.spec()
         if self.dir.last_checkpoint() is None:
@@ -193,7 +200,10 @@ class Run:
             if state not in ("stopped", "failed"):
                 raise RunError(f"run {self.id} is {state}: only a stopped or failed run can resume")
             raise RunError(f"run {self.id} has no checkpoint to resume from (it stopped before its first save)")
-        spec = trusted_target(self.id, spec, python=python, cluster=cluster)
+        # A folder the user launched carries their mark (runfolder.vouch); any other is a stranger's, gated.
+        vouched = vouch.marked(self.dir)
+        spec = trusted_target(self.id, spec, python=python, cluster=cluster, vouched=vouched)
+        hub_token = vouched or hub_token
         check(spec)  # the stored mix, against the target it resumes on (a fp16 run on a machine without CUDA...)
         self.status()  # a dead 'running' run becomes 'failed' (and so resumable) here
         try:
@@ -208,7 +218,7 @@ class Run:
             ) from None
         except OSError as e:  # a planted link in control/ or at .status.lock
             raise RunError(f"run {self.id} is damaged and cannot resume: {e}") from None
-        self._process = _start(self.dir, spec, resume=True, cwd=cwd)
+        self._process = _start(self.dir, spec, resume=True, cwd=cwd, hub_token=hub_token)
         return self
 
     def bring_home(self) -> None:
@@ -288,9 +298,12 @@ def target_doctor(spec: Any) -> dict[str, Any]:
     return launcher_for(spec).doctor(spec)
 
 
-def _start(run: RunDir, spec: Any, resume: bool = False, cwd: str | None = None) -> subprocess.Popen:
-    """Start the worker of a claimed (`pending`) run folder on its target (checked before by `check`)."""
-    return launcher_for(spec).start(run, spec, resume=resume, cwd=cwd)
+def _start(
+    run: RunDir, spec: Any, resume: bool = False, cwd: str | None = None, hub_token: bool = True
+) -> subprocess.Popen:
+    """Start the worker of a claimed (`pending`) run folder on its target (checked before by `check`).
+    `hub_token=False`: its Hub downloads go without the user's token (a folder from elsewhere, resumed)."""
+    return launcher_for(spec).start(run, spec, resume=resume, cwd=cwd, hub_token=hub_token)
 
 
 def launch(
@@ -318,6 +331,7 @@ def launch(
     if spec.target.storage:  # the user's own spec: this process may resume it and bring it home (trust.storage_gate)
         storage_named(spec.target.storage)
     run_dir = RunDir.create(root or spec.output_dir, spec)
+    vouch.mark(run_dir)  # the user's own spec: its resume is not gated as a stranger's folder (runfolder.vouch)
     run = Run(run_dir.path)
     run._process = _start(run_dir, spec, cwd=None if cwd is None else str(cwd))
     return run

@@ -29,6 +29,7 @@ from ortlab.accel.mix import MixError, mix_of, runtime_for, validate
 from ortlab.fit import check
 from ortlab.lifecycle.execute import execute
 from ortlab.probe import doctor
+from ortlab.runfolder import vouch
 from ortlab.runfolder.rundir import RunDir, check_output_folder, process_create_time
 from ortlab.runner.launcher import Launcher, RunError
 from ortlab.spec import RunSpec, SpecError
@@ -75,7 +76,9 @@ class Foreground(Launcher):
             self.log(f"checking the model ({spec.model.name}) and the data ({spec.data.source}) ...")
         self.checked = check(spec, self.log)
 
-    def start(self, run: RunDir, spec: Any, resume: bool = False, cwd: str | None = None) -> None:
+    def start(
+        self, run: RunDir, spec: Any, resume: bool = False, cwd: str | None = None, hub_token: bool = True
+    ) -> None:
         """Train `run` here until it ends; `self.result` is its result. (`cwd` cannot apply: relative paths in
         the spec are this process's own.)"""
 
@@ -116,5 +119,6 @@ def train_spec(
     launcher = Foreground(view, progress, log, on_metrics)
     launcher.check(spec)
     run = RunDir.create(spec.output_dir, spec)
+    vouch.mark(run)  # the user's own spec: its resume is not gated as a stranger's folder (runfolder.vouch)
     launcher.start(run, spec)
     return launcher.result or {}

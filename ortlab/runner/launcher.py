@@ -55,10 +55,13 @@ class Launcher:
         """Raise RunError naming every reason `spec` cannot run on this target; may return a doctor report."""
         raise NotImplementedError
 
-    def start(self, run: RunDir, spec: Any, resume: bool = False, cwd: str | None = None) -> subprocess.Popen | None:
+    def start(
+        self, run: RunDir, spec: Any, resume: bool = False, cwd: str | None = None, hub_token: bool = True
+    ) -> subprocess.Popen | None:
         """Start the worker of a claimed run folder. A start that fails ends the run `failed` and raises RunError.
         `cwd`: where relative paths in the spec mean something (default: this process's folder). None: the run
-        trained in this process and has ended (the foreground launcher)."""
+        trained in this process and has ended (the foreground launcher). `hub_token=False`: the run's Hub downloads go
+        without the user's Hugging Face token (a resumed folder from elsewhere: `Run.resume`)."""
         raise NotImplementedError
 
     def terminate(self, run: RunDir, status: dict[str, Any]) -> None:

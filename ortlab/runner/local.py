@@ -30,12 +30,18 @@ from typing import Any
 
 from ortlab.accel.tcmalloc import process_env
 from ortlab.adapters import AdapterError, check_installed
-from ortlab.envvars import child_cwd, child_env
+from ortlab.envvars import WITHOUT_HUB_TOKEN, child_cwd, child_env
 from ortlab.probe import cached_report, doctor
 from ortlab.runfolder.rundir import RunDir, process_create_time
 from ortlab.runner.launcher import Launcher, RunError, mix_problems
 from ortlab.runtimes import state_of
 from ortlab.trackers import not_installed
+
+# The run log's line when a resumed folder from elsewhere starts without the user's Hub token (`Run.resume`).
+HUB_TOKEN_WITHHELD = (
+    "(this run folder does not carry your mark: you did not launch it here, or its spec.yaml changed since, so its "
+    "Hub downloads go without your Hugging Face token; `ortlab resume RUN --hub-token` sends it)"
+)
 
 # How long a named interpreter may take to import torch, transformers and ortlab before it is refused.
 PYTHON_CHECK_TIMEOUT_S = 120
@@ -107,13 +113,17 @@ class Local(Launcher):
             *worker,
         ], runtime
 
-    def start(self, run: RunDir, spec: Any, resume: bool = False, cwd: str | None = None) -> subprocess.Popen:
+    def start(
+        self, run: RunDir, spec: Any, resume: bool = False, cwd: str | None = None, hub_token: bool = True
+    ) -> subprocess.Popen:
         """Start the worker; status.json records its pid and create time (how a reader tells it is alive), the
         first words of its command, and the ortlab runtime chosen ("current" when it runs where the spec says)."""
         cmd, runtime = self.command(run, spec, resume, base=cwd)
         # Opened without following a link: a planted logs/run.log link would get the run's output appended elsewhere.
         with os.fdopen(run.open_log(), "ab") as log:
             log.write(f"\n$ {' '.join(cmd)}\n".encode())
+            if not hub_token:
+                log.write(HUB_TOKEN_WITHHELD.encode() + b"\n")
             log.flush()
             try:
                 # Its own session: a stop or kill reaches the whole group (torchrun and its workers), and a notebook
@@ -124,7 +134,7 @@ class Local(Launcher):
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
-                    env=allocator_env(spec, cmd[0]),
+                    env={**allocator_env(spec, cmd[0]), **({} if hub_token else WITHOUT_HUB_TOKEN)},
                     cwd=child_cwd(),
                     start_new_session=True,
                 )

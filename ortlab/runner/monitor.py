@@ -71,12 +71,13 @@ def recorded_storage(run: RunDir, spec: Any) -> RunPlace:
     launcher = run.read_status().get("launcher")
     recorded = launcher.get("storage") if isinstance(launcher, dict) else None
     storage = storage_for(spec)
-    place = place_in(storage, run.id, recorded)
+    place = place_in(storage, run, recorded)
     if place is None:
         expected = storage.child(run.id).uri if isinstance(storage, Store) else storage / run.id
         raise RunError(
-            f"run {run.id}: its status names the remote folder {recorded!r}, which is not {expected} "
-            "(where its launch puts it); the run folder was edited or damaged, so ortlab will not use that folder"
+            f"run {run.id}: its status names the remote folder {recorded!r}, which is not {expected} (where its "
+            "launch puts it) or not the one this run folder's launch made (their shared secret differs or is "
+            "missing); the run folder was edited, copied or damaged, so ortlab will not use that folder"
         )
     return place
 

@@ -27,11 +27,12 @@ import time
 from typing import Any
 
 from ortlab import cluster, safeio
-from ortlab.envvars import SAFE_PATH, cache_dir, child_cwd, child_env, ortlab_path
+from ortlab.envvars import SAFE_PATH, WITHOUT_HUB_TOKEN, cache_dir, child_cwd, child_env, ortlab_path
 from ortlab.job.channel import DOCTOR_TAG
 from ortlab.netutil import LOOPBACK_INTERFACE
+from ortlab.runfolder import vouch
 from ortlab.runfolder.objstore import StoreError, is_uri
-from ortlab.runfolder.place import bring_home, new_place, probe_storage
+from ortlab.runfolder.place import bind, bring_home, new_place, probe_storage
 from ortlab.runfolder.rundir import RunDir, RunStateError, pause_step, process_create_time
 from ortlab.runner.launcher import Launcher, RunError, mix_problems
 from ortlab.runner.monitor import job_log_tail, recorded_storage, storage_for
@@ -270,7 +271,9 @@ class RayJob(Launcher):
         """What the job's entrypoint reserves on the cluster: here, the one training process's CPUs and GPUs."""
         return _resources(spec)
 
-    def start(self, run: RunDir, spec: Any, resume: bool = False, cwd: str | None = None) -> subprocess.Popen:
+    def start(
+        self, run: RunDir, spec: Any, resume: bool = False, cwd: str | None = None, hub_token: bool = True
+    ) -> subprocess.Popen:
         """Submit the job of a claimed (`pending`) local run folder and start its monitor."""
         storage = storage_for(spec)
         client = _client(spec)
@@ -299,10 +302,13 @@ class RayJob(Launcher):
                 raise RunError(f"run {run.id} could not resume on the cluster: {e}") from None
         else:
             remote = new_place(storage, run.id, safeio.read_bytes(run.path, "spec.yaml"))
+            bind(remote, run)  # (only this folder can claim it or bring it home: `place.place_in`)
         pause = run.read_pause()
         if pause is not None:  # a gate set before the start holds the remote run from its first step
             remote.request_pause(pause_step(pause))
         python, runtime_env = _python_for(spec)
+        if not hub_token:
+            runtime_env["env_vars"].update(WITHOUT_HUB_TOKEN)
         entry = f"{python} {self.entrypoint(spec, shlex.quote(str(remote.path)))}"
         job_id = f"ortlab-{run.id}-{secrets.token_hex(4)}"
         try:
@@ -356,7 +362,8 @@ class RayJob(Launcher):
 
     def bring_home(self, run: RunDir) -> None:
         spec = RunSpec.from_run(run)
-        storage_gate(run.id, spec)  # this machine's credentials sign the requests: only to a store the user listed
+        # This machine's credentials sign the requests: only to a store the user listed, or named in the launch.
+        storage_gate(run.id, spec, vouch.marked(run))
         remote = recorded_storage(run, spec)
         try:
             left = bring_home(remote, run)

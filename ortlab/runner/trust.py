@@ -90,14 +90,14 @@ def _normalised(uri: str) -> tuple[str, tuple[str, ...], tuple[tuple[str, str], 
     return f"{parts.scheme.lower()}://{parts.netloc}", segments, options
 
 
-def storage_gate(run_id: str, spec: Any) -> None:
+def storage_gate(run_id: str, spec: Any, vouched: bool = False) -> None:
     """The one gate before a run folder's storage, folder or object store, is read or written (resume, with or
     without a cluster named, whose claim writes the remote status; bringing results home; the sidebar's actions,
     which go through these): the storage must be one the user listed or named in this process. RunError saying
     how to allow it. The default storage of `ortlab cluster start`'s head (no target.storage) is ortlab's own
     folder under the user's cluster folder, not one a run folder names."""
     storage = spec.target.storage
-    if not storage or storage_trusted(storage):
+    if vouched or not storage or storage_trusted(storage):  # (vouched: the user named it in the launch's spec)
         return
     how = (
         f"If you trust it, list it in ${STORAGES_ENV} (separated by spaces: object-store URIs, folders as absolute "
@@ -133,14 +133,16 @@ def trusted_pythons() -> list[str]:
     return [p for p in os.environ.get(TRUSTED_PYTHONS_ENV, "").split(os.pathsep) if p.strip()]
 
 
-def trusted_target(run_id: str, spec: Any, python: str | None = None, cluster: str | None = None) -> Any:
+def trusted_target(
+    run_id: str, spec: Any, python: str | None = None, cluster: str | None = None, vouched: bool = False
+) -> Any:
     """The spec a resumed run starts with: its folder's, whose interpreter and cluster address must be ones the
     user vouches for on this machine, or the folder's with the interpreter / address the user names here.
 
     Why here and not in RunSpec: a spec is the same value whoever wrote it; what differs is who named it.
     """
     target = spec.target
-    storage_gate(run_id, spec)  # naming the cluster (or the interpreter) is not naming the store
+    storage_gate(run_id, spec, vouched)  # naming the cluster (or the interpreter) is not naming the store
     if python is not None or cluster is not None:
         if python is not None and cluster is not None:
             raise RunError("resume: python and cluster exclude each other (a cluster run uses the cluster's python)")
@@ -154,6 +156,8 @@ def trusted_target(run_id: str, spec: Any, python: str | None = None, cluster: s
             return RunSpec.parse(data)
         except SpecError as e:
             raise RunError(str(e)) from None
+    if vouched:  # a folder the user launched (runfolder.vouch): its target is the one they named then
+        return spec
     if target.python and not python_trusted(target.python):
         raise RunError(
             f"run {run_id}: its spec.yaml names the interpreter {target.python!r} (target.python), and ortlab does not "
