@@ -17,6 +17,7 @@ import ortlab
 from ortlab.job import channel
 from ortlab.job.mirror import LIVE_S, Mirror
 from ortlab.runfolder.objstore import Store, StoredRun
+from ortlab.runfolder.place import bind
 from ortlab.runfolder.rundir import RunDir
 from ortlab.runner import monitor as raymonitor
 
@@ -108,6 +109,7 @@ def test_a_ray_train_runs_records_come_home_from_the_store_while_the_jobs_log_is
     local.status_path.write_text(json.dumps({"state": "running", "launcher": launcher}))
     spec = ortlab.RunSpec(target={"cluster": "local", "storage": s3_store, "processes": 2})
     local.spec_path.write_text(spec.to_yaml())
+    bind(stored, local)  # (what the launch does: the place is this folder's, `place.place_in`)
 
     rank0 = Mirror(stored, RunDir(tmp_path / "rank0" / "live"), checkpoints=False, metrics_every=LIVE_S)
     rank0.pull(resume=False)

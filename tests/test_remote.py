@@ -27,6 +27,7 @@ from ortlab import cluster
 from ortlab.cluster import head as cluster_head
 from ortlab.job import channel
 from ortlab.runfolder.compare import row_for
+from ortlab.runfolder.place import bind
 from ortlab.runfolder.rundir import RunDir, process_alive
 from ortlab.runner import RunError
 from ortlab.runner import monitor as raymonitor
@@ -352,6 +353,7 @@ def _monitor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch | None = None):
     local.status_path.write_text(json.dumps({"state": "running", "launcher": launcher}))
     spec = ortlab.RunSpec(target={"cluster": "local", "storage": str(tmp_path / "storage")})
     local.spec_path.write_text(spec.to_yaml())
+    bind(storage, local)  # (what the launch does: the place is this folder's, `place.place_in`)
     return raymonitor.Monitor(local.path, "local"), local
 
 
