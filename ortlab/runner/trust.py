@@ -7,7 +7,8 @@ run starts only an interpreter the user vouches for on this machine (this one, o
 in $ORTLAB_TRUSTED_PYTHONS) and talks only to an address the user named ('local', or one in
 $ORTLAB_RAY_ADDRESSES), or to the interpreter / address named for that resume; and its storage (an object store,
 whose requests this machine's credentials sign, or a folder: both hold other runs) is read and written only where
-the user listed it in $ORTLAB_STORAGE_URIS or named it in a spec launched in this process.
+the user listed it in $ORTLAB_STORAGE_URIS or named it in a spec launched in this process. A folder the user
+launched carries their mark (`ortlab.runfolder.vouch`) and resumes as launched, none of this asked again.
 """
 
 from __future__ import annotations
@@ -137,7 +138,8 @@ def trusted_target(
     run_id: str, spec: Any, python: str | None = None, cluster: str | None = None, vouched: bool = False
 ) -> Any:
     """The spec a resumed run starts with: its folder's, whose interpreter and cluster address must be ones the
-    user vouches for on this machine, or the folder's with the interpreter / address the user names here.
+    user vouches for on this machine, or the folder's with the interpreter / address the user names here. A folder
+    that carries the user's mark (`vouched`: they launched it, `ortlab.runfolder.vouch`) resumes as launched.
 
     Why here and not in RunSpec: a spec is the same value whoever wrote it; what differs is who named it.
     """
