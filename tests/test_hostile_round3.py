@@ -9,8 +9,8 @@ Four surfaces, each case through the face a user would use:
 - the notebook (`Run.resume`, `Run.bring_home`) on planted run folders: RunError, and nothing of another run
   touched (compared byte for byte).
 
-It writes the table to test-artifacts/hostile-round3.md; docs/reliability.md carries it, and
-`test_the_docs_table_lists_every_case` keeps the two in step. A last test reads a planted run folder whose every
+One test runs them all and writes the table to test-artifacts/hostile-round3.md; docs/reliability.md carries it,
+and the same test keeps the two in step. A last test reads a planted run folder whose every
 file is a few KB of the worst kind with every reader ortlab has, each within 1 s of CPU and 100 MB.
 """
 
@@ -38,18 +38,8 @@ from ortlab.runner import Run, RunError, trust
 from ortlab.runner.trust import STORAGES_ENV
 from ortlab.spec import RunSpec
 
-ROWS: list[dict[str, Any]] = []
 DOC = ROOT / "docs" / "reliability.md"
 TITLE = "## Hostile inputs, round three"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def report():
-    yield
-    out = ROOT / "test-artifacts"
-    out.mkdir(exist_ok=True)
-    (out / "hostile-round3.json").write_text(json.dumps(ROWS, indent=2))
-    (out / "hostile-round3.md").write_text(render(ROWS))
 
 
 def render(rows: list[dict[str, Any]]) -> str:
@@ -75,10 +65,10 @@ def _cell(text: str, width: int = 150) -> str:
     return text if len(text) <= width else text[: width - 1].rsplit(" ", 1)[0] + " …"
 
 
-def _row(surface: str, case: str, message: str, problems: list[str], tmp: Path) -> str | None:
+def _row(rows: list[dict], surface: str, case: str, message: str, problems: list[str], tmp: Path) -> str | None:
     shown = message.split("error: ")[-1].removeprefix("invalid run spec: - ").replace(str(tmp), "TMP")
     shown = re.sub(r"/tmp/pytest-of-[^/]+/pytest-\d+/[^/' ]+", "TMP", shown)  # (the session's models)
-    ROWS.append({"surface": surface, "case": case, "message": shown, "ok": not problems})
+    rows.append({"surface": surface, "case": case, "message": shown, "ok": not problems})
     return f"{surface} / {case}: {'; '.join(problems)}\n    got: {message[:300]}" if problems else None
 
 
@@ -232,7 +222,8 @@ def cli_cases(f: dict[str, Path], tiny_bert: Path, tiny_chat_llama: Path) -> lis
     ]
 
 
-def test_the_cli_refuses_every_case_before_any_model_loads(tiny_bert, tiny_chat_llama, tmp_path, monkeypatch, capfd):
+def _cli_part(rows: list[dict], tiny_bert: Path, tiny_chat_llama: Path, tmp_path: Path, monkeypatch, capfd) -> list:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     refuse_model_loads(monkeypatch)
     monkeypatch.setenv("ORTLAB_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)
@@ -252,9 +243,8 @@ def test_the_cli_refuses_every_case_before_any_model_loads(tiny_bert, tiny_chat_
         message, problems = refused(
             ["train", str(spec_file), *out, *extra, "--quiet"], runs, word, tmp_path, case, capfd
         )
-        failures.append(_row("CLI", what, message, problems, tmp_path))
-    assert len(cli_cases(files, tiny_bert, tiny_chat_llama)) >= 35
-    assert not [f for f in failures if f], "\n".join(f for f in failures if f)
+        failures.append(_row(rows, "CLI", what, message, problems, tmp_path))
+    return failures
 
 
 # --- the server ------------------------------------------------------------------------------------------------
@@ -319,7 +309,7 @@ def _files(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def test_the_servers_routes_answer_every_case_in_ortlabs_words(api, runs_root, tmp_path):
+def _server_part(rows: list[dict], api: Api, runs_root: Path, tmp_path: Path) -> list:
     make_fake_run(runs_root, "live", "running", steps=3)
     victim = _victim(tmp_path / "shared")
     before = _files(victim.path)
@@ -367,15 +357,16 @@ def test_the_servers_routes_answer_every_case_in_ortlabs_words(api, runs_root, t
             problems.append("Python's words")
         if code == 200:
             message = answer.get("spec_error") or message
-        failures.append(_row("server", what, f"{got}: {message}", problems, tmp_path))
-    assert _files(victim.path) == before, "the victim's remote place changed"
-    assert not [f for f in failures if f], "\n".join(f for f in failures if f)
+        failures.append(_row(rows, "server", what, f"{got}: {message}", problems, tmp_path))
+    if _files(victim.path) != before:
+        failures.append("server: the victim's remote place changed")
+    return failures
 
 
 # --- the notebook ----------------------------------------------------------------------------------------------
 
 
-def test_the_notebook_and_cli_refuse_planted_folders_and_touch_nothing(tmp_path, capfd):
+def _notebook_part(rows: list[dict], tmp_path: Path, capfd) -> list:
     root = tmp_path / "runs"
     victim = _victim(tmp_path / "shared")
     before = _files(victim.path)
@@ -404,13 +395,38 @@ def test_the_notebook_and_cli_refuse_planted_folders_and_touch_nothing(tmp_path,
             message, problems = str(e), [] if word in str(e) else [f"message lacks {word!r}"]
         if planted.status_path.read_bytes() != status:
             problems.append("the planted folder's status changed")
-        failures.append(_row("notebook", what, message, problems, tmp_path))
+        failures.append(_row(rows, "notebook", what, message, problems, tmp_path))
     code, output, _ = cli(["resume", victim.id, "--root", str(root), "--cluster", "local"], capfd)
     message = " ".join(output.split())
     problems = [] if code == 2 and "names the storage folder" in message and "Traceback" not in output else ["bad"]
-    failures.append(_row("CLI", "`ortlab resume RUN --cluster local` of the same folder", message, problems, tmp_path))
-    assert _files(victim.path) == before, "the victim's remote place changed"
+    failures.append(
+        _row(rows, "CLI", "`ortlab resume RUN --cluster local` of the same folder", message, problems, tmp_path)
+    )
+    if _files(victim.path) != before:
+        failures.append("notebook: the victim's remote place changed")
+    return failures
+
+
+def test_every_hostile_input_is_refused_in_ortlabs_words(
+    api, runs_root, tiny_bert, tiny_chat_llama, tmp_path, monkeypatch, capfd
+):
+    """One test for the whole table, so that it is whole whatever order the suite runs in: the server's cases, the
+    CLI's (in a folder of their own: nothing they write may land outside it), the notebook's. It writes
+    test-artifacts/hostile-round3.md, and docs/reliability.md must carry every case of it."""
+    rows: list[dict] = []
+    failures = _server_part(rows, api, runs_root, tmp_path)
+    failures += _cli_part(rows, tiny_bert, tiny_chat_llama, tmp_path / "cli", monkeypatch, capfd)
+    failures += _notebook_part(rows, tmp_path / "notebook", capfd)
+    out = ROOT / "test-artifacts"
+    out.mkdir(exist_ok=True)
+    (out / "hostile-round3.json").write_text(json.dumps(rows, indent=2))
+    (out / "hostile-round3.md").write_text(render(rows))
     assert not [f for f in failures if f], "\n".join(f for f in failures if f)
+    assert len(rows) >= 50
+    documented = DOC.read_text().split(TITLE, 1)[-1]
+    missing = [r["case"] for r in rows if f"| {r['case']} |" not in documented]
+    assert not missing, f"docs/reliability.md lacks these cases (copy test-artifacts/hostile-round3.md): {missing}"
+    assert f"{TITLE}: {len(rows)} of {len(rows)} refused cleanly" in DOC.read_text()
 
 
 # --- any reader, on a run folder from elsewhere ------------------------------------------------------------------
@@ -517,13 +533,3 @@ def test_a_run_folder_from_elsewhere_costs_any_reader_at_most_1_s_and_100_mb(tmp
     out.mkdir(exist_ok=True)
     (out / "planted-reader-costs.json").write_text(json.dumps(costs, indent=2))
     assert not failures, failures
-
-
-def test_the_docs_table_lists_every_case():
-    """docs/reliability.md carries this module's table: every case it ran is there, and none that it did not."""
-    if len(ROWS) < 50:
-        pytest.skip("run with the whole module: the table is made by its other tests")
-    documented = DOC.read_text().split(TITLE, 1)[-1]
-    missing = [r["case"] for r in ROWS if f"| {r['case']} |" not in documented]
-    assert not missing, f"docs/reliability.md lacks these cases (copy test-artifacts/hostile-round3.md): {missing}"
-    assert f"{TITLE}: {len(ROWS)} of {len(ROWS)} refused cleanly" in DOC.read_text()

@@ -85,3 +85,30 @@ def test_without_the_log_api_the_stream_is_read_keeping_only_its_end():
     text, how = raymonitor.job_log_tail(_StreamOnly(pieces), "job-1", limit=100)
     assert len(text.encode()) <= 100 and "cut line" not in text and text.startswith("early line\n")
     assert how == "the job's log streamed, its last 100 bytes kept"
+
+
+class _EmptyAnswer(_StreamOnly):
+    """A head whose log API answers 200 and nothing (its log agent cannot find the job's file yet)."""
+
+    def _do_request(self, method: str, endpoint: str, **kwargs):
+        return _Response(0, b"")
+
+
+def test_an_empty_answer_of_the_log_api_is_asked_again_from_the_stream():
+    """The doctor's report on a head just started: the log API found no file and said nothing, and the report was
+    "could not run" with no line to show; the stream has the log."""
+    report = channel.DOCTOR_TAG + "{}\n"
+    text, how = raymonitor.job_log_tail(_EmptyAnswer(["starting\n", report]), "job-1", lines=10, limit=1 << 20)
+    assert text == "starting\n" + report and "streamed" in how
+
+
+def test_the_stream_is_read_where_an_event_loop_runs_already():
+    """A notebook's kernel runs an event loop: `asyncio.run` refused there, and the doctor's report came back empty
+    (the cluster notebook failed with "ortlab's doctor could not run")."""
+    import asyncio
+
+    async def in_a_kernel() -> tuple[str, str]:
+        return raymonitor.job_log_tail(_EmptyAnswer(["a\n", "b\n"]), "job-1", lines=10, limit=1 << 20)
+
+    text, how = asyncio.run(in_a_kernel())
+    assert text == "a\nb\n" and "streamed" in how

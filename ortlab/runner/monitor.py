@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import threading
 import time
 from typing import Any
 
@@ -427,8 +428,9 @@ def job_log_tail(client: Any, job_id: str, lines: int | None = None, limit: int 
     Ray Jobs' `get_job_logs` sends the whole log in one answer, whatever its size, and the catch-up held all of it
     (twice: the text, then its lines). Ray's log API (`/api/v0/logs/file?submission_id=..&lines=N`, what
     `ray logs job --tail` asks) reads the file's tail on the head; its answer is streamed here and only its last
-    `limit` bytes kept. Where that is refused (a head without the log API), the log's stream (`tail_job_logs`, Ray's
-    public client) is read to its end keeping only the last `limit` bytes: the whole log is sent, but never held."""
+    `limit` bytes kept. Where that is refused (a head without the log API) or answers nothing, the log's stream
+    (`tail_job_logs`, Ray's public client) is read to its end keeping only the last `limit` bytes: the whole log is
+    sent, but never held."""
     import asyncio
     from urllib.parse import urlencode
 
@@ -452,7 +454,10 @@ def job_log_tail(client: Any, job_id: str, lines: int | None = None, limit: int 
         if response.status_code == 200:
             for chunk in response.iter_content(chunk_size=1 << 16):
                 keep(chunk)
-            return text(), f"the last {lines} lines of the job's log (at most {limit} bytes)"
+            # An empty answer is not an empty log: the API answers 200 and nothing while the head's log agent cannot
+            # find the job's file yet (seen with a doctor job just ended, on a head just started): ask the stream.
+            if kept:
+                return text(), f"the last {lines} lines of the job's log (at most {limit} bytes)"
     except Exception:
         kept.clear()
 
@@ -460,10 +465,21 @@ def job_log_tail(client: Any, job_id: str, lines: int | None = None, limit: int 
         async for piece in client.tail_job_logs(job_id):
             keep(piece.encode("utf-8", errors="replace"))
 
-    try:
-        asyncio.run(streamed())
-    except Exception as e:
-        return text(), f"the job's log, not read to its end ({type(e).__name__})"
+    # In a thread of its own: `asyncio.run` refuses to start where an event loop runs already (a notebook's
+    # kernel, the Jupyter server), and there the doctor's report came back as nothing.
+    failed: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            asyncio.run(streamed())
+        except Exception as e:
+            failed.append(e)
+
+    reader = threading.Thread(target=read, name="ortlab-job-log", daemon=True)
+    reader.start()
+    reader.join()
+    if failed:
+        return text(), f"the job's log, not read to its end ({type(failed[0]).__name__})"
     return text(), f"the job's log streamed, its last {limit} bytes kept"
 
 
