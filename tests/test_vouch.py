@@ -128,3 +128,16 @@ def test_the_hub_client_sends_no_token_in_that_environment(tmp_path, withheld):
     code = "from huggingface_hub.utils import build_hf_headers; print(build_hf_headers().get('authorization'))"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.strip() == ("None" if withheld else "Bearer hf_the_users_token")
+
+
+def test_a_key_that_cannot_be_kept_safely_costs_a_prompt_not_the_launch(tmp_path, started, monkeypatch):
+    """The keys folder is another user's or open to others (here: open to all): the launch goes on, unmarked, with
+    a warning; its resume is gated as a stranger's folder."""
+    cache = tmp_path / "cache"
+    (cache / "keys").mkdir(parents=True)
+    (cache / "keys").chmod(0o777)
+    monkeypatch.setenv("ORTLAB_CACHE_DIR", str(cache))
+    with pytest.warns(UserWarning, match="not marked as yours"):
+        run = runner.launch({"name": "mine", "output_dir": str(tmp_path / "runs")}).dir
+    assert run.read_status()["state"] == "pending" and not vouch.marked(run)
+    assert not (cache / "keys" / vouch.KEY_FILE).exists(), "no key written into a folder others can write to"

@@ -23,6 +23,7 @@ import hashlib
 import hmac
 import os
 import secrets
+import warnings
 from pathlib import Path
 
 from ortlab import safeio
@@ -65,12 +66,19 @@ def _digest(key: bytes, run: RunDir) -> str:
     return hmac.new(key, _DOMAIN + place + b"\0" + spec, hashlib.sha256).hexdigest()
 
 
-def mark(run: RunDir) -> None:
-    """Mark `run`, a folder this process just created from the user's own spec, as the user's."""
-    key = _key(create=True)
-    if key is None:
-        raise OSError(errno.EINVAL, f"the key in {_keys() / KEY_FILE} is not 32 bytes: remove it (a new one is made)")
-    safeio.write_bytes(run.path, MARK_FILE, _digest(key, run).encode(), durable=True)
+def mark(run: RunDir) -> bool:
+    """Mark `run`, a folder this process just created from the user's own spec, as the user's. False, with a
+    warning, when the key or the mark cannot be written safely (a cache folder of another user's, a full disk): the
+    folder is then gated on resume as a stranger's, which costs a prompt, never a launch."""
+    try:
+        key = _key(create=True)
+        if key is None:
+            raise OSError(errno.EINVAL, f"the key in {_keys() / KEY_FILE} is not 32 bytes: remove it (one is made)")
+        safeio.write_bytes(run.path, MARK_FILE, _digest(key, run).encode(), durable=True)
+    except OSError as e:
+        warnings.warn(f"run {run.id} is not marked as yours ({e}): its resume will be gated", stacklevel=2)
+        return False
+    return True
 
 
 def marked(run: RunDir) -> bool:
