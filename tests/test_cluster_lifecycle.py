@@ -32,6 +32,25 @@ def listening_ports(proc: psutil.Process) -> set[int]:
         return set()
 
 
+def heads_listeners(ports: set[int], session: int, temp_dir: str) -> list[tuple[int, int, str]]:
+    """(port, pid, command) of what still listens on one of the head's former `ports` and is the head's: in its
+    session (`ortlab cluster start` starts it in one of its own), or a Ray process of its temp folder. Another
+    process that took a freed port number since (the suite runs other servers and clusters meanwhile) is not."""
+    found = []
+    for c in psutil.net_connections(kind="inet"):
+        if c.status != "LISTEN" or c.laddr.port not in ports or c.pid is None:
+            continue
+        try:
+            proc = psutil.Process(c.pid)
+            command = " ".join(proc.cmdline())
+            ours = os.getsid(c.pid) == session or temp_dir in command
+        except (psutil.Error, OSError):
+            continue
+        if ours:
+            found.append((c.laddr.port, c.pid, command[:200]))
+    return found
+
+
 def heads_of(folder: Path) -> list[psutil.Process]:
     """Every GCS server of this user started for `folder` (one per head: it runs with the folder's token file),
     read from the processes themselves rather than from ortlab's record."""
@@ -109,8 +128,8 @@ def test_one_head_per_folder_and_stop_ends_everything_after_ray_start_was_killed
         assert cluster.stop(folder), "what was left of the head was running"
         survivors = [(p.pid, p.name()) for p in family if alive(p)]
         assert not survivors, survivors
-        listening = {c.laddr.port for c in psutil.net_connections(kind="inet") if c.status == "LISTEN"}
-        assert not ports & listening, "no listener of the head is left"
+        left = heads_listeners(ports, started["pid"], started["temp_dir"])
+        assert not left, f"no listener of the head is left: {left}"
         assert cluster.status(folder)["leftovers"] == [] and not cluster.stop(folder)
         assert not Path(started["temp_dir"]).exists()
     finally:
