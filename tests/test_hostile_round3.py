@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import test_server
 import yaml
 from conftest import ROOT
 from fake_runs import make_fake_run
-from hostile import cli, refuse_model_loads, refused
+from hostile import cli, refuse_model_loads, refused, spec_with
 from pytest_jupyter.jupyter_server import *  # noqa: F403 (the server's fixtures, for this module only)
-from test_server import Api
 
 from ortlab.runfolder.place import new_place
 from ortlab.runfolder.rundir import RunDir
@@ -38,6 +38,9 @@ from ortlab.runner import Run, RunError, trust
 from ortlab.runner.trust import STORAGES_ENV
 from ortlab.spec import RunSpec
 
+# A real Jupyter server with ortlab's extension, its runs root in the test's folder: test_server's fixtures.
+Api = test_server.Api
+runs_root, jp_server_config, api = test_server.runs_root, test_server.jp_server_config, test_server.api
 DOC = ROOT / "docs" / "reliability.md"
 TITLE = "## Hostile inputs, round three"
 
@@ -133,14 +136,7 @@ def cli_cases(f: dict[str, Path], tiny_bert: Path, tiny_chat_llama: Path) -> lis
     ok = {"model": {"name": str(tiny_bert)}, "data": {"source": str(f["ok.csv"])}}
 
     def with_(**kw: Any) -> dict:
-        spec = json.loads(json.dumps(ok))
-        for dotted, value in kw.items():
-            node = spec
-            *path, last = dotted.split("__")
-            for key in path:
-                node = node.setdefault(key, {})
-            node[last] = value
-        return spec
+        return spec_with(ok, **kw)
 
     head = f"model: {{name: '{tiny_bert}'}}\ndata: {{source: '{f['ok.csv']}'"
     chat = {
@@ -248,23 +244,6 @@ def _cli_part(rows: list[dict], tiny_bert: Path, tiny_chat_llama: Path, tmp_path
 
 
 # --- the server ------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def runs_root(tmp_path: Path) -> Path:
-    root = tmp_path / "runs"
-    root.mkdir()
-    return root
-
-
-@pytest.fixture
-def jp_server_config(runs_root: Path) -> dict[str, Any]:
-    return {"ServerApp": {"jpserver_extensions": {"ortlab": True}}, "Ortlab": {"runs_root": str(runs_root)}}
-
-
-@pytest.fixture
-def api(jp_serverapp, http_server_client, jp_asyncio_loop, jp_base_url, jp_auth_header) -> Api:
-    return Api(http_server_client, jp_asyncio_loop, jp_base_url, jp_auth_header)
 
 
 @pytest.fixture(autouse=True)

@@ -27,12 +27,13 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 from conftest import PYTHON, ROOT
 from gates import launch_gated, wait_paused
-from hostile import refuse_model_loads, refused
+from hostile import refuse_model_loads, refused, spec_with
 
 import ortlab
 from ortlab.assets import EMBEDDED_LLM_ID
@@ -174,15 +175,8 @@ def hostile_cases(
     m = str(tiny_bert)
     ok = {"model": {"name": m}, "data": {"source": str(f["ok.csv"])}}
 
-    def with_(**kw) -> dict:
-        spec = json.loads(json.dumps(ok))
-        for dotted, value in kw.items():
-            node = spec
-            *path, last = dotted.split("__")
-            for key in path:
-                node = node.setdefault(key, {})
-            node[last] = value
-        return spec
+    def with_(**kw: Any) -> dict:
+        return spec_with(ok, **kw)
 
     return [
         ("run name escaping the root (`../../x`)", with_(name="../../x"), "name"),

@@ -8,8 +8,21 @@ words, no traceback, no run folder, nothing written outside the runs folder.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
+
+
+def spec_with(base: dict, **fields: Any) -> dict:
+    """A copy of the spec `base` with `fields` set, `hyper__batch_size=0` meaning spec["hyper"]["batch_size"]."""
+    spec = json.loads(json.dumps(base))
+    for dotted, value in fields.items():
+        node = spec
+        *path, last = dotted.split("__")
+        for key in path:
+            node = node.setdefault(key, {})
+        node[last] = value
+    return spec
 
 
 def refuse_model_loads(monkeypatch: Any) -> None:
