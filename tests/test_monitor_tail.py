@@ -110,5 +110,9 @@ def test_the_stream_is_read_where_an_event_loop_runs_already():
     async def in_a_kernel() -> tuple[str, str]:
         return raymonitor.job_log_tail(_EmptyAnswer(["a\n", "b\n"]), "job-1", lines=10, limit=1 << 20)
 
-    text, how = asyncio.run(in_a_kernel())
+    loop = asyncio.new_event_loop()  # (not asyncio.run: it would leave this thread with no event loop set)
+    try:
+        text, how = loop.run_until_complete(in_a_kernel())
+    finally:
+        loop.close()
     assert text == "a\nb\n" and "streamed" in how

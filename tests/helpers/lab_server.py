@@ -143,9 +143,20 @@ def wait_for_lab(page) -> None:
 
 
 def show_runs_panel(page):
-    """Show ortlab's runs panel from the command palette (the panel polls the server while it is shown)."""
-    page.keyboard.press("Control+Shift+C")
-    page.locator(".lm-CommandPalette-input").fill("ortlab: Show runs")
+    """Show ortlab's runs panel from the command palette (the panel polls the server while it is shown).
+
+    The shortcut toggles the palette, and a keypress that lands before the page has focus is lost: pressed again
+    until the palette's input shows (a lost one kept a benchmark waiting 180 s on a busy machine)."""
+    palette = page.locator(".lm-CommandPalette-input")
+    for _ in range(6):
+        if not palette.is_visible():
+            page.keyboard.press("Control+Shift+C")
+        try:
+            palette.wait_for(state="visible", timeout=10_000)
+            break
+        except Exception:  # (playwright's TimeoutError)
+            continue
+    palette.fill("ortlab: Show runs")
     page.keyboard.press("Enter")
     panel = page.locator("#ortlab-runs")
     panel.wait_for(state="visible", timeout=30_000)
