@@ -252,16 +252,7 @@ def _start(
     log = folder / "head.log"
     try:
         with log.open("ab") as out:
-            # Ray's processes (and the jobs' entrypoints) start in ortlab's folder, with a safe path (`child_env`).
-            proc = subprocess.Popen(
-                cmd,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                cwd=child_cwd(),
-                start_new_session=True,
-            )
+            proc = _spawn(cmd, out, env)
     except OSError:
         _remove_private_temp(str(private))
         raise
@@ -294,6 +285,21 @@ def _start(
     return {**record, "running": True}
 
 
+def _spawn(cmd: list[str], out: Any, env: dict[str, str]) -> subprocess.Popen:
+    """A process of the head (`ray start`, a worker node): its output to `out`, its own session (how `stop` finds
+    every process it leaves), in ortlab's folder with a safe path (`child_env`), so Ray's processes and the jobs'
+    entrypoints import nothing from the folder the user started it in."""
+    return subprocess.Popen(
+        cmd,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        cwd=child_cwd(),
+        start_new_session=True,
+    )
+
+
 def _start_node(gcs: str, private: Path, env: dict[str, str], log: Path, each: dict[str, int | None]) -> dict:
     """One worker node joining the head at `gcs` (Ray's GCS address, from the head's session folder), through
     `ortlab.cluster.node`: loopback only, the head's token and session folder, its own session. Returns its
@@ -302,15 +308,7 @@ def _start_node(gcs: str, private: Path, env: dict[str, str], log: Path, each: d
     cmd = [sys.executable, "-m", "ortlab.cluster.node", gcs, f"--temp-dir={private / 'ray'}"]
     cmd += [f"--{k.replace('_', '-')}={v}" for k, v in each.items() if v is not None]
     with log.open("ab") as out:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            cwd=child_cwd(),
-            start_new_session=True,
-        )
+        proc = _spawn(cmd, out, env)
     return {"pid": proc.pid, "create_time": process_create_time(proc.pid), "log": str(log)}
 
 
