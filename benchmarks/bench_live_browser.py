@@ -207,7 +207,7 @@ import json, os, threading, time
 from ortlab.runfolder.rundir import RunDir, process_create_time
 from ortlab.runner import Run
 from ortlab.spec import RunSpec
-from ortlab.train.metrics import JsonLinesSink
+from ortlab.train.metricswriter import JsonLinesSink
 from ortlab.ui import RunMonitor
 
 def record(step):

@@ -57,7 +57,7 @@ def write_run(root: Path, name: str, steps: int, inside: Path | None = None):
     from ortlab.runfolder.rundir import RunDir
     from ortlab.runner import Run
     from ortlab.spec import RunSpec
-    from ortlab.train.metrics import JsonLinesSink
+    from ortlab.train.metricswriter import JsonLinesSink
 
     run = RunDir.create(inside if inside is not None else root / name, RunSpec(name=name))
     sink = JsonLinesSink(run.metrics_path)
@@ -142,7 +142,7 @@ def bench_charts(run, steps: int, max_points: int, refreshes: int) -> dict:
 
 def bench_route(run, max_points: int) -> dict:
     from ortlab import safeio
-    from ortlab.server.runs import metrics_since
+    from ortlab.server.runindex import metrics_since
 
     started, cpu = time.perf_counter(), time.process_time()
     offset, pages, size, sent = 0, 0, 0, 0
@@ -215,8 +215,8 @@ def bench_many(tmp: Path, runs: int, steps: int, refreshes: int) -> dict:
     the sidebar's routes (the list until no row is catching up, each run's sparkline read from offset 0, then per
     refresh the list and the live run's new metrics) and the workbench (its comparison opened by `reattach`: every
     run's charts and the table; then per refresh the live run's records drawn and the table rebuilt)."""
-    from ortlab.server.runs import RunIndex, metrics_since
-    from ortlab.train.metrics import JsonLinesSink
+    from ortlab.server.runindex import RunIndex, metrics_since
+    from ortlab.train.metricswriter import JsonLinesSink
     from ortlab.ui.runs_panel import RunsPanel
 
     root = tmp / "many"
@@ -315,7 +315,7 @@ def bench_many(tmp: Path, runs: int, steps: int, refreshes: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from ortlab.server.runs import DEFAULT_MAX_POINTS, MAX_POINTS_LIMIT
+    from ortlab.server.runindex import DEFAULT_MAX_POINTS, MAX_POINTS_LIMIT
     from ortlab.ui.charts import MAX_POINTS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

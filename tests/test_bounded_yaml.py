@@ -50,7 +50,7 @@ def test_aliases_in_a_run_folders_spec_are_refused_before_anything_is_built(plan
 
 
 def test_the_server_answers_a_planted_alias_spec_with_its_error(tmp_path, planted):
-    from ortlab.server.runs import RunIndex
+    from ortlab.server.runindex import RunIndex
 
     index = RunIndex(planted.path.parent)
     detail = _peak_mb(lambda: index.detail(planted))

@@ -96,7 +96,7 @@ def test_the_launcher_switch_alone_says_where_a_run_trains(tmp_path):
     from ortlab.runner.foreground import Foreground
     from ortlab.runner.local import Local
     from ortlab.runner.rayjob import RayJob
-    from ortlab.runner.raytrain import RayTrain
+    from ortlab.runner.raytrainjob import RayTrain
     from ortlab.spec import RunSpec
 
     def kind(here: bool, **target) -> type:

@@ -93,7 +93,7 @@ def test_auto_keeps_fp32_on_this_cpu(cold, machine, monkeypatch):
     from ortlab.accel import precision
     from ortlab.accel.mix import resolve
     from ortlab.spec import AccelSpec
-    from ortlab.tune.precision import candidate_precision
+    from ortlab.tune.precisionrace import candidate_precision
 
     monkeypatch.setenv(HIDE_ENV, machine[HIDE_ENV])
     precision.check_bf16.cache_clear()

@@ -453,7 +453,7 @@ def test_launched_runs_do_not_inherit_a_kernels_process_group(monkeypatch):
 
 def test_an_append_after_a_torn_line_keeps_the_next_record(tmp_path):
     from ortlab.runfolder.rundir import read_metrics
-    from ortlab.train.metrics import JsonLinesSink
+    from ortlab.train.metricswriter import JsonLinesSink
 
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"event": "step", "step": 1}\n{"event": "step", "st')  # a writer killed mid-line

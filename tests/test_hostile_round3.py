@@ -451,7 +451,7 @@ def _readers(root: Path, runs: list[RunDir]) -> dict[str, Any]:
     from ortlab.runfolder.compare import compare, render, summarize
     from ortlab.runfolder.history import read_history
     from ortlab.runfolder.stream import records, summary_of
-    from ortlab.server.runs import RunIndex, metrics_since
+    from ortlab.server.runindex import RunIndex, metrics_since
 
     def each(read: Any) -> Any:
         return lambda: [_tolerated(read, run) for run in runs]

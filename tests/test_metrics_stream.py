@@ -236,7 +236,7 @@ def trained_run(tiny_bert, tmp_path_factory) -> Path:
 def test_the_summary_equals_the_old_folds_on_a_real_run(trained_run):
     from ortlab.runfolder.compare import row_for
     from ortlab.runfolder.stream import EVAL_KEYS, summary_of
-    from ortlab.server.runs import RunIndex
+    from ortlab.server.runindex import RunIndex
 
     run = RunDir(trained_run)
     records = [json.loads(line) for line in (trained_run / "metrics.jsonl").read_text().splitlines()]
@@ -321,7 +321,7 @@ def test_the_workbench_table_comes_from_the_live_summaries_not_from_rereading_fi
 
 
 def test_the_run_index_reads_a_long_history_a_budget_at_a_time(tmp_path, monkeypatch):
-    from ortlab.server import runs as server_runs
+    from ortlab.server import runindex as server_runs
 
     folder = make_fake_run(tmp_path, "long", "running", steps=3)
     append(folder / "metrics.jsonl", *[step_record(s) for s in range(4, 6001)])  # ~1.9 MiB

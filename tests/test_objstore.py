@@ -21,7 +21,7 @@ from ortlab.runfolder.place import bring_home
 from ortlab.runfolder.rundir import RunDir, RunStateError
 from ortlab.runner import RunError
 from ortlab.runner.rayjob import RayJob
-from ortlab.runner.raytrain import RayTrain
+from ortlab.runner.raytrainjob import RayTrain
 from ortlab.runner.trust import STORAGES_ENV
 from ortlab.spec import RunSpec, SpecError
 

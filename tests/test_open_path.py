@@ -129,7 +129,7 @@ def test_a_live_series_extended_at_once_is_bounded_and_keeps_every_point_and_ext
 
 
 def _history_file(folder, steps: int) -> None:
-    from ortlab.train.metrics import JsonLinesSink
+    from ortlab.train.metricswriter import JsonLinesSink
 
     sink = JsonLinesSink(folder / "metrics.jsonl")
     sink({"event": "train_begin", "max_steps": steps, "accelerations": {"ort": {"requested": True}}})
@@ -209,7 +209,7 @@ def test_a_followed_run_goes_on_from_where_its_history_ended(tmp_path):
 
 
 def test_the_route_thins_float_columns_as_it_thinned_raw_values():
-    from ortlab.server.runs import DRAWN, _column, thin_steps
+    from ortlab.server.runindex import DRAWN, _column, thin_steps
 
     rng = random.Random(3)
     records = []

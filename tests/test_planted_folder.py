@@ -198,7 +198,7 @@ def test_a_forged_pid_of_a_live_unrelated_process_is_damaged_and_never_signalled
 
 
 def test_a_linked_spec_or_result_is_not_read(root, tmp_path):
-    from ortlab.server.runs import RunIndex
+    from ortlab.server.runindex import RunIndex
 
     secret_yaml = tmp_path / "secret.yaml"
     secret_yaml.write_text(f"name: x\nmodel: {{name: '{SECRET}'}}\n")
@@ -354,7 +354,7 @@ def test_ortlab_runs_shows_markup_in_ids_and_names_as_text(root):
 
 
 def test_a_diverged_runs_metrics_and_result_are_valid_json(tmp_path):
-    from ortlab.train.metrics import JsonLinesSink
+    from ortlab.train.metricswriter import JsonLinesSink
 
     sink = JsonLinesSink(tmp_path / "metrics.jsonl")
     sink({"event": "train_end", "summary": {"final_loss": math.nan, "peaks": [math.inf, 1.0]}})
@@ -366,7 +366,7 @@ def test_a_diverged_runs_metrics_and_result_are_valid_json(tmp_path):
 
 
 def test_the_metrics_writer_never_appends_through_a_link(tmp_path, victim):
-    from ortlab.train.metrics import JsonLinesSink
+    from ortlab.train.metricswriter import JsonLinesSink
 
     os.symlink(victim, tmp_path / "metrics.jsonl")
     sink = JsonLinesSink(tmp_path / "metrics.jsonl")

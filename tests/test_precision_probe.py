@@ -1,4 +1,4 @@
-"""The precision probe (ortlab.tune.precision): bf16 only where it is measured faster and computes the same loss,
+"""The precision probe (ortlab.tune.precisionrace): bf16 only where it is measured faster and computes the same loss,
 and the run that follows is untouched by the probe."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ortlab.tune import precision as pp
+from ortlab.tune import precisionrace as pp
 
 
 def _times(fp32: list[float], bf16: list[float]) -> dict[str, list[float]]:

@@ -300,7 +300,7 @@ def test_metrics_offset_returns_only_new_complete_records(api, runs):
 def test_metrics_max_points_is_honoured_and_checked(api, runs):
     """A long run's answer carries at most `max_points` step records (bounded by default too), keeping the first,
     the last and each bucket's extremes; a bad `max_points` is a 400 that says what is accepted."""
-    from ortlab.server.runs import DEFAULT_MAX_POINTS, MAX_POINTS_LIMIT
+    from ortlab.server.runindex import DEFAULT_MAX_POINTS, MAX_POINTS_LIMIT
 
     path = runs["live"] / "metrics.jsonl"
     first_step = max(r["step"] for r in map(json.loads, path.read_text().splitlines()) if r.get("step"))
@@ -329,7 +329,7 @@ def test_metrics_max_points_is_honoured_and_checked(api, runs):
 
 def test_a_long_history_comes_in_bounded_chunks(runs, monkeypatch):
     """From offset 0 on a long run, one answer is at most METRICS_CHUNK_BYTES; the next goes on from its offset."""
-    from ortlab.server import runs as server_runs
+    from ortlab.server import runindex as server_runs
 
     monkeypatch.setattr(server_runs, "METRICS_CHUNK_BYTES", 1000)
     run, offset, steps = RunDir(runs["done"]), 0, []
@@ -597,7 +597,7 @@ import ortlab.server, ortlab.server.handlers
 import ortlab
 from ortlab.runfolder.rundir import RunDir, process_create_time
 from ortlab.server.handlers import doctor_summary
-from ortlab.server.runs import RunIndex, metrics_since
+from ortlab.server.runindex import RunIndex, metrics_since
 from ortlab.spec import RunSpec
 index = RunIndex({str(runs_root)!r})
 rows = index.rows()

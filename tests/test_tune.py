@@ -15,7 +15,7 @@ import pytest
 from ortlab import tune
 from ortlab.spec import AccelSpec, RunSpec
 from ortlab.tune import Measured
-from ortlab.tune.precision import candidate_precision
+from ortlab.tune.precisionrace import candidate_precision
 
 
 def _measured(name: str, slices: list[float]) -> Measured:
@@ -237,7 +237,7 @@ def test_a_run_records_why_auto_resolved_as_it_did(tmp_path, tiny_bert, monkeypa
 
     monkeypatch.setenv("ORTLAB_CACHE_DIR", str(tmp_path / "cache"))
     # Short run, nothing cached: the mixes not measured (the conservative default) and the record says so; the
-    # precision is the probe's where this machine has a fast 16-bit precision (ortlab.tune.precision), else fp32.
+    # precision is the probe's where this machine has a fast 16-bit precision (ortlab.tune.precisionrace), else fp32.
     result = train_spec(_tiny_spec(tmp_path, tiny_bert).model_copy(update={"name": "short"}), progress=False)
     run = RunDir(Path(result["run_dir"]))
     auto = next(r for r in run.metrics() if r.get("event") == "auto")

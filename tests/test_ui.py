@@ -117,7 +117,7 @@ def recorded_run(tmp_path, steps: int = 200, name: str = "recorded", extra: dict
         "fused_adam": {"requested": True, "applied": True},
         "zero1": {"requested": False, "applied": False},
     }
-    from ortlab.train.metrics import JsonLinesSink
+    from ortlab.train.metricswriter import JsonLinesSink
 
     sink = JsonLinesSink(run.metrics_path)
     sink({"event": "train_begin", "accelerations": applied})
@@ -356,7 +356,7 @@ def test_a_displayed_view_updates_its_saved_output_when_the_run_moves_on(tmp_pat
     from svg_points import series
 
     import ortlab.runfolder.rundir as rundir
-    from ortlab.train.metrics import JsonLinesSink
+    from ortlab.train.metricswriter import JsonLinesSink
     from ortlab.ui import RunMonitor
 
     sent = []
@@ -411,7 +411,7 @@ def test_an_executed_notebook_keeps_the_finished_run_not_pending(tmp_path):
         "from ortlab.runner import Run\n"
         "from ortlab.runfolder.rundir import RunDir, process_create_time\n"
         "from ortlab.spec import RunSpec\n"
-        "from ortlab.train.metrics import JsonLinesSink\n"
+        "from ortlab.train.metricswriter import JsonLinesSink\n"
         "folder = RunDir.create('run', RunSpec(name='nb'))\n"
         "folder.update_status(pid=os.getpid(), create_time=process_create_time(os.getpid()))\n"
         "folder.set_status('running')\n"

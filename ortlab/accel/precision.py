@@ -143,7 +143,7 @@ def tf32_on(state: dict[str, object]) -> bool:
     )
 
 
-class PrecisionProbe:
+class PrecisionWatch:
     """Watches one training step's forward: is autocast on, and in which dtype do the Linear layers compute?
 
     The run's precision is what the matmuls ran in, not what the configuration asked for: an accelerator that

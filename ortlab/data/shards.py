@@ -1,5 +1,5 @@
 """Each process of a several-process run reads its own part of a stream (`for_process`), with datasets' own
-`split_dataset_by_node`; the trainer then keeps that split as it is (`ortlab.train.shards`)."""
+`split_dataset_by_node`; the trainer then keeps that split as it is (`ortlab.train.shardloader`)."""
 
 from __future__ import annotations
 

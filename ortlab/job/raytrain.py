@@ -1,6 +1,6 @@
 """Job side: a Ray Train run: the job's driver, its workers' training loop, and the failure record.
 
-    python -m ortlab.job raytrain RUN_PLACE [--resume]      (the job's entrypoint; see `ortlab.runner.raytrain`)
+    python -m ortlab.job raytrain RUN_PLACE [--resume]      (the job's entrypoint; see `ortlab.runner.raytrainjob`)
 
 The driver reads the spec from the storage run folder, starts `target.processes` workers with Ray Train's
 `TorchTrainer` and prints the run's records for the local monitor while they train (`ortlab.job.channel.streamed`).
@@ -240,7 +240,7 @@ def _end_failed(run: RunDir, error: str) -> None:
 def _record_restart(run: RunDir, place: RunPlace, attempt: int) -> bool:
     """Rank 0 of a restarted group: put the run back to running, write the `restart` record, and say whether there
     is a checkpoint to resume from (none: the group starts over, and steps already recorded are not written again)."""
-    from ortlab.train.metrics import JsonLinesSink
+    from ortlab.train.metricswriter import JsonLinesSink
 
     with_checkpoint = run.last_checkpoint()
     try:

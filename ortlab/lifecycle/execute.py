@@ -241,7 +241,7 @@ def _auto_mix(loaded: Loaded, run: RunDir, model_path: str, log: Callable[[str],
     The decision goes to the metrics stream (an `auto` record, with the precision probe's timings when it ran) and,
     with the measured table, to tune.json in the run folder, so a run always says why ORT or bf16 was on or off.
     """
-    from ortlab.train.metrics import JsonLinesSink  # (imports torch)
+    from ortlab.train.metricswriter import JsonLinesSink  # (imports torch)
 
     spec, prepared = loaded.spec, loaded.prepared
     rank0 = int(os.environ.get("RANK", "0")) == 0

@@ -1,9 +1,9 @@
 """The metrics stream's event names: the `"event"` of each record in `metrics.jsonl`, one constant each.
 
-The writers (`ortlab.train.metrics`, the trainer's checks, `ortlab.lifecycle.execute`, Ray Train's restart record, the
-chat scorer) and the readers (`stream.RunSummary`, the server, the charts, the terminal, `ortlab follow`, the Ray
-log channel) name them from here, so a renamed event cannot leave one reader comparing against the old string.
-What each record holds is described in `ortlab.train.metrics`. A record from a run folder may carry any event
+The writers (`ortlab.train.metricswriter`, the trainer's checks, `ortlab.lifecycle.execute`, Ray Train's restart
+record, the chat scorer) and the readers (`stream.RunSummary`, the server, the charts, the terminal, `ortlab follow`,
+the Ray log channel) name them from here, so a renamed event cannot leave one reader comparing against the old string.
+What each record holds is described in `ortlab.train.metricswriter`. A record from a run folder may carry any event
 name (anyone can write one): readers pass over the ones they do not know.
 """
 

@@ -2,7 +2,7 @@
 
     spec.yaml          the RunSpec, as run
     status.json        pending | running | completed | failed | stopped, with pid, step, error and traceback
-    metrics.jsonl      append-only metrics stream (one JSON object per line; see ortlab.train.metrics)
+    metrics.jsonl      append-only metrics stream (one JSON object per line; see ortlab.train.metricswriter)
     logs/run.log       the run process's stdout and stderr
     checkpoints/       Trainer checkpoints (written on stop, and every hyper.save_steps)
     model/             the final model and tokenizer (only once completed)

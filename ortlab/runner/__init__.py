@@ -42,7 +42,7 @@ from ortlab.runner.foreground import Foreground
 from ortlab.runner.launcher import Launcher, RunError
 from ortlab.runner.local import Local
 from ortlab.runner.rayjob import RayJob
-from ortlab.runner.raytrain import RayTrain
+from ortlab.runner.raytrainjob import RayTrain
 from ortlab.runner.trust import storage_named, trusted_target
 from ortlab.spec import RunSpec, SpecError
 

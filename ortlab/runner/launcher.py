@@ -7,7 +7,7 @@
       ... in another Python (target.python)  Local (its interpreter)
       ... several processes (torchrun)       Local (torchrun's command)
     a Ray cluster (target.cluster)           RayJob                      ortlab/runner/rayjob.py
-      ... several processes                  RayTrain (Ray Train workers) ortlab/runner/raytrain.py
+      ... several processes                  RayTrain (Ray Train workers) ortlab/runner/raytrainjob.py
 
 Every launcher does the same five things, and `ortlab.runner` calls nothing else:
 

@@ -29,7 +29,7 @@ from traitlets.config import Configurable
 
 from ortlab._version import __version__
 from ortlab.runner import DEFAULT_ROOT
-from ortlab.server.runs import RunIndex
+from ortlab.server.runindex import RunIndex
 
 
 class Ortlab(Configurable):

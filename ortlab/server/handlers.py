@@ -32,7 +32,7 @@ from ortlab.runfolder.rundir import DAMAGED, RunDir, RunStateError, resolve
 from ortlab.runner import RunError
 from ortlab.safeio import ascii_int
 from ortlab.server.actions import launch_in, resume_in
-from ortlab.server.runs import metrics_since, parse_max_points
+from ortlab.server.runindex import metrics_since, parse_max_points
 from ortlab.spec import SpecError
 from ortlab.specfields import form
 

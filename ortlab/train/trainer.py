@@ -20,7 +20,7 @@ loop, broke with each transformers release, and was removed):
 What really applied is verified after the first step and at the end (`trainer.accelerations`), written next to
 each saved model (`ortlab_accelerations.json`) and to the metrics stream, and every acceleration that was asked
 for but did not apply is reported with a warning and an error log line. That bookkeeping overrides nothing of
-Trainer and lives in `ortlab.train.applied` (mixed in); this module holds the seams, and `ortlab.train.shards` the
+Trainer and lives in `ortlab.train.applied` (mixed in); this module holds the seams, and `ortlab.train.shardloader` the
 training loader of a stream already split per process (`get_train_dataloader`). `AccelerationNotApplied`
 and `ACCELERATIONS_FILE` are importable from here as before.
 """
@@ -37,9 +37,9 @@ from ortlab.accel import Applied, fused_adam, ort
 from ortlab.train import compat
 from ortlab.train.applied import ACCELERATIONS_FILE, AccelerationNotApplied, RecomputeProbe, VerifiesAccelerations
 from ortlab.train.args import ORT_FUSED, ORTTrainingArguments
-from ortlab.train.metrics import JsonLinesSink, StepMetricsCallback
+from ortlab.train.metricswriter import JsonLinesSink, StepMetricsCallback
 from ortlab.train.sampler import lean_train_sampler
-from ortlab.train.shards import OwnShardLoader
+from ortlab.train.shardloader import OwnShardLoader
 
 # The names scripts import from here; the warning and the file name are defined with the verification.
 __all__ = ["ACCELERATIONS_FILE", "EVALUATE_ON", "AccelerationNotApplied", "ORTTrainer"]
@@ -236,9 +236,9 @@ class ORTTrainer(VerifiesAccelerations, OwnShardLoader, Trainer):
         self._count_inputs(inputs)
         # Not under torch.compile: hooks added and removed around the first step would make Inductor recompile.
         if self._precision_probe is None and self.state.global_step == 0 and not self.args.torch_compile:
-            from ortlab.accel.precision import PrecisionProbe
+            from ortlab.accel.precision import PrecisionWatch
 
-            self._precision_probe = PrecisionProbe(self.model)  # removed after the first step (_verify_precision)
+            self._precision_probe = PrecisionWatch(self.model)  # removed after the first step (_verify_precision)
             if self.args.activation_checkpointing:
                 self._recompute_probe = RecomputeProbe(self.model)  # (_verify_gradient_checkpointing removes it)
         if self._ort_module is not None and not self._forward_checked:

@@ -32,7 +32,6 @@ Importing this package imports no torch (the workbench reads a `TuneResult` in t
 from __future__ import annotations
 
 from ortlab.tune.auto import AUTO_MIN_STEPS, BATCHES, batches_from, decide, planned_steps, tune_spec
-from ortlab.tune.cache import CACHE_VERSION, cache_dir, cache_key, cached, environment, model_identity
 from ortlab.tune.child import MARK, slice_callback
 from ortlab.tune.judge import LOSS_ATOL, LOSS_RTOL, SIGN_ALPHA, WIN_MARGIN, _clearly_faster, _judge
 from ortlab.tune.measure import (
@@ -46,6 +45,7 @@ from ortlab.tune.measure import (
 )
 from ortlab.tune.mixes import Candidate, _compile_runtime, plan
 from ortlab.tune.result import Measured, TuneError, TuneResult
+from ortlab.tune.resultcache import CACHE_VERSION, cache_dir, cache_key, cached, environment, model_identity
 
 __all__ = [
     "AUTO_MIN_STEPS",

@@ -19,9 +19,9 @@ from ortlab.data import collator, tokenize
 from ortlab.fit import check, fitted
 from ortlab.tasks import load_tokenizer
 from ortlab.tune.measure import MAX_ROUNDS, SLICE_STEPS, WARMUP_STEPS, tune_batches
-from ortlab.tune.precision import MAX_ROUNDS as PROBE_ROUNDS
-from ortlab.tune.precision import MIN_ROUNDS as PROBE_MIN_ROUNDS
-from ortlab.tune.precision import PrecisionProbe, candidate_precision, probe_precision
+from ortlab.tune.precisionrace import MAX_ROUNDS as PROBE_ROUNDS
+from ortlab.tune.precisionrace import MIN_ROUNDS as PROBE_MIN_ROUNDS
+from ortlab.tune.precisionrace import PrecisionRace, candidate_precision, probe_precision
 from ortlab.tune.result import TuneResult
 
 AUTO_MIN_STEPS = 500  # accel.tune='auto' measures (when nothing is cached) only for runs at least this long
@@ -73,7 +73,7 @@ def decide(
     progress: Callable[[str], None] = print,
     log_dir: Path | None = None,
     model: Any = None,
-) -> tuple[dict[str, Any] | None, TuneResult | PrecisionProbe | None, str]:
+) -> tuple[dict[str, Any] | None, TuneResult | PrecisionRace | None, str]:
     """What the spec's 'auto' fields become in this run: (choice or None for the default, measurement, why).
 
     The measurement is the tuner's table (`TuneResult`) when the mixes were measured (or cached), else, where the
@@ -136,7 +136,7 @@ def _probed(
     progress: Callable[[str], None],
     rest: str,
     batches: list[dict] | None = None,
-) -> tuple[dict[str, Any] | None, PrecisionProbe | None, str]:
+) -> tuple[dict[str, Any] | None, PrecisionRace | None, str]:
     """The precision from the probe (the other 'auto' fields keep the conservative default); `why` says both,
     `rest` being why the others were not measured."""
     candidate, reason = candidate_precision()

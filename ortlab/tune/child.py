@@ -152,7 +152,7 @@ def slice_callback(
     import torch
     from transformers import TrainerCallback
 
-    from ortlab.train.metrics import peak_memory_mb
+    from ortlab.train.metricswriter import peak_memory_mb
 
     class Slices(TrainerCallback):
         def __init__(self) -> None:

@@ -28,11 +28,11 @@ from ortlab.accel.mix import _cuda_available
 from ortlab.accel.tcmalloc import process_env
 from ortlab.envvars import child_cwd, child_env
 from ortlab.tune import share
-from ortlab.tune.cache import cache_key, cached, environment, model_identity, store
 from ortlab.tune.child import MARK
 from ortlab.tune.judge import _applied, _judge
 from ortlab.tune.mixes import Candidate, bf16_skipped, plan
 from ortlab.tune.result import Measured, TuneError, TuneResult
+from ortlab.tune.resultcache import cache_key, cached, environment, model_identity, store
 
 WARMUP_STEPS = 2  # step 1 holds ORT's export and graph build; step 2 settles the allocator
 SLICE_STEPS = 1  # steps per interleaved slice: one batch, the same batch for every candidate in a round

@@ -14,7 +14,7 @@ import ipywidgets as widgets
 
 from ortlab.spec import RunSpec
 from ortlab.ui.form import SpecForm
-from ortlab.ui.mix import MixPanel
+from ortlab.ui.mixpanel import MixPanel
 from ortlab.ui.runs_panel import RunsPanel
 
 
@@ -23,7 +23,7 @@ class Workbench(SpecForm, MixPanel, RunsPanel, widgets.VBox):
     embedded default; `root` is the runs folder (default ./ortlab-runs).
 
     Its parts are mixins over one set of widgets: the form (`ortlab.ui.form`), the acceleration mix
-    (`ortlab.ui.mix`) and the runs (`ortlab.ui.runs_panel`); this class lays them out and wires their events."""
+    (`ortlab.ui.mixpanel`) and the runs (`ortlab.ui.runs_panel`); this class lays them out and wires their events."""
 
     def __init__(self, spec: Any = None, root: str | None = None, **kwargs: Any):
 

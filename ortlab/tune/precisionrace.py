@@ -32,8 +32,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ortlab import safeio
-from ortlab.tune.cache import cache_dir, environment, model_identity
 from ortlab.tune.judge import LOSS_ATOL, LOSS_RTOL, _clearly_faster
+from ortlab.tune.resultcache import cache_dir, environment, model_identity
 
 WIN_MARGIN = 0.05  # the candidate must be >= 5 % faster than fp32 in the median of its paired ratios
 MIN_ROUNDS, MAX_ROUNDS = 4, 8  # 4 rounds won of 4 passes the sign test (p = 1/16)
@@ -46,7 +46,7 @@ PROBE_VERSION = 2  # 2: bounded by HARD_S (a cut probe says so)
 
 
 @dataclass
-class PrecisionProbe:
+class PrecisionRace:
     """What the probe measured and decided (kept in the run's `auto` record and cached)."""
 
     chosen: str  # "fp32" or the candidate
@@ -65,7 +65,7 @@ class PrecisionProbe:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> PrecisionProbe:
+    def from_dict(cls, d: dict[str, Any]) -> PrecisionRace:
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 
@@ -97,9 +97,9 @@ def probe_key(model_path: str, revision: str | None, model: Any, batches: list[d
     return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
-def _cached(key: str) -> PrecisionProbe | None:
+def _cached(key: str) -> PrecisionRace | None:
     try:
-        probe = PrecisionProbe.from_dict(json.loads(safeio.read_bytes(cache_dir(), f"precision-{key}.json", 1 << 20)))
+        probe = PrecisionRace.from_dict(json.loads(safeio.read_bytes(cache_dir(), f"precision-{key}.json", 1 << 20)))
     except (OSError, ValueError, TypeError, AttributeError):
         return None
     if probe.chosen not in ("fp32", probe.candidate):
@@ -108,7 +108,7 @@ def _cached(key: str) -> PrecisionProbe | None:
     return probe
 
 
-def _store(key: str, probe: PrecisionProbe) -> None:
+def _store(key: str, probe: PrecisionRace) -> None:
     try:
         cache_dir().mkdir(parents=True, exist_ok=True)
         safeio.write_json(cache_dir(), f"precision-{key}.json", probe.to_dict(), durable=False)
@@ -125,7 +125,7 @@ def probe_precision(
     candidate: str = "bf16",
     use_cache: bool = True,
     progress: Callable[[str], None] = print,
-) -> PrecisionProbe:
+) -> PrecisionRace:
     """fp32 against `candidate` on `model` and `batches` (at least MIN_ROUNDS + 1 of them); see the module doc."""
     if len(batches) < MIN_ROUNDS + 1:
         raise ValueError(f"the precision probe needs {MIN_ROUNDS + 1} batches, got {len(batches)}")
@@ -141,7 +141,7 @@ def probe_precision(
     return probe
 
 
-def _measure(model: Any, batches: list[dict], candidate: str) -> PrecisionProbe:
+def _measure(model: Any, batches: list[dict], candidate: str) -> PrecisionRace:
     import torch
 
     # The device the trainer will put the model on (it moves it there itself, so moving it first changes nothing).
@@ -200,12 +200,12 @@ def _measure(model: Any, batches: list[dict], candidate: str) -> PrecisionProbe:
 
 def _decide(
     candidate: str, times: dict[str, list[float]], losses: dict[str, float], spent: float, cut: bool = False
-) -> PrecisionProbe:
+) -> PrecisionRace:
     """fp32 unless the candidate computes the same loss and is clearly faster (the default must never lose)."""
     paired = [a / b for a, b in zip(times["fp32"], times[candidate], strict=True) if b > 0]
     ratio = statistics.median(paired) if paired else None
     wins = sum(p > 1 for p in paired)
-    probe = PrecisionProbe(
+    probe = PrecisionRace(
         chosen="fp32",
         candidate=candidate,
         ratio=ratio,
