@@ -19,7 +19,7 @@ twofold: the teacher-forced logits against PyTorch's, and the greedy-generated t
 `generate(num_beams=1)` on the same inputs (`generation_agreement`: the share of sequences equal token for
 token). Latency is that of greedy generation, PyTorch's `generate` against the ONNX loop.
 
-    ortlab.export.report   the parity thresholds, `ExportReport` and `Variant`, the measures
+    ortlab.export.parity   the parity thresholds, `ExportReport` and `Variant`, the measures
     ortlab.export.graphs   `export_onnx`: one graph (classifier, tagger, causal LM)
     ortlab.export.encdec   encoder and decoder graphs, `greedy_generate`
 """
@@ -28,6 +28,6 @@ from __future__ import annotations
 
 from ortlab.export.encdec import greedy_generate
 from ortlab.export.graphs import export_onnx
-from ortlab.export.report import MAX_ABS_DIFF, MIN_AGREEMENT, ExportError, ExportReport, Variant
+from ortlab.export.parity import MAX_ABS_DIFF, MIN_AGREEMENT, ExportError, ExportReport, Variant
 
 __all__ = ["MAX_ABS_DIFF", "MIN_AGREEMENT", "ExportError", "ExportReport", "Variant", "export_onnx", "greedy_generate"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ortlab.export.report import (
+from ortlab.export.parity import (
     MAX_ABS_DIFF,
     MIN_AGREEMENT,
     ExportError,

@@ -11,7 +11,7 @@ from typing import Any
 
 from ortlab.data import load_and_check, tokenize
 from ortlab.export.encdec import _export_seq2seq
-from ortlab.export.report import (
+from ortlab.export.parity import (
     MAX_ABS_DIFF,
     MIN_AGREEMENT,
     ExportError,
