@@ -49,7 +49,9 @@ def encode_side(tokenizer: Any, messages: Messages, answer_from: int) -> Side:
     for tok, (start, end) in zip(ids, enc["offset_mapping"], strict=True):
         inside = any(a <= start < b for a, b in spans) and end > start
         labels.append(tok if inside else IGNORE)
-        pieces.append(text[min(last, start) : end])  # text a tokenizer skipped goes with the next token
+        # each character once: text a tokenizer skipped goes with the next token, and a character split over
+        # several byte-level tokens (their offsets overlap) with the first of them
+        pieces.append(text[last:end] if end > last else "")
         last = max(last, end)
     first = next((i for i, lab in enumerate(labels) if lab != IGNORE), len(labels))
     return Side(ids, labels, pieces, first)
