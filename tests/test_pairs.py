@@ -5,6 +5,11 @@ truncation that keeps the prompt, the rendered preview escaping hostile text, an
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from datasets import Dataset
 
@@ -374,3 +379,53 @@ def test_the_embedded_pairs_load_and_pass_the_checks():
     assert mapping.shape == "kto"
     assert check_rows(kto, mapping) == len(kto)
     assert sum(kto.select(range(100))["label"]) == 50
+
+
+# --- the same tokens as TRL's DPOTrainer -----------------------------------------------------------------------
+
+TRL_SITE = Path(os.environ.get("ORTLAB_TRL_SITE", "/tmp/trl-site"))  # as tests/test_bench_lora_trl.py takes trl
+TRL_CHECK = """
+import sys
+from trl.data_utils import _tokenize, common_prefix_length
+from ortlab.chat import IGNORE
+from ortlab.data.pairtokens import encode_preference
+from transformers import AutoTokenizer
+
+tokenizer = AutoTokenizer.from_pretrained(sys.argv[1])
+user, bot = ({"role": r, "content": c} for r, c in (("user", "Q?"), ("assistant", "yes")))
+rows = [
+    {"prompt": [user], "chosen": [bot], "rejected": [{"role": "assistant", "content": "no, " * 30}]},
+    {"prompt": [{"role": "system", "content": "Be brief."}, user, bot, user], "chosen": [bot],
+     "rejected": [{"role": "assistant", "content": "Well... <b>maybe</b> & more"}]},
+]
+checked = 0
+for row in rows:
+    prompt = _tokenize(tokenizer, row["prompt"], add_generation_prompt=True)["input_ids"]
+    full = {s: _tokenize(tokenizer, row["prompt"] + row[s])["input_ids"] for s in ("chosen", "rejected")}
+    n = min(common_prefix_length(prompt, ids) for ids in full.values())
+    for max_length in (1024, n + 5):  # DPOConfig's default, and a cut inside the answer (keep_start)
+        mine = encode_preference(row, tokenizer, max_length)
+        assert mine["prompt_length"] == n
+        for side, ids in full.items():
+            labels = [IGNORE] * n + ids[n:]  # TRL's completion_mask as labels
+            assert mine[side + "_input_ids"] == ids[:max_length], side
+            assert mine[side + "_labels"] == labels[:max_length], side
+            checked += 1
+print("checked", checked)
+"""
+
+
+def test_the_tokens_are_trls(smol, tmp_path):
+    """The ids and trained positions equal TRL 1.16's DPOTrainer tokenizing (conversational rows: `_tokenize`,
+    the completion from the common prefix on, `keep_start` truncation). trl runs in a child process from its own
+    folder, as the TRL benchmark takes it: not one of ortlab's dependencies."""
+    if not (TRL_SITE / "trl" / "__init__.py").is_file():
+        pytest.skip(f"trl is not installed in {TRL_SITE} (ORTLAB_TRL_SITE): uv pip install --target {TRL_SITE} trl")
+    smol.save_pretrained(tmp_path / "tok")
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(TRL_SITE)])}
+    done = subprocess.run(
+        [sys.executable, "-c", TRL_CHECK, str(tmp_path / "tok")], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "checked 8" in done.stdout
