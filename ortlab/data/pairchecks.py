@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ortlab.chat import ChatDataError
+from ortlab.data.columnar import column_chunks
 from ortlab.data.pairs import PairsMapping, RowError, normalize_row
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -52,13 +53,15 @@ class _Tally:
         )
 
 
-def row_chunks(dataset: Dataset, chunk: int = CHUNK) -> Iterator[tuple[int, list[dict[str, Any]]]]:
-    """(index of the first row, the rows as dicts) for `chunk` rows at a time, in the dataset's order."""
-    for start in range(0, len(dataset), chunk):
-        batch = dataset[start : start + chunk]
-        names = list(batch)
-        n = len(batch[names[0]]) if names else 0
-        yield start, [{name: batch[name][i] for name in names} for i in range(n)]
+def row_chunks(dataset: Dataset, columns: list[str], chunk: int = CHUNK) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+    """(index of the first row, the rows as dicts of `columns`) for `chunk` rows at a time, in the dataset's order.
+    Read in Arrow (`ortlab.data.columnar.column_chunks`), only the columns named: twice as fast as datasets'
+    slices of every column, and a chunk's worth of Python objects at a time."""
+    readers = [column_chunks(dataset, c, chunk) for c in columns]
+    for parts in zip(*readers, strict=True):
+        start = parts[0][0]
+        values = [part.to_pylist() for _, part in parts]
+        yield start, [dict(zip(columns, row, strict=True)) for row in zip(*values, strict=True)]
 
 
 def check_rows(
@@ -77,7 +80,7 @@ def check_rows(
             0,
         )
     tally = _Tally(shown)
-    for start, rows in row_chunks(dataset, chunk):
+    for start, rows in row_chunks(dataset, list(dict.fromkeys(mapping.columns.values())), chunk):
         for i, row in enumerate(rows):
             try:
                 normalize_row(row, mapping)
@@ -94,9 +97,8 @@ def check_prompt_lengths(
     `ortlab.data.pairtokens`), or a PairDataError naming the first `shown` rows whose prompt leaves no room for
     the answer, and how many in all."""
     tally = _Tally(shown)
-    for start in range(0, len(tokenized), chunk):
-        lengths = tokenized[start : start + chunk]["prompt_length"]
-        for i, n in enumerate(lengths):
+    for start, lengths in column_chunks(tokenized, "prompt_length", chunk):
+        for i, n in enumerate(lengths.to_pylist()):
             if n >= max_length:
                 tally.add(start + i, f"the prompt is {n} tokens, so no answer token fits in max_length {max_length}")
     tally.raise_if_any(

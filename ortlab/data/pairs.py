@@ -245,13 +245,13 @@ def turns_of(value: Any, column: str, default_role: str | None) -> list[dict[str
         if default_role is None:
             raise RowError(f"column {column!r}: a conversation (a list of turns) is needed, got text {value!r:.60}")
         return [{"role": default_role, "content": value}]
-    if isinstance(value, Mapping):
+    if isinstance(value, dict):
         value = [value]
     if not isinstance(value, list) or not value:
         raise RowError(f"column {column!r}: text or a non-empty list of turns is needed, got {value!r:.60}")
     turns = []
     for i, turn in enumerate(value):
-        keys = _turn_keys(turn) if isinstance(turn, Mapping) else None
+        keys = _turn_keys(turn) if isinstance(turn, dict) else None
         if keys is None:
             raise RowError(
                 f"column {column!r}, turn {i}: a turn is {{role, content}} or {{from, value}}, got {turn!r:.60}"
