@@ -110,8 +110,9 @@ def perturbed(model, scale: float = 0.05, seed: int = 1):
 
 
 def ortlab_args(tmp_path, metrics_path: str | None = "", **kw):
+    kw.setdefault("use_ort", False)
     return PreferenceTrainingArguments(
-        output_dir=str(tmp_path / "out"), use_ort=False, report_to="none", use_cpu=True, metrics_path=metrics_path, **kw
+        output_dir=str(tmp_path / "out"), report_to="none", use_cpu=True, metrics_path=metrics_path, **kw
     )
 
 
@@ -455,3 +456,43 @@ def test_dpo_training_raises_preference_accuracy(tokenizer, tmp_path):
     assert after["eval_rewards/margins"] > 0.5
     logs = [r for r in trainer.metrics_records if r.get("event") == "log" and "rewards/chosen" in r]
     assert logs, "the trainer's log lines carry the preference metrics"
+
+
+# --- the acceleration mix applies to the preference trainer as to any run --------------------------------------------
+
+
+@pytest.mark.parametrize("mix", ["ort", "checkpointing"])
+def test_lora_dpo_trains_under_the_mix(tokenizer, tmp_path, mix):
+    """LoRA DPO (the reference: its adapter disabled) under ORTModule, or with gradient checkpointing, and fused
+    AdamW in both: what was asked for is verified as applied, and the step losses equal plain PyTorch's."""
+    from peft import LoraConfig, get_peft_model
+
+    pairs = [
+        {"prompt_ids": [4, 6, 8], "chosen_ids": [11, 2], "rejected_ids": [12, 13, 2]},
+        {"prompt_ids": [5, 9], "chosen_ids": [7], "rejected_ids": [9, 10]},
+    ] * 4
+
+    def run(**kw):
+        model = get_peft_model(
+            tiny_llama(len(tokenizer), seed=13), LoraConfig(r=4, target_modules=["q_proj", "v_proj"])
+        )
+        args = ortlab_args(
+            tmp_path, metrics_path=None, max_steps=3, per_device_train_batch_size=4, learning_rate=1e-2,
+            save_strategy="no", seed=0, optim="adamw_ort_fused", **kw,
+        )  # fmt: skip
+        trainer = PreferenceTrainer(model, args, train_dataset=pairs)
+        trainer.train()
+        assert trainer.reference == "adapter"
+        return trainer, [r["loss"] for r in trainer.metrics_records if r.get("event") == "step"]
+
+    if mix == "ort":
+        trainer, losses = run(use_ort=True)
+    else:
+        trainer, losses = run(use_ort=False, gradient_checkpointing=True)
+    applied = {k: v.applied for k, v in trainer.accelerations.items() if v.requested}
+    assert applied == (
+        {"ort": True, "fused_adam": True} if mix == "ort" else {"fused_adam": True, "gradient_checkpointing": True}
+    )
+    _, plain = run(use_ort=False)
+    assert len(losses) == 3 and losses[0] == pytest.approx(math.log(2), abs=1e-5)
+    assert losses == pytest.approx(plain, abs=1e-4)
