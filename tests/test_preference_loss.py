@@ -421,6 +421,21 @@ def test_full_model_reference_is_precomputed_once(tokenizer, tmp_path):
     assert torch.allclose(torch.cat([batch["ref_chosen_logps"], batch["ref_rejected_logps"]]), want, atol=1e-5)
     # before training the policy is the reference: every reward is 0 and the loss is log 2
     assert trainer.compute_loss(model, batch).item() == pytest.approx(math.log(2), abs=1e-6)
+    # pairs given to evaluate() are scored before training; after it, the reference is gone: a clear error
+    assert trainer.evaluate(eval_dataset=pairs)["eval_loss"] == pytest.approx(math.log(2), abs=1e-6)
+    trainer.state.global_step = 1
+    with pytest.raises(ValueError, match="training has started, so new pairs cannot be scored"):
+        trainer.evaluate(eval_dataset=[dict(p) for p in pairs])
+    with pytest.raises(ValueError, match="its rows were not scored before training"):
+        trainer.compute_loss(model, trainer.data_collator(pairs))
+
+
+def test_bf16_logits_are_scored_in_float32_row_by_row():
+    logits = torch.randn(3, 6, 50)
+    labels = torch.tensor([[IGNORE, IGNORE, 3, 4, 5, IGNORE], [IGNORE, 1, 2, 6, 0, 9], [IGNORE] * 4 + [7, 8]])
+    want = sequence_logps(logits.bfloat16().float(), labels)
+    got = sequence_logps(logits.bfloat16(), labels)
+    assert got.dtype == torch.float32 and torch.allclose(got, want, atol=1e-5)
 
 
 # --- a real (tiny) training run ------------------------------------------------------------------------------------

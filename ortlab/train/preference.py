@@ -63,12 +63,15 @@ def token_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tenso
     """
     if logits.shape[:-1] != labels.shape:
         raise ValueError(f"logits {tuple(logits.shape)} and labels {tuple(labels.shape)} differ before the vocab axis")
-    logits = logits[:, :-1, :].float()
+    logits = logits[:, :-1, :]
     labels = labels[:, 1:]
     mask = labels != IGNORE
-    picked = torch.gather(logits, -1, labels.masked_fill(~mask, 0).unsqueeze(-1)).squeeze(-1)
-    logps = picked - torch.logsumexp(logits, dim=-1)
-    return logps.masked_fill(~mask, 0.0), mask
+    picked = torch.gather(logits, -1, labels.masked_fill(~mask, 0).unsqueeze(-1)).squeeze(-1).float()
+    if logits.dtype == torch.float32:
+        norm = torch.logsumexp(logits, dim=-1)
+    else:  # one row at a time: a float32 copy of a whole batch of logits would be (batch, length, vocab) * 4 bytes
+        norm = torch.stack([torch.logsumexp(row.float(), dim=-1) for row in logits])
+    return (picked - norm).masked_fill(~mask, 0.0), mask
 
 
 def sequence_logps(logits: torch.Tensor, labels: torch.Tensor, average: bool = False) -> torch.Tensor:

@@ -130,6 +130,8 @@ class PreferenceTrainer(ORTTrainer):
         from ortlab.train.trainer import _as_ort_args
 
         args = _as_ort_args(args, self._args_class)
+        # Trainer would drop every column its model's forward does not name (prompt_ids, chosen_ids, ...).
+        args.remove_unused_columns = False
         if model is not None and args.disable_dropout:
             _disable_dropout(model)
         if kwargs.get("data_collator") is None:
@@ -188,6 +190,11 @@ class PreferenceTrainer(ORTTrainer):
 
     def _reference_forward(self, **inputs: Any) -> torch.Tensor:
         """The reference's logits (no gradients): the base with the adapter disabled, or the reference model."""
+        if self.reference == "precomputed":
+            raise ValueError(
+                "reference='precomputed' but this batch has no ref_chosen_logps/ref_rejected_logps: its rows were not "
+                "scored before training (trainer.precompute_reference(rows) does it, before the first step)"
+            )
         with torch.no_grad():
             if self.reference == "adapter":
                 with _peft_model(self.model).disable_adapter():
@@ -231,6 +238,15 @@ class PreferenceTrainer(ORTTrainer):
                 for row, c, r in zip(rows, chosen, rejected, strict=True)
             ]
         return dataset.add_column("ref_chosen_logps", chosen).add_column("ref_rejected_logps", rejected)
+
+    def evaluate(self, eval_dataset: Any = None, *args: Any, **kwargs: Any) -> dict[str, float]:
+        """As Trainer's; pairs passed here get their reference log-probabilities first (precomputed reference)."""
+        if self.reference == "precomputed" and eval_dataset is not None and not isinstance(eval_dataset, str):
+            if isinstance(eval_dataset, dict):
+                eval_dataset = {k: self.precompute_reference(v) for k, v in eval_dataset.items()}
+            else:
+                eval_dataset = self.precompute_reference(eval_dataset)
+        return super().evaluate(eval_dataset, *args, **kwargs)
 
     # --- the losses ------------------------------------------------------------------------------------------
 
