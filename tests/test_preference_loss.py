@@ -430,6 +430,40 @@ def test_full_model_reference_is_precomputed_once(tokenizer, tmp_path):
         trainer.compute_loss(model, trainer.data_collator(pairs))
 
 
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"preference_loss": "simpo"}, "preference_loss='simpo': one of"),
+        ({"reference": "twin"}, "reference='twin': one of"),
+        ({"label_smoothing": 0.5}, r"label_smoothing=0.5: in \[0, 0.5\)"),
+        ({"label_smoothing": 0.1, "preference_loss": "ipo"}, "applies to preference_loss='dpo', not 'ipo'"),
+        ({"beta": 0.0}, "beta=0.0: must be above 0"),
+        ({"orpo_nll": "prompt"}, "orpo_nll='prompt'"),
+    ],
+)
+def test_arguments_refuse_what_cannot_train(tmp_path, kw, message):
+    with pytest.raises(ValueError, match=message):
+        ortlab_args(tmp_path, **kw)
+
+
+def test_reference_choices_that_cannot_work_are_refused(tokenizer, tmp_path):
+    pairs = [{"prompt_ids": [4], "chosen_ids": [5], "rejected_ids": [6]}]
+    rows = [{"prompt_ids": [4], "completion_ids": [5], "label": True}]
+    cases = [
+        ({"reference": "adapter"}, pairs, "needs a peft \\(LoRA\\) model"),
+        ({"reference": "model"}, pairs, "needs ref_model="),
+        ({"reference": "precomputed", "preference_loss": "kto"}, rows, "cannot be precomputed"),
+    ]
+    for kw, data, message in cases:
+        with pytest.raises(ValueError, match=message):
+            PreferenceTrainer(tiny_llama(len(tokenizer)), ortlab_args(tmp_path, **kw), train_dataset=data)
+    kto = PreferenceTrainer(
+        tiny_llama(len(tokenizer)), ortlab_args(tmp_path, preference_loss="kto"), train_dataset=rows
+    )
+    assert kto.reference == "copy" and kto.ref_model is not kto.model
+    assert all(not p.requires_grad for p in kto.ref_model.parameters())
+
+
 def test_bf16_logits_are_scored_in_float32_row_by_row():
     logits = torch.randn(3, 6, 50)
     labels = torch.tensor([[IGNORE, IGNORE, 3, 4, 5, IGNORE], [IGNORE, 1, 2, 6, 0, 9], [IGNORE] * 4 + [7, 8]])

@@ -100,6 +100,8 @@ class PreferenceTrainingArguments(ORTTrainingArguments):
             raise ValueError(f"orpo_nll={self.orpo_nll!r}: 'sequence' or 'answer'")
         if not 0 <= self.label_smoothing < 0.5:
             raise ValueError(f"label_smoothing={self.label_smoothing}: in [0, 0.5)")
+        if self.label_smoothing and self.preference_loss != "dpo":
+            raise ValueError(f"label_smoothing (cDPO) applies to preference_loss='dpo', not {self.preference_loss!r}")
         if self.beta <= 0:
             raise ValueError(f"beta={self.beta}: must be above 0")
         super().__post_init__()
