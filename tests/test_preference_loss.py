@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import gc
 import math
+import shutil
 import subprocess
 import sys
 
@@ -27,7 +28,7 @@ from ortlab.train.preferencetrainer import PreferenceTrainer, PreferenceTraining
 
 TRL_VERSION = "1.16.0"
 TRL_SITE = ROOT / "test-artifacts" / "trl-site"
-UV = ROOT / ".venv" / "bin" / "uv"
+UV = ROOT / ".venv" / "bin" / "uv" if (ROOT / ".venv" / "bin" / "uv").exists() else shutil.which("uv") or "uv"
 INSTALL = [
     str(UV),
     "pip",
