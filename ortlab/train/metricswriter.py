@@ -245,6 +245,7 @@ class StepMetricsCallback(TrainerCallback):
             "mem_kind": mem_kind,
         }
         record.update(self._device_numbers(args, counters["flops"] * world, dt))
+        record.update(self.trainer._step_extras())  # e.g. rewards/chosen, rewards/accuracies (preference training)
         if args.world_size > 1:
             every = gather_floats([dt, mem], args.device)  # (measured before the gather: it does not count)
             record["workers"] = [{"step_time_s": t, "peak_mem_mb": m} for t, m in every]
