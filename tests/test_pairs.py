@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from datasets import Dataset
+from trlsite import trl_site
 
 from ortlab.chat import IGNORE
 from ortlab.data.pairchecks import PairDataError, check_prompt_lengths, check_rows
@@ -383,7 +384,6 @@ def test_the_embedded_pairs_load_and_pass_the_checks():
 
 # --- the same tokens as TRL's DPOTrainer -----------------------------------------------------------------------
 
-TRL_SITE = Path(os.environ.get("ORTLAB_TRL_SITE", "/tmp/trl-site"))  # as tests/test_bench_lora_trl.py takes trl
 TRL_CHECK = """
 import sys
 from trl.data_utils import _tokenize, common_prefix_length
@@ -419,11 +419,10 @@ def test_the_tokens_are_trls(smol, tmp_path):
     """The ids and trained positions equal TRL 1.16's DPOTrainer tokenizing (conversational rows: `_tokenize`,
     the completion from the common prefix on, `keep_start` truncation). trl runs in a child process from its own
     folder, as the TRL benchmark takes it: not one of ortlab's dependencies."""
-    if not (TRL_SITE / "trl" / "__init__.py").is_file():
-        pytest.skip(f"trl is not installed in {TRL_SITE} (ORTLAB_TRL_SITE): uv pip install --target {TRL_SITE} trl")
+    site = trl_site()
     smol.save_pretrained(tmp_path / "tok")
     root = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(TRL_SITE)])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(site)])}
     done = subprocess.run(
         [sys.executable, "-c", TRL_CHECK, str(tmp_path / "tok")], capture_output=True, text=True, env=env, timeout=300
     )

@@ -14,32 +14,17 @@ from __future__ import annotations
 import copy
 import gc
 import math
-import shutil
-import subprocess
 import sys
 
 import pytest
 import torch
-from conftest import ROOT
+from trlsite import TRL_VERSION, trl_site
 
+from ortlab.runfolder.records import unknown_fields
 from ortlab.train.preference import IGNORE, dpo_loss, kto_kl, kto_loss, orpo_loss, sequence_logps
 from ortlab.train.preferencebatch import PairCollator, UnpairedCollator
 from ortlab.train.preferencetrainer import PreferenceTrainer, PreferenceTrainingArguments
 
-TRL_VERSION = "1.16.0"
-TRL_SITE = ROOT / "test-artifacts" / "trl-site"
-UV = ROOT / ".venv" / "bin" / "uv" if (ROOT / ".venv" / "bin" / "uv").exists() else shutil.which("uv") or "uv"
-INSTALL = [
-    str(UV),
-    "pip",
-    "install",
-    "--target",
-    str(TRL_SITE),
-    f"trl=={TRL_VERSION}",
-    "--no-deps",
-    "--python",
-    sys.executable,
-]
 TOL = 1e-5
 
 WORDS = ["the", "a", "cat", "dog", "sat", "ran", "on", "mat", "log", "is", "good", "bad", "yes", "no", "please"]
@@ -61,18 +46,15 @@ UNPAIRED = [
 @pytest.fixture(scope="session")
 def trl():
     """trl 1.16 from its own folder (installed there when missing), on sys.path for these tests only."""
-    if not (TRL_SITE / "trl" / "__init__.py").is_file():
-        done = subprocess.run(INSTALL, capture_output=True, text=True, timeout=600)
-        if done.returncode != 0 or not (TRL_SITE / "trl" / "__init__.py").is_file():
-            pytest.fail(f"installing trl failed; run: {' '.join(INSTALL)}\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
-    sys.path.insert(0, str(TRL_SITE))
+    site = str(trl_site())
+    sys.path.insert(0, site)
     try:
         import trl
 
-        assert trl.__version__ == TRL_VERSION, f"{TRL_SITE} holds trl {trl.__version__}: remove it and rerun"
+        assert trl.__version__ == TRL_VERSION, f"{site} holds trl {trl.__version__}: remove it and rerun"
         yield trl
     finally:
-        sys.path.remove(str(TRL_SITE))
+        sys.path.remove(site)
 
 
 @pytest.fixture(scope="module")
@@ -499,6 +481,8 @@ def test_dpo_training_raises_preference_accuracy(tokenizer, tmp_path):
     after = trainer.evaluate()
     steps = [r for r in trainer.metrics_records if r.get("event") == "step"]
     assert len(steps) == 15 and all("rewards/accuracies" in r and "rewards/margins" in r for r in steps)
+    # What the step records hold is declared in the run folder's schema (`ortlab.runfolder.records`).
+    assert not [f for r in steps for f in unknown_fields(r)]
     assert steps[0]["loss"] == pytest.approx(math.log(2), abs=1e-4)
     print("before", before, "after", after)
     assert before["eval_rewards/accuracies"] == 0.0 and after["eval_rewards/accuracies"] >= 0.875

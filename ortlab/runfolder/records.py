@@ -101,6 +101,21 @@ _PHASE = Field("phase", "str", doc='"before" training, "during" it, or "after" i
 _ACCELERATIONS = Field(
     "accelerations", "object", doc="by acceleration name: {name, requested, applied, details} (`accel.Applied`)"
 )
+# Preference training's numbers, named as TRL logs them (`ortlab.train.preference`): the step's mean over its
+# micro-batches. A reward is beta times the policy's log-probability of an answer minus the reference's.
+_PREF = "in preference training"
+_PREFERENCE = (
+    Field("rewards/chosen", "float", doc="mean reward of the chosen answers", when=_PREF),
+    Field("rewards/rejected", "float", doc="mean reward of the rejected answers", when=_PREF),
+    Field("rewards/margins", "float", doc="mean of chosen minus rejected reward", when=_PREF),
+    Field("rewards/accuracies", "float", "fraction", "pairs whose chosen reward is above the rejected", when=_PREF),
+    Field("logps/chosen", "float", doc="mean log-probability of the chosen answers", when=_PREF),
+    Field("logps/rejected", "float", doc="mean log-probability of the rejected answers", when=_PREF),
+    Field("nll_loss", "float", doc="ORPO's language-model term on the chosen answers", when="ORPO"),
+    Field("log_odds_ratio", "float", doc="ORPO's mean log odds ratio of chosen over rejected", when="ORPO"),
+    Field("log_odds_chosen", "float", doc="ORPO's mean log odds of the chosen answers", when="ORPO"),
+    Field("kl", "float", doc="KTO's estimate of the policy's KL divergence from the reference", when="KTO"),
+)
 _CHECKPOINT = Field("checkpoint", "str", doc="the checkpoint's folder")
 
 RECORDS: dict[str, Record] = {
@@ -197,6 +212,7 @@ RECORDS: dict[str, Record] = {
                     doc="by rank: {step_time_s (s), peak_mem_mb (MB)}: a straggler shows",
                     when="with several processes",
                 ),
+                *_PREFERENCE,
             ),
         ),
         Record(
