@@ -28,6 +28,7 @@ from tornado.ioloop import IOLoop
 from ortlab import safeio
 from ortlab._version import __version__
 from ortlab.errors import OrtlabError
+from ortlab.runfolder.records import schema as record_schema
 from ortlab.runfolder.rundir import DAMAGED, RESUMABLE, RunDir, RunStateError, resolve
 from ortlab.runner import RunError
 from ortlab.safeio import ascii_int
@@ -223,9 +224,10 @@ class SpecHandler(OrtlabHandler):
     @authorized
     async def get(self) -> None:
         """RunSpec's JSON schema and defaults: the sidebar's New run form builds its choices (every task),
-        defaults and tooltips from them, so the form never lags the spec."""
+        defaults and tooltips from them, so the form never lags the spec. `records`: what each metrics record
+        holds and which fields are drawn (`ortlab.runfolder.records`), for the sidebar's reading of a run."""
 
-        self.reply(200, await self.io(form))
+        self.reply(200, {**await self.io(form), "records": record_schema()})
 
 
 def doctor_summary() -> dict[str, Any]:
