@@ -1,4 +1,4 @@
-"""The accelerations, defined once: each is a record of what varies for it, and everything else iterates the list.
+"""The accelerations, defined once: one record each (what varies for it), which everything else iterates.
 
 A toggle carries its name, its label in a form, the spec field it sets (with the values that mean on and off), where
 its availability is checked (`availability`: a function of its `ortlab.accel` module, named by path because this
