@@ -86,7 +86,7 @@ def _guide_rows() -> list[str]:
 def missing_parts(t: Toggle) -> list[str]:
     """What `t` lacks to be a whole acceleration: a part of its own that does not resolve, or a list of the doctor,
     the forms, the trackers, the command line or the guide that does not hold it."""
-    from ortlab.cli.options import SPEC_OPTIONS
+    from ortlab.cli.options import SPEC_OPTIONS, _choices
     from ortlab.cli.train import train
     from ortlab.probe.groups import GROUPS
     from ortlab.trackers import run_config
@@ -124,12 +124,6 @@ def missing_parts(t: Toggle) -> list[str]:
     if t.name not in _guide_rows():
         missing.append("docs: not a row of the guide's table")
     return missing
-
-
-def _choices(annotation) -> list:
-    from ortlab.cli.options import _choices
-
-    return _choices(annotation)
 
 
 def test_every_toggle_is_a_whole_record():
