@@ -77,7 +77,9 @@ def test_auto_without_a_measurement_is_what_never_loses(monkeypatch, cuda, fused
     from ortlab.accel import Availability, fused_adam, mix, ort
 
     monkeypatch.setattr(ort, "availability", lambda probe=False: Availability("ort", True, "forced", "-"))
-    monkeypatch.setattr(fused_adam, "availability", lambda probe=False: Availability("fused_adam", fused_here, "forced", "-"))
+    monkeypatch.setattr(
+        fused_adam, "availability", lambda probe=False: Availability("fused_adam", fused_here, "forced", "-")
+    )
     monkeypatch.setattr(mix, "_cuda_available", lambda: cuda)
     auto = mix.resolve(AccelSpec())
     assert (auto.ort, auto.fused_adam, auto.precision) == (False, fused_here, "fp32")
