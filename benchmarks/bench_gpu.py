@@ -155,7 +155,7 @@ def why_not(row: str, device: str) -> str | None:
         torch_compile=False,  # checked below: this benchmark runs compile rows only where this torch compiles
     )  # fmt: skip
     errors, _ = problems(mix)
-    if "torch_compile" in parts and not (a := torch_compile.check()).available:
+    if "torch_compile" in parts and not (a := torch_compile.availability()).available:
         errors.append(f"torch_compile: {a.reason}")
     return "; ".join(errors) or None
 

@@ -157,7 +157,7 @@ def main() -> None:
 
     # The smoke run checks the script (two processes, no ORT export): no noise floor, no ORT row.
     rows = ["full", "lora"] if opts.smoke else ["full", "full@2", "lora"]
-    ort_check = ort.check()
+    ort_check = ort.availability()
     if not opts.no_ort and not opts.smoke and ort_check.available:
         rows.append("lora+ort")
     print(f"[bench] {len(rows)} processes: {', '.join(rows)}", flush=True)

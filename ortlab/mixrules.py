@@ -10,11 +10,12 @@ by `ORTTrainingArguments` in the training process itself.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from ortlab.errors import OrtlabError
-from ortlab.toggles import requested
+from ortlab.toggles import FIELDS, requested
 
 Precision = Literal["fp32", "fp16", "bf16"]
 
@@ -41,6 +42,14 @@ class Mix:
         """Which accelerations this mix asks for, by the names the doctor and a run's record use
         (`ortlab.toggles`: ZeRO at any stage is "zero1", a precision is its own name)."""
         return requested(self)
+
+
+def mix_from(values: Mapping[str, Any], **others: Any) -> Mix:
+    """The one place a `Mix` is built from the toggles' field values (`values`, by field name: a spec's accel section
+    with 'auto' decided, or what TrainingArguments ask for, `toggles.field_values_from`); `others` are the mix's
+    fields that are not toggles (processes, use_cpu, lora, ...). A value the mix keeps as a switch is a bool."""
+    fields = {f: bool(values[f]) if isinstance(getattr(Mix, f), bool) else values[f] for f in FIELDS}
+    return Mix(**fields, **others)
 
 
 class MixError(OrtlabError, ValueError):

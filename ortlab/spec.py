@@ -24,8 +24,9 @@ from ortlab import safeio
 from ortlab.addresses import credentials_problem, storage_folder, storage_problem, storage_scheme
 from ortlab.assets import EMBEDDED_MODEL_ID
 from ortlab.errors import OrtlabError
-from ortlab.mixrules import Mix, MixError, rule_problems
+from ortlab.mixrules import Mix, MixError, mix_from, rule_problems
 from ortlab.runfolder.rundir import SPEC_MAX_BYTES, RunDir, check_name
+from ortlab.toggles import FIELDS, TOGGLES, TUNED_FIELDS, off_value
 
 Task = Literal["sequence-classification", "token-classification", "causal-lm", "seq2seq"]
 TASKS: tuple[str, ...] = ("sequence-classification", "token-classification", "causal-lm", "seq2seq")
@@ -259,20 +260,18 @@ class AccelSpec(_Strict):
     )
 
     def auto_fields(self) -> list[str]:
-        return [f for f in ("ort", "fused_adam", "precision") if getattr(self, f) == "auto"]
+        """The fields left to 'auto' that a measurement decides (the toggles that are `tuned`)."""
+        return [f for f in TUNED_FIELDS if getattr(self, f) == "auto"]
 
     def resolved(self, choice: dict[str, Any]) -> AccelSpec:
         """'auto' replaced by `choice`: a measured one (ortlab.tune), or this machine's conservative default
-        (`ortlab.accel.mix.resolve` supplies it: the spec describes, it never asks the machine). `choice` holds
-        "ort", "fused_adam", "precision", "tf32" and "tcmalloc"; explicit values are never changed."""
-        update = {f: choice[f] for f in self.auto_fields() if f in choice}
+        (`ortlab.accel.mix.resolve` supplies it: the spec describes, it never asks the machine); a field `choice`
+        does not name is off. Explicit values are never changed."""
+        update = {f: choice.get(f, off_value(f)) for f in FIELDS if getattr(self, f) == "auto"}
         if self.torch_compile and self.ort == "auto":
             update["ort"] = False  # the user asked for compile explicitly; 'auto' ORT yields
-        out = self.model_copy(update=update)
-        tf32 = bool(choice.get("tf32", False)) if out.tf32 == "auto" else out.tf32
-        tcmalloc = bool(choice.get("tcmalloc", False)) if out.tcmalloc == "auto" else out.tcmalloc
-        update = {"ort": bool(out.ort), "fused_adam": bool(out.fused_adam), "tf32": bool(tf32)}
-        return out.model_copy(update={**update, "tcmalloc": bool(tcmalloc)})
+        switches = {t.field for t in TOGGLES if t.flag}
+        return self.model_copy(update={f: bool(v) if f in switches else v for f, v in update.items()})
 
 
 class AdapterSpec(_Strict):
@@ -471,18 +470,8 @@ class RunSpec(_Strict):
         """The mix this spec asks for explicitly: 'auto' counts as off here, because it resolves where the run goes
         (`ortlab.accel.mix.resolve`), into a mix that obeys the same rules. What the spec's own rules judge, and
         what a launch compares with the target's doctor."""
-        a = self.accel
-        return Mix(
-            ort=a.ort is True,
-            fused_adam=a.fused_adam is True,
-            zero_stage=a.zero_stage,
-            precision="fp32" if a.precision == "auto" else a.precision,
-            torch_compile=a.torch_compile,
-            tf32=a.tf32 is True,
-            tcmalloc=a.tcmalloc is True,
-            processes=self.target.processes,
-            lora=self.adapter.kind == "lora",
-        )
+        asked = {f: off_value(f) if getattr(self.accel, f) == "auto" else getattr(self.accel, f) for f in FIELDS}
+        return mix_from(asked, processes=self.target.processes, lora=self.adapter.kind == "lora")
 
     def _columns_fit_the_task(self) -> None:
         """seq2seq maps a source column to a target column; the other tasks a text to a label. A field of the other

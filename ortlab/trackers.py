@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ortlab.envvars import temporary_env
+from ortlab.toggles import FIELDS
 
 logger = logging.getLogger("ortlab")
 
@@ -88,17 +89,11 @@ def offline(names: list[str], run_path: Path) -> Iterator[dict[str, str]]:
 
 
 def run_config(spec: Any, resolved: Any) -> dict[str, Any]:
-    """What the trackers record as the run's config: the spec as written, and the mix it resolved to."""
+    """What the trackers record as the run's config: the spec as written, and the mix it resolved to: every
+    acceleration toggle's field (`ortlab.toggles.FIELDS`) with its resolved value, and the adapter."""
     return {
         "spec": spec.model_dump(mode="json"),
-        "requested_mix": {
-            "ort": bool(resolved.ort),
-            "fused_adam": bool(resolved.fused_adam),
-            "zero_stage": resolved.zero_stage,
-            "precision": resolved.precision,
-            "torch_compile": resolved.torch_compile,
-            "adapter": spec.adapter.kind,
-        },
+        "requested_mix": {**{f: getattr(resolved, f) for f in FIELDS}, "adapter": spec.adapter.kind},
     }
 
 

@@ -209,10 +209,10 @@ def test_cuda_metrics_records_have_gpu_memory_and_mfu(tmp_path):
 
 
 def test_tf32_auto_resolves_off_on_cpu_and_explicit_true_is_refused_before_launch():
-    from ortlab.accel.precision import check_tf32
+    from ortlab.accel.precision import tf32_availability
     from ortlab.spec import RunSpec
 
-    assert not check_tf32().available and "no CUDA device" in check_tf32().reason
+    assert not tf32_availability().available and "no CUDA device" in tf32_availability().reason
     spec = RunSpec()
     from ortlab.accel.mix import mix_of, resolve
     from ortlab.runner import RunError, check

@@ -120,11 +120,11 @@ def test_ort_rejects_torch_2_7(monkeypatch):
 
     real = ort.package_version
     monkeypatch.setattr(ort, "package_version", lambda d: "2.7.1" if d == "torch" else real(d))
-    ort.check.cache_clear()
+    ort.availability.cache_clear()
     try:
-        a = ort.check()
+        a = ort.availability()
     finally:
-        ort.check.cache_clear()
+        ort.availability.cache_clear()
     assert not a.available
     assert "torch < 2.7" in a.reason and "torch 2.6.0" in a.remedy
 

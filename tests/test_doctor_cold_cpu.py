@@ -96,12 +96,12 @@ def test_auto_keeps_fp32_on_this_cpu(cold, machine, monkeypatch):
     from ortlab.tune.precisionrace import candidate_precision
 
     monkeypatch.setenv(HIDE_ENV, machine[HIDE_ENV])
-    precision.check_bf16.cache_clear()
+    precision.bf16_availability.cache_clear()
     try:
         candidate, why = candidate_precision()
         resolved = resolve(AccelSpec())
     finally:
-        precision.check_bf16.cache_clear()
+        precision.bf16_availability.cache_clear()
     assert candidate is None and "no fast 16-bit precision here" in why and "no hardware support" in why
     assert resolved.precision == "fp32"
 

@@ -135,9 +135,9 @@ def test_a_cpu_without_fast_bf16_is_not_probed(monkeypatch):
     from ortlab.accel import Availability, precision
 
     monkeypatch.setattr(
-        precision, "check_bf16", lambda: Availability("bf16", True, "emulated (no avx512_bf16)", "-", slow=True)
+        precision, "bf16_availability", lambda: Availability("bf16", True, "emulated (no avx512_bf16)", "-", slow=True)
     )
-    monkeypatch.setattr(precision, "check_fp16", lambda: Availability("fp16", False, "needs CUDA", "-"))
+    monkeypatch.setattr(precision, "fp16_availability", lambda: Availability("fp16", False, "needs CUDA", "-"))
     candidate, why = pp.candidate_precision()
     assert candidate is None and "emulated (no avx512_bf16)" in why
 

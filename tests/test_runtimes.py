@@ -29,7 +29,7 @@ TEST_RUNTIMES = ROOT / ".cache" / "test-runtimes"
 def _this_runtime_compiles() -> bool:
     from ortlab.accel import torch_compile
 
-    return torch_compile.check().available
+    return torch_compile.availability().available
 
 
 needs_ort_runtime = pytest.mark.skipif(

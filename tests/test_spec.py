@@ -76,8 +76,10 @@ def test_auto_without_a_measurement_is_what_never_loses(monkeypatch, cuda, fused
     # doctor has it, whatever else is installed (ORT too). Explicit choices are never changed.
     from ortlab.accel import Availability, fused_adam, mix, ort
 
-    monkeypatch.setattr(ort, "check", lambda probe=False: Availability("ort", True, "forced", "-"))
-    monkeypatch.setattr(fused_adam, "check", lambda probe=False: Availability("fused_adam", fused_here, "forced", "-"))
+    monkeypatch.setattr(ort, "availability", lambda probe=False: Availability("ort", True, "forced", "-"))
+    monkeypatch.setattr(
+        fused_adam, "availability", lambda probe=False: Availability("fused_adam", fused_here, "forced", "-")
+    )
     monkeypatch.setattr(mix, "_cuda_available", lambda: cuda)
     auto = mix.resolve(AccelSpec())
     assert (auto.ort, auto.fused_adam, auto.precision) == (False, fused_here, "fp32")

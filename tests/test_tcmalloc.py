@@ -66,7 +66,7 @@ def test_the_library_is_looked_for_only_where_distributions_install_it(monkeypat
 
 def test_the_doctor_row_without_the_library_names_the_package(monkeypatch):
     monkeypatch.setattr(tcmalloc, "find", lambda: None)
-    row = tcmalloc.check.__wrapped__()
+    row = tcmalloc.availability.__wrapped__()
     assert row.available is False
     assert tcmalloc.LIBRARY in row.reason and "not installed" in row.reason
     assert "apt-get install libtcmalloc-minimal4" in row.remedy and "gperftools" in row.remedy
@@ -124,7 +124,7 @@ def test_a_process_started_with_it_has_it_and_torch_lives_with_it():
     off = subprocess.run([PYTHON, "-c", code], env=tcmalloc.process_env(base, on=False), capture_output=True, text=True)
     assert Path(on.stdout.strip()) == tcmalloc.find().resolve(), on.stderr  # (the file the link names)
     assert off.stdout.strip() == "None", off.stderr
-    row = tcmalloc.check.__wrapped__(probe=True)  # a Python started with it imports torch and multiplies
+    row = tcmalloc.availability.__wrapped__(probe=True)  # a Python started with it imports torch and multiplies
     assert row.available, row.reason
     assert "probed: torch ran with it" in row.reason
 

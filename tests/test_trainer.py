@@ -291,12 +291,12 @@ def test_ort_on_a_torch_it_cannot_use_is_rejected(monkeypatch):
 
     real = ort.package_version
     monkeypatch.setattr(ort, "package_version", lambda d: "2.8.0" if d == "torch" else real(d))
-    ort.check.cache_clear()
+    ort.availability.cache_clear()
     try:
         with pytest.raises(MixError, match=r"torch < 2\.7.*Fix: use torch 2\.6\.0"):
             _args()
     finally:
-        ort.check.cache_clear()
+        ort.availability.cache_clear()
 
 
 def test_bad_ort_option_is_rejected():

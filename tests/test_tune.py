@@ -67,14 +67,14 @@ def test_judge_prefers_plain_when_nothing_wins():
 def test_plan_names_why_a_mix_is_not_measured(monkeypatch):
     from ortlab.accel import Availability, ort, precision
 
-    monkeypatch.setattr(ort, "check", lambda probe=False: Availability("ort", False, "no ORT here", "-"))
+    monkeypatch.setattr(ort, "availability", lambda probe=False: Availability("ort", False, "no ORT here", "-"))
     monkeypatch.setattr(
-        precision, "check_bf16", lambda: Availability("bf16", True, "emulated (no avx512_bf16)", "-", slow=True)
+        precision, "bf16_availability", lambda: Availability("bf16", True, "emulated (no avx512_bf16)", "-", slow=True)
     )
     plan = {c.name: c for c in tune.plan()}
     assert plan["plain"].skipped is None and plan["fused_adam"].skipped is None
     assert plan["ort"].skipped == plan["ort+fused_adam"].skipped == "no ORT here"
-    monkeypatch.setattr(ort, "check", lambda probe=False: Availability("ort", True, "here", "-"))
+    monkeypatch.setattr(ort, "availability", lambda probe=False: Availability("ort", True, "here", "-"))
     with_ort = {c.name: c for c in tune.plan()}
     assert with_ort["ort+fused_adam"].skipped is None, "ORT is measured with fused AdamW, one export fewer"
     assert with_ort["ort"].skipped.startswith("not measured: fused AdamW is independent of ORT's graph")
@@ -89,7 +89,7 @@ def test_auto_fields_take_the_measured_choice_and_nothing_else(monkeypatch):
     from ortlab.accel import Availability, fused_adam
     from ortlab.accel.mix import resolve
 
-    monkeypatch.setattr(fused_adam, "check", lambda probe=False: Availability("fused_adam", True, "forced", "-"))
+    monkeypatch.setattr(fused_adam, "availability", lambda probe=False: Availability("fused_adam", True, "forced", "-"))
     conservative = resolve(AccelSpec())
     assert (conservative.ort, conservative.fused_adam, conservative.precision) == (False, True, "fp32"), (
         "without a measurement 'auto' is what never loses to plain PyTorch"

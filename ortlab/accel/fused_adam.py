@@ -23,7 +23,7 @@ TORCH_NAME = "torch AdamW(fused=True)"
 
 
 @lru_cache(maxsize=2)
-def check(probe: bool = False) -> Availability:
+def availability(probe: bool = False) -> Availability:
     """Which fused AdamW runs here. With `probe=True` each candidate takes one real optimizer step."""
     name = "fused_adam"
     if package_version("torch") is None:

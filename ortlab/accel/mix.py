@@ -3,8 +3,8 @@ every machine, plus the ones that depend on this one. All of them are reached th
 
 `ORTTrainingArguments` and in-process training call `validate` before any model loads, and each broken rule
 says what to change. (A launched run is checked by its launcher against the target's doctor instead, which
-reports the same `check()` results, taken in that target.) Availability comes from the same `check()` functions
-that `ortlab doctor` shows, so the doctor and the trainer never disagree.
+reports the same `availability()` results, taken in that target.) Availability comes from the same `availability()`
+functions that `ortlab doctor` shows, so the doctor and the trainer never disagree.
 """
 
 from __future__ import annotations
@@ -12,10 +12,16 @@ from __future__ import annotations
 from typing import Any
 
 from ortlab import runtimes
-from ortlab.accel import Availability, fused_adam, ort, precision, tcmalloc, torch_compile, zero
-from ortlab.mixrules import Mix, MixError, rule_problems
+from ortlab.accel import Availability, availability_of, fused_adam, precision, tcmalloc, torch_compile
+from ortlab.mixrules import Mix, MixError, mix_from, rule_problems
+from ortlab.toggles import TOGGLES
 
-__all__ = ["Mix", "MixError", "mix_of", "problems", "resolve", "rule_problems", "runtime_for", "validate"]
+__all__ = ["Mix", "MixError", "mix_from", "mix_of", "problems", "resolve", "rule_problems", "runtime_for", "validate"]
+
+# The accelerations whose rule is written out in `problems` below, instead of the plain one every other toggle gets
+# ("requested, so it must be available here"): what they need depends on more than their availability (a CUDA
+# device, the process's start, another runtime).
+OWN_RULES = ("fp16", "bf16", "tf32", "tcmalloc", "torch_compile")
 
 
 def _unavailable(a: Availability) -> str:
@@ -50,7 +56,7 @@ def problems(mix: Mix, launched: bool = False) -> tuple[list[str], list[str]]:
             + ": use precision 'bf16' or 'fp32' on this machine"
         )
     if mix.precision == "bf16":
-        bf16 = precision.check_bf16()
+        bf16 = precision.bf16_availability()
         if not bf16.available:
             errors.append(_unavailable(bf16))
         elif bf16.slow and not cuda:
@@ -63,7 +69,7 @@ def problems(mix: Mix, launched: bool = False) -> tuple[list[str], list[str]]:
                 "'fp32' (or 'auto') with ort, or ort false (or 'auto') with bf16"
             )
     if mix.tf32:
-        tf32 = precision.check_tf32()
+        tf32 = precision.tf32_availability()
         if not tf32.available or not cuda:
             why = tf32.reason if not tf32.available else "use_cpu=True was set"
             errors.append(f"tf32 was requested but cannot apply: {why}. Fix: set tf32 to 'auto' or false here")
@@ -73,13 +79,9 @@ def problems(mix: Mix, launched: bool = False) -> tuple[list[str], list[str]]:
             "starts). Fix: launch the run (ortlab.launch(spec), `ortlab train`): ortlab starts its training process "
             "with tcmalloc where it is installed; or set tcmalloc to 'auto' or false here"
         )
-    requested_checks = (
-        (mix.ort, ort.check),
-        (mix.fused_adam, fused_adam.check),
-        (mix.zero_stage > 0, zero.check),
-    )
-    for requested, check in requested_checks:
-        if requested and not (a := check()).available:
+    requested = mix.requested()
+    for t in TOGGLES:
+        if requested[t.name] and t.name not in OWN_RULES and not (a := availability_of(t)).available:
             errors.append(_unavailable(a))
     if mix.torch_compile and (problem := _compile_problem(launched)):
         errors.append(problem)
@@ -93,14 +95,14 @@ def runtime_for(mix: Mix) -> str | None:
     torch_compile is refused by `problems`, so a run never needs both runtimes at once.
     """
 
-    if mix.torch_compile and not mix.ort and torch_compile.check().details.get("needs_newer_torch"):
+    if mix.torch_compile and not mix.ort and torch_compile.availability().details.get("needs_newer_torch"):
         return "compile"
     return None
 
 
 def _compile_problem(launched: bool) -> str | None:
 
-    a = torch_compile.check()
+    a = torch_compile.availability()
     if a.available:
         return None
     if not a.details.get("needs_newer_torch"):
@@ -140,9 +142,9 @@ def resolve(accel: Any, choice: dict[str, Any] | None = None) -> Any:
 
     default = {"ort": False, "precision": "fp32"}
     if accel.fused_adam == "auto" and "fused_adam" not in (choice or {}):
-        default["fused_adam"] = fused_adam.check().available
+        default["fused_adam"] = fused_adam.availability().available
     if accel.tf32 == "auto" and "tf32" not in (choice or {}):
-        default["tf32"] = precision.check_tf32().available  # static: a CUDA device of compute capability >= 8.0
+        default["tf32"] = precision.tf32_availability().available  # static: a CUDA device of compute capability >= 8.0
     if accel.tcmalloc == "auto" and "tcmalloc" not in (choice or {}):
         default["tcmalloc"] = tcmalloc.loaded() is not None
     return accel.resolved({**default, **(choice or {})})
@@ -151,14 +153,4 @@ def resolve(accel: Any, choice: dict[str, Any] | None = None) -> Any:
 def mix_of(spec: Any, choice: dict[str, Any] | None = None) -> Mix:
     """The mix a run of `spec` (a RunSpec) trains with in this environment ('auto' resolved by `resolve`)."""
     a = resolve(spec.accel, choice)
-    return Mix(
-        ort=bool(a.ort),
-        fused_adam=bool(a.fused_adam),
-        zero_stage=a.zero_stage,
-        precision=a.precision,
-        torch_compile=a.torch_compile,
-        tf32=bool(a.tf32),
-        tcmalloc=bool(a.tcmalloc),
-        processes=spec.target.processes,
-        lora=spec.adapter.kind == "lora",
-    )
+    return mix_from(a.model_dump(), processes=spec.target.processes, lora=spec.adapter.kind == "lora")

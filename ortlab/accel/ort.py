@@ -15,7 +15,7 @@ What this module knows that users used to learn the hard way:
   it (or fails, if asked), so nobody benchmarks eager PyTorch believing it is ORT.
 
 Three modules, one question each (every public name is importable from here):
-- ort.py          can ORTModule train here? (`check`: versions, extensions, a probe) and the extension build.
+- ort.py          can ORTModule train here? (`availability`: versions, extensions, a probe) and the extension build.
 - ort_module.py   wrapping a model in ORTModule (`prepare_model`, `wrap`, CPU session settings) and reading back
                   whether it really ran in ONNX Runtime (`fallback_reason`, `ran_in_ort`, `force_fallback`).
 - ort_capture.py  can the model's forward be captured as a graph? (`python_effects_of_forward`, pure PyTorch).
@@ -50,7 +50,7 @@ from ortlab.accel.ort_module import (
     wrap,
 )
 
-# What this module is, for everyone who imports it: the check and the build here, the wrapping re-exported.
+# What this module is, for everyone who imports it: its availability and the build here, the wrapping re-exported.
 __all__ = [
     "CPU_SESSION",
     "EXTENSIONS",
@@ -62,8 +62,8 @@ __all__ = [
     "ForwardNotCapturable",
     "ORTFallbackError",
     "ORTOptions",
+    "availability",
     "build_extensions",
-    "check",
     "configure_session",
     "describe_error",
     "extensions_built",
@@ -162,7 +162,7 @@ def _version_tuple(v: str) -> tuple[int, ...]:
 
 
 @lru_cache(maxsize=2)
-def check(probe: bool = False) -> Availability:
+def availability(probe: bool = False) -> Availability:
     """Can ORTModule train here? Static checks first (versions, extensions); `probe=True` also trains a tiny
     model through ORTModule with fallback disabled, which is the only way to know for sure. Run probes in a
     subprocess (the doctor does): a broken build can crash the interpreter."""

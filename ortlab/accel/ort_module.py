@@ -4,7 +4,7 @@
 session settings, and the rest reads ORTModule's state afterwards: whether it fell back to PyTorch and why
 (`fallback_reason`, kept even when ORT forgets it), whether ONNX Runtime built a training session (`ran_in_ort`),
 and how to send it to PyTorch on purpose (`force_fallback`, when the forward cannot be captured: ort_capture.py).
-Whether ORTModule can run here at all is `ortlab.accel.ort.check` (ort.py); everything here is re-exported there.
+Whether ORTModule can run here at all is `ortlab.accel.ort.availability` (ort.py); everything here is re-exported there.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from ortlab.cpuinfo import bf16_hardware
 
 
 @lru_cache(maxsize=2)
-def check_fp16(probe: bool = False) -> Availability:
+def fp16_availability(probe: bool = False) -> Availability:
     if package_version("torch") is None:
         return Availability("fp16", False, "torch is not installed", "pip install torch")
     import torch
@@ -40,7 +40,7 @@ def check_fp16(probe: bool = False) -> Availability:
 
 
 @lru_cache(maxsize=2)
-def check_bf16(probe: bool = False) -> Availability:
+def bf16_availability(probe: bool = False) -> Availability:
     if package_version("torch") is None:
         return Availability("bf16", False, "torch is not installed", "pip install torch")
     import torch
@@ -80,7 +80,7 @@ TF32_CAPABILITY = (8, 0)  # Ampere: the first NVIDIA GPUs whose tensor cores tak
 
 
 @lru_cache(maxsize=2)
-def check_tf32(probe: bool = False) -> Availability:
+def tf32_availability(probe: bool = False) -> Availability:
     """TF32 matmuls: fp32 inputs rounded to a 10-bit mantissa inside the tensor cores, accumulated in fp32.
 
     Weights, activations and the optimizer stay fp32; only matmul/conv products lose precision (about bf16's

@@ -96,11 +96,11 @@ def process_env(env: dict[str, str], on: bool) -> dict[str, str]:
 
 def wanted(setting: bool | str) -> bool:
     """Whether a process ortlab starts on this machine for a run whose `accel.tcmalloc` is `setting` gets it."""
-    return setting is True or (setting == "auto" and check().available)
+    return setting is True or (setting == "auto" and availability().available)
 
 
 @lru_cache(maxsize=2)
-def check(probe: bool = False) -> Availability:
+def availability(probe: bool = False) -> Availability:
     """Whether training processes here can start with tcmalloc. With `probe=True` a Python process is started with
     it and imports torch and multiplies two matrices: the library loads, and torch lives with it."""
     name = "tcmalloc"

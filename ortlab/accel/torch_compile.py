@@ -17,7 +17,7 @@ from ortlab.accel import Availability, package_version
 
 
 @lru_cache(maxsize=2)
-def check(probe: bool = False) -> Availability:
+def availability(probe: bool = False) -> Availability:
     """Static checks only: a real compile takes ~20 s on CPU, too slow for the doctor; a failure shows at run."""
     name = "torch_compile"
     version = package_version("torch")

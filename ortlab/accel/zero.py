@@ -22,7 +22,7 @@ from ortlab.netutil import LOOPBACK, LOOPBACK_INTERFACE, free_port
 
 
 @lru_cache(maxsize=2)
-def check(probe: bool = False) -> Availability:
+def availability(probe: bool = False) -> Availability:
     """DeepSpeed installed and able to start here; `probe=True` imports it (seconds) and asks its accelerator."""
     name = "zero1"
     version = package_version("deepspeed")

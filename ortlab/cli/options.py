@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args, get_origin
 import typer
 from typer.core import TyperCommand, TyperOption
 
+from ortlab.toggles import SECTION, TOGGLES
+
 if TYPE_CHECKING:
     from pydantic import BaseModel
     from pydantic.fields import FieldInfo
@@ -40,6 +42,16 @@ class SpecOption:
     decls: tuple[str, ...] = ()  # its names when not just --<parameter-name>, e.g. ("--lr", "--learning-rate")
     convert: Callable[[Any], Any] | None = None  # the field's value from the option's, when they differ
     how: str = ""  # how the option sets the field, when not by its value (said in the help)
+
+
+def _toggle_options() -> dict[str, SpecOption]:
+    """One option per acceleration field (`ortlab.toggles`), named as the field: a switch (a toggle whose `on` is
+    True) is `--x/--no-x`, another field (zero_stage, precision) takes its value."""
+    options: dict[str, SpecOption] = {}
+    for t in TOGGLES:
+        dashed = t.field.replace("_", "-")
+        options.setdefault(t.field, SpecOption((SECTION, t.field), (f"--{dashed}/--no-{dashed}",) if t.flag else ()))
+    return options
 
 
 # The option's parameter name (in `train` and `tune`) -> the field it sets. Each command builds its overrides from
@@ -67,15 +79,10 @@ SPEC_OPTIONS: dict[str, SpecOption] = {
     "gradient_checkpointing": SpecOption(
         ("hyper", "gradient_checkpointing"), ("--gradient-checkpointing/--no-gradient-checkpointing",)
     ),
-    "ort": SpecOption(("accel", "ort"), ("--ort/--no-ort",)),
-    "fused_adam": SpecOption(("accel", "fused_adam"), ("--fused-adam/--no-fused-adam",)),
-    "zero_stage": SpecOption(("accel", "zero_stage")),
-    "precision": SpecOption(("accel", "precision")),
+    **_toggle_options(),
     "tune": SpecOption(
         ("accel", "tune"), ("--tune",), lambda on: "measure" if on else None, how="--tune sets 'measure'"
     ),
-    "torch_compile": SpecOption(("accel", "torch_compile"), ("--torch-compile/--no-torch-compile",)),
-    "tcmalloc": SpecOption(("accel", "tcmalloc"), ("--tcmalloc/--no-tcmalloc",)),
     "lora": SpecOption(
         ("adapter", "kind"),
         ("--lora/--no-lora",),

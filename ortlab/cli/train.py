@@ -45,6 +45,7 @@ def train(
     zero_stage: Annotated[int | None, spec_option("zero_stage")] = None,
     precision: Annotated[str | None, spec_option("precision")] = None,
     tune: Annotated[bool, spec_option("tune")] = False,
+    tf32: Annotated[bool | None, spec_option("tf32")] = None,
     torch_compile: Annotated[bool | None, spec_option("torch_compile")] = None,
     tcmalloc: Annotated[bool | None, spec_option("tcmalloc")] = None,
     lora: Annotated[bool | None, spec_option("lora")] = None,

@@ -24,6 +24,7 @@ from ortlab.runfolder.rundir import RunDir
 from ortlab.scores import argmax_logits, compute_metrics_for
 from ortlab.spec import RunSpec
 from ortlab.tasks import TASK_FEATURES, get_feature, load_model, load_tokenizer
+from ortlab.toggles import mix_arguments
 from ortlab.trackers import run_config
 
 # torch.compile: lengths padded to a multiple of 8, so Dynamo sees few distinct shapes.
@@ -157,19 +158,12 @@ def training_arguments(spec: RunSpec, run: RunDir, progress: bool, choice: dict[
         **extra,
         output_dir=str(run.checkpoints),
         metrics_path=str(run.metrics_path),
-        # 'auto' ORT yields to gradient checkpointing, as it does to torch_compile (ORT's backward graph would not
-        # recompute; an explicit `ort: true` with it is refused by the spec)
-        use_ort=bool(a.ort) and not h.gradient_checkpointing,
+        # The mix, by each toggle's own mapping (`ortlab.toggles`); 'auto' ORT yields to gradient checkpointing, as
+        # it does to torch_compile (ORT's backward graph would not recompute; an explicit `ort: true` with it is
+        # refused by the spec)
+        **{**mix_arguments(a.model_dump()), "use_ort": bool(a.ort) and not h.gradient_checkpointing},
         ort_fallback=a.ort_fallback,
         ort_log_level="ERROR",  # ORT's export chatter hides the progress; ortlab reports fallbacks itself
-        optim="adamw_ort_fused" if a.fused_adam else "adamw_torch",
-        zero_stage=a.zero_stage,
-        fp16=a.precision == "fp16",
-        bf16=a.precision == "bf16",
-        torch_compile=a.torch_compile,
-        # Explicit either way: left at None, transformers turns TF32 on by itself for torch_compile runs.
-        tf32=bool(a.tf32),
-        tcmalloc=bool(a.tcmalloc),
         **_dataloader_settings(),
         learning_rate=h.learning_rate,
         num_train_epochs=h.epochs,

@@ -14,34 +14,24 @@ import subprocess
 import time
 from typing import Any
 
-from ortlab.accel import Availability, fused_adam, ort, package_version, precision, tcmalloc, torch_compile, zero
+from ortlab.accel import Availability, availability_of, package_version
 from ortlab.envvars import child_cwd, child_env
 from ortlab.gpu import probe_cuda
 from ortlab.peak import measure_all
+from ortlab.toggles import TOGGLES
 
 MARKER = "ORTLAB-PROBE-RESULT "
-# Which accelerations each probe subprocess answers for. "torch" also reports the environment and the CUDA probe.
+# Which accelerations each probe subprocess answers for (each toggle's `probe_group`, in the toggles' order). "torch"
+# also reports the environment and the CUDA probe.
 GROUPS: dict[str, tuple[str, ...]] = {
-    "torch": ("fused_adam", "fp16", "bf16", "tf32", "torch_compile"),
-    "ort": ("ort",),
-    "zero1": ("zero1",),
-    "tcmalloc": ("tcmalloc",),
+    group: tuple(t.name for t in TOGGLES if t.probe_group == group)
+    for group in dict.fromkeys(t.probe_group for t in TOGGLES)
 }
 # The matmul peak (`ortlab.peak`): measured alone, after the groups above ended (a matmul timed while another process
 # imports ORT is not a peak). Bounded by time (a few seconds a precision on any machine).
 PEAK = "peak"
 ALL = (*GROUPS, PEAK)
 TIMEOUT_S = {**dict.fromkeys(GROUPS, 90.0), PEAK: 60.0}
-CHECKS = {
-    "ort": ort.check,
-    "fused_adam": fused_adam.check,
-    "zero1": zero.check,
-    "fp16": precision.check_fp16,
-    "bf16": precision.check_bf16,
-    "tf32": precision.check_tf32,
-    "torch_compile": torch_compile.check,
-    "tcmalloc": tcmalloc.check,
-}
 
 
 def run_probe_group(group: str) -> dict[str, Any]:
@@ -53,7 +43,7 @@ def run_probe_group(group: str) -> dict[str, Any]:
         # the training processes then read what it measured from `ortlab.peak`'s cache.
         device = "cuda" if torch.cuda.is_available() else "cpu"
         return {"peaks": {"device": device, "precisions": measure_all(device, refresh=True)}}
-    out: dict[str, Any] = {"accelerations": {n: CHECKS[n](probe=True).to_dict() for n in GROUPS[group]}}
+    out: dict[str, Any] = {"accelerations": {n: availability_of(n, probe=True).to_dict() for n in GROUPS[group]}}
     if group == "torch":
         out["environment"] = _environment()
         try:

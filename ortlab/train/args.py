@@ -20,6 +20,7 @@ from transformers import TrainingArguments
 from ortlab.accel import mix as mix_rules
 from ortlab.accel import zero
 from ortlab.accel.ort import ORTOptions
+from ortlab.toggles import field_values_from
 from ortlab.train.compat import OptimumEraFields, ORTOptimizerNames, accepts_optimum_era_arguments
 
 __all__ = ["ORT_FUSED", "ORTOptimizerNames", "ORTTrainingArguments"]
@@ -196,14 +197,9 @@ class ORTTrainingArguments(OptimumEraFields, TrainingArguments):
             from pathlib import Path
 
             ds = json.loads(Path(ds).read_text())
-        return mix_rules.Mix(
-            ort=self.use_ort,
-            fused_adam=self.fused_adam or str(getattr(self.optim, "value", self.optim)) == "adamw_torch_fused",
-            zero_stage=self.zero_stage,
-            precision="fp16" if self.fp16 else "bf16" if self.bf16 else "fp32",
-            torch_compile=bool(self.torch_compile),
-            tf32=bool(self.tf32),
-            tcmalloc=bool(self.tcmalloc),
+        # What these arguments ask for, read back by the toggles' own mapping (`ortlab.toggles.field_values_from`).
+        return mix_rules.mix_from(
+            field_values_from(self),
             processes=int(os.environ.get("WORLD_SIZE", "1")),
             use_cpu=bool(self.use_cpu),
             deepspeed_defines_optimizer=bool(isinstance(ds, dict) and "optimizer" in ds),

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ortlab.tasks import TASK_FEATURES, load_model
+from ortlab.toggles import mix_arguments
 from ortlab.tune.mixes import Candidate
 
 MARK = "ORTLAB-TUNE "
@@ -64,6 +65,7 @@ def _candidate_trainer(config: dict, c: Candidate) -> Any:
 
     settings = dict(
         output_dir=config["out"],
+        # (the reference trainer's precision; ORTTrainer's comes with the rest of its mix, below)
         fp16=c.precision == "fp16",
         bf16=c.precision == "bf16",
         learning_rate=config["learning_rate"],
@@ -83,13 +85,8 @@ def _candidate_trainer(config: dict, c: Candidate) -> Any:
     warmup = int(config["warmup"])  # the driver's first run command is the warm-up
     if c.reference:  # plain transformers.Trainer, as a user runs it (ortlab.tune.share)
         return _reference_trainer(settings, model, Cycle(), warmup)
-    args = ORTTrainingArguments(
-        use_ort=c.ort,
-        ort_log_level="ERROR",
-        optim="adamw_ort_fused" if c.fused_adam else "adamw_torch",
-        torch_compile=c.torch_compile,
-        **settings,
-    )
+    # The candidate's mix, by each toggle's own mapping (`ortlab.toggles`): the fields it names, and no others.
+    args = ORTTrainingArguments(**{**settings, **mix_arguments(c.choice())}, ort_log_level="ERROR")
     trainer = ORTTrainer(
         model=model,
         args=args,

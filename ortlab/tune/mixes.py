@@ -44,7 +44,7 @@ def plan(processes: int = 1, use_cpu: bool = False, compile: bool = False) -> li
     to another runtime, and `accel.torch_compile` is never 'auto' (a user turns it on knowingly).
     """
     cuda = _cuda_available() and not use_cpu
-    ort_ok, fused_ok = ort.check(), fused_adam.check()
+    ort_ok, fused_ok = ort.availability(), fused_adam.availability()
     out = [Candidate("plain")]
     out.append(Candidate("fused_adam", fused_adam=True, skipped=None if fused_ok.available else fused_ok.reason))
     # ORT is measured with fused AdamW where that exists: the optimizer step is outside ORT's graph, so fused
@@ -62,7 +62,7 @@ def plan(processes: int = 1, use_cpu: bool = False, compile: bool = False) -> li
     out.append(Candidate("bf16+fused_adam", fused_adam=fused_ok.available, precision="bf16", skipped=bf16_why))
     if cuda:
         out.append(Candidate("fp16+fused_adam", fused_adam=fused_ok.available, precision="fp16"))
-    compiled = torch_compile.check()
+    compiled = torch_compile.availability()
     compile_python = None if compiled.available else _compile_runtime()
     if not compile:
         why = "not measured: its warm-up exceeds the calibration budget; `ortlab tune --compile` measures it"
@@ -80,7 +80,7 @@ def plan(processes: int = 1, use_cpu: bool = False, compile: bool = False) -> li
 
 def bf16_skipped(cuda: bool) -> str | None:
     """Why bf16 is not measured here (not available; emulated, so ~10x slower, on a CPU), or None."""
-    bf16 = precision.check_bf16()
+    bf16 = precision.bf16_availability()
     if not bf16.available:
         return bf16.reason
     if bf16.slow and not cuda:

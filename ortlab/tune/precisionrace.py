@@ -71,12 +71,12 @@ class PrecisionRace:
 
 def candidate_precision() -> tuple[str | None, str]:
     """The 16-bit precision worth probing on this machine (or None and why none is)."""
-    from ortlab.accel.precision import check_bf16, check_fp16
+    from ortlab.accel.precision import bf16_availability, fp16_availability
 
-    bf16 = check_bf16()
+    bf16 = bf16_availability()
     if bf16.available and not bf16.slow:
         return "bf16", bf16.reason
-    fp16 = check_fp16()
+    fp16 = fp16_availability()
     if fp16.available:
         return "fp16", fp16.reason
     return None, f"fp32: no fast 16-bit precision here ({bf16.reason})"

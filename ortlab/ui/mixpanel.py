@@ -12,15 +12,14 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from ortlab.accel import NOT_PROBED, fused_adam, ort, precision, torch_compile, zero
+from ortlab.accel import NOT_PROBED, availability_of
 from ortlab.accel.mix import resolve
-from ortlab.toggles import exclusive_with, form_toggles
+from ortlab.toggles import TUNED_FIELDS, exclusive_with, form_toggles
 from ortlab.tune import TuneResult
 
-# What "measure the fastest" sets: the fields a measurement decides (AccelSpec's 'auto' ones). Its choice also says
-# torch_compile, but a compiled mix runs in its own runtime, which the form's target does not follow: that toggle,
-# ZeRO's and the others stay as they were.
-TUNED_FIELDS = ("ort", "fused_adam", "precision")
+# What "measure the fastest" sets: the fields a measurement decides (`TUNED_FIELDS`, the toggles that are `tuned`). Its
+# choice also says torch_compile, but a compiled mix runs in its own runtime, which the form's target does not follow:
+# that toggle, ZeRO's and the others stay as they were.
 
 
 def _availability() -> tuple[dict[str, Any], Any]:
@@ -34,14 +33,7 @@ def _availability() -> tuple[dict[str, Any], Any]:
     if report is not None:
         return dict(report.accelerations), report
 
-    return {
-        "ort": ort.check(),
-        "fused_adam": fused_adam.check(),
-        "zero1": zero.check(),
-        "bf16": precision.check_bf16(),
-        "fp16": precision.check_fp16(),
-        "torch_compile": torch_compile.check(),
-    }, None
+    return {t.name: availability_of(t) for t in form_toggles()}, None
 
 
 def _note_html(a: Any, probed: bool) -> str:
