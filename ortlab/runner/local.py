@@ -11,7 +11,7 @@ Three things vary, and only in the command line and the preflight before it:
 Torchrun and another Python are not launchers of their own: they share every operation but the command line and
 the preflight, so a class each would only copy `start` and `terminate`.
 
-The machine check reads the target interpreter's doctor (`launch_doctor`: its cached answers; only a group never
+The preflight reads the target interpreter's doctor (`launch_doctor`: its cached answers; only a group never
 probed in that environment is probed, once, ~10 s in processes of its own, and never the matmul peak, which the run
 measures itself), so launching never imports torch into the caller and never waits for a probe that already failed:
 the Jupyter server launches in its own process, and `ortlab doctor` and a launch never disagree.

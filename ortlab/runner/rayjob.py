@@ -1,6 +1,6 @@
 """Driver side: the Ray Jobs launcher: a run as a Ray job on a cluster (`target.cluster`), mirrored home.
 
-    check      the cluster's own doctor, run there as a short job (reachable, token accepted, ortlab installed,
+    preflight  the cluster's own doctor, run there as a short job (reachable, token accepted, ortlab installed,
                enough CPUs and GPUs, every acceleration asked for available there): not this machine's; an
                object store is probed from both sides (an object written, read back, removed)
     start      a copy of the run folder in the storage (`<storage>/<run id>`: a shared folder, or an object store,
