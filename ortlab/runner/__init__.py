@@ -364,6 +364,26 @@ def launch(
     return run
 
 
+def train_spec(
+    spec: RunSpec,
+    progress: bool = True,
+    on_metrics: Callable[[dict], None] | None = None,
+    log: Callable[[str], None] = print,
+    view: Any = None,
+) -> dict[str, Any]:
+    """Train `spec` in this process and return its result: `launch(spec, launcher=Foreground(...))` (the preflight,
+    model and data included, before the run folder exists, so a refused spec leaves nothing behind; the run folder;
+    the start), for a script or a test that trains here and wants the result.
+
+    With a `view` (`ortlab train`'s `Terminal`), ortlab's lines and a progress bar go to the screen and everything
+    else this process prints (third-party libraries) to the run's logs/run.log."""
+    from ortlab.runner.foreground import Foreground
+
+    launcher = Foreground(view, progress, log, on_metrics)
+    launch(spec, launcher=launcher)
+    return launcher.result or {}
+
+
 def runs(root: str | os.PathLike | None = None) -> list[Run]:
     """All runs under `root` (default ./ortlab-runs), oldest first. Symbolic links are not followed."""
     base = Path(root) if root else default_root()

@@ -18,7 +18,8 @@ It does what every launcher does, in this process:
     terminate  nothing to end from outside: the process is the user's terminal (a stop request still works, as
                for every run: `control/stop`)
 
-`train_spec` is `launch` with this launcher, for a script or a test that trains here and wants the result.
+`ortlab.runner.train_spec` is `launch` with this launcher, for a script or a test that trains here and wants the
+result.
 """
 
 from __future__ import annotations
@@ -32,9 +33,8 @@ from ortlab.accel.mix import MixError, mix_of, runtime_for, validate
 from ortlab.lifecycle.execute import execute
 from ortlab.probe import doctor
 from ortlab.runfolder.rundir import RunDir, process_create_time
-from ortlab.runner import launch
 from ortlab.runner.launcher import Launcher, RunError
-from ortlab.spec import RunSpec, SpecError
+from ortlab.spec import SpecError
 from ortlab.trackers import not_installed
 
 
@@ -105,20 +105,3 @@ class Foreground(Launcher):
             f"run {run.id} trains in the foreground of the terminal that started it: press Ctrl-C there, or end "
             f"that process (pid {status.get('pid')})"
         )
-
-
-def train_spec(
-    spec: RunSpec,
-    progress: bool = True,
-    on_metrics: Callable[[dict], None] | None = None,
-    log: Callable[[str], None] = print,
-    view: Any = None,
-) -> dict[str, Any]:
-    """Train `spec` in this process: `launch(spec, launcher=Foreground(...))` (the preflight before the run folder
-    exists, so a refused spec leaves nothing behind; the run folder; the start); returns the result.
-
-    With a `view` (`ortlab train`'s `Terminal`), ortlab's lines and a progress bar go to the screen and everything
-    else this process prints (third-party libraries) to the run's logs/run.log."""
-    launcher = Foreground(view, progress, log, on_metrics)
-    launch(spec, launcher=launcher)
-    return launcher.result or {}
