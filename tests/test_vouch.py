@@ -27,7 +27,7 @@ from ortlab.spec import RunSpec
 def started(monkeypatch) -> list[dict]:
     """Launches and resumes get as far as starting the run process, which records its arguments instead."""
     calls: list[dict] = []
-    monkeypatch.setattr(runner, "preflight", lambda spec: {})
+    monkeypatch.setattr(runner, "preflight", lambda spec, launcher=None: {})
     monkeypatch.setattr(runner, "_start", lambda run, spec, **kw: calls.append({"spec": spec, **kw}))
     return calls
 

@@ -298,7 +298,7 @@ def launcher_for(spec: Any, here: bool = False) -> Launcher:
     return local
 
 
-def preflight(spec: Any) -> dict[str, Any] | None:
+def preflight(spec: Any, launcher: Launcher | None = None) -> dict[str, Any] | None:
     """Can `spec` run where it says? The launch's pre-flight of a spec against its target, for every face: the mix
     against the target's own doctor (this interpreter's, ortlab's compile runtime's, a named Python's, or the
     cluster's), the packages it needs there, the cluster's resources. Raises RunError listing every problem with its
@@ -306,8 +306,9 @@ def preflight(spec: Any) -> dict[str, Any] | None:
     their answer.
 
     `spec` is one whose target.python and target.cluster the user named: `launch`'s, or a resumed folder's after
-    `trust.trusted_target` (a named interpreter is started here, and a cluster is sent the user's Ray token)."""
-    return launcher_for(spec).preflight(spec)
+    `trust.trusted_target` (a named interpreter is started here, and a cluster is sent the user's Ray token).
+    `launcher`: the one the run goes to, when the caller chose it (`launch(spec, launcher=...)`)."""
+    return (launcher or launcher_for(spec)).preflight(spec)
 
 
 def target_doctor(spec: Any) -> dict[str, Any]:
@@ -317,11 +318,18 @@ def target_doctor(spec: Any) -> dict[str, Any]:
 
 
 def _start(
-    run: RunDir, spec: Any, resume: bool = False, cwd: str | None = None, hub_token: bool = True
+    run: RunDir,
+    spec: Any,
+    resume: bool = False,
+    cwd: str | None = None,
+    hub_token: bool = True,
+    launcher: Launcher | None = None,
 ) -> subprocess.Popen | None:
-    """Start the worker of a claimed (`pending`) run folder on its target (its preflight passed before).
-    `hub_token=False`: its Hub downloads go without the user's token (a folder from elsewhere, resumed)."""
-    return launcher_for(spec).start(run, spec, resume=resume, cwd=cwd, hub_token=hub_token)
+    """Start the worker of a claimed (`pending`) run folder on its target (its preflight passed before), with
+    `launcher` where the caller chose it. `hub_token=False`: its Hub downloads go without the user's token (a
+    folder from elsewhere, resumed)."""
+    launcher = launcher or launcher_for(spec)
+    return launcher.start(run, spec, resume=resume, cwd=cwd, hub_token=hub_token)
 
 
 def launch(
@@ -354,13 +362,13 @@ def launch(
         spec = RunSpec.parse({**spec.model_dump(mode="json"), **overrides})
     check_output_folder(root or spec.output_dir)  # first: before the machine, model and data checks
     launcher = launcher or launcher_for(spec)
-    launcher.preflight(spec)  # before the run folder exists: a refused launch leaves nothing behind
+    preflight(spec, launcher)  # before the run folder exists: a refused launch leaves nothing behind
     if spec.target.storage:  # the user's own spec: this process may resume it and bring it home (trust.storage_gate)
         storage_named(spec.target.storage)
     run_dir = RunDir.create(root or spec.output_dir, spec)
     vouch.mark(run_dir)  # the user's own spec: its resume is not gated as a stranger's folder (runfolder.vouch)
     run = Run(run_dir.path)
-    run._process = launcher.start(run_dir, spec, cwd=None if cwd is None else str(cwd))
+    run._process = _start(run_dir, spec, cwd=None if cwd is None else str(cwd), launcher=launcher)
     return run
 
 
