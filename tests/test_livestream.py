@@ -122,8 +122,8 @@ def test_a_ray_train_runs_records_come_home_from_the_store_while_the_jobs_log_is
 
     rank0.pull_controls = controls_stuck
     puts = []
-    put = rank0.stored.store.put
-    rank0.stored.store.put = lambda folder, rel: (puts.append(rel), put(folder, rel))[1]
+    put = rank0.place.store.put
+    rank0.place.store.put = lambda folder, rel: (puts.append(rel), put(folder, rel))[1]
 
     job = HandFedJob()
     monitor = raymonitor.Monitor(local.path, "local")

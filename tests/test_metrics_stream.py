@@ -278,6 +278,21 @@ def test_the_summary_equals_the_old_folds_on_a_real_run(trained_run):
     assert run.last_step() == max(r["step"] for r in records if r["event"] == "step") == 6
 
 
+@pytest.mark.slow
+def test_a_real_run_writes_only_fields_its_record_schema_names(trained_run):
+    """Every record a real run wrote (train_begin, steps, evaluations, log lines, verified, parameters, train_end)
+    holds only fields `ortlab.runfolder.records` names for its event: a field the writer adds without the schema
+    fails here. (The CUDA-only step fields are held to it by tests/test_records.py, from the writer's code.)"""
+    from ortlab.runfolder.records import RECORDS, unknown_fields
+
+    records = [json.loads(line) for line in (trained_run / "metrics.jsonl").read_text().splitlines()]
+    assert {events.TRAIN_BEGIN, events.STEP, events.EVAL, events.PARAMETERS} <= {r["event"] for r in records}
+    assert {f"{r['event']}:{k}" for r in records for k in unknown_fields(r)} == set()
+    # and every field the schema says a step always has, every step has
+    always = [f.name for f in RECORDS[events.STEP].all_fields() if not f.when]
+    assert all(set(always) <= set(r) for r in records if r["event"] == events.STEP), always
+
+
 def summary_of_records(records: list[dict]) -> dict:
     from ortlab.runfolder.stream import RunSummary
 

@@ -395,6 +395,7 @@ def test_a_refused_remote_folder_is_named_beside_where_the_launch_puts_it(tmp_pa
     """The refusal names the place `new_place` would have made: for an object store the run id goes in the URI's
     path, before its options (it was printed after them, as `s3://b/runs?endpoint_override=h/<run id>`)."""
     from ortlab.runfolder.objstore import Store
+    from ortlab.runfolder.place import storage_at
 
     _, local = _monitor(tmp_path)
     status = json.loads(local.status_path.read_text())
@@ -403,7 +404,7 @@ def test_a_refused_remote_folder_is_named_beside_where_the_launch_puts_it(tmp_pa
     with pytest.raises(RunError) as folder:
         raymonitor.recorded_storage(local, RunSpec.from_run(local))
     assert f"which is not {tmp_path / 'storage' / 'local'} " in str(folder.value)
-    store = Store("s3://bucket/runs?endpoint_override=localhost:9&scheme=http")
+    store = storage_at(Store("s3://bucket/runs?endpoint_override=localhost:9&scheme=http"))
     monkeypatch.setattr(raymonitor, "storage_for", lambda spec: store)
     with pytest.raises(RunError) as stored:
         raymonitor.recorded_storage(local, RunSpec.from_run(local))

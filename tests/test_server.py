@@ -25,6 +25,7 @@ from pytest_jupyter.jupyter_server import *  # noqa: F403 (fixtures, for this mo
 
 import ortlab
 from ortlab.accel import tcmalloc
+from ortlab.runfolder.records import schema as record_schema
 from ortlab.runfolder.rundir import RunDir, process_create_time
 from ortlab.spec import TASKS, HyperSpec, RunSpec
 from ortlab.toggles import form_toggles
@@ -127,6 +128,9 @@ def test_every_route_answers_with_the_token(api, runs, runs_root):
     assert code == 200 and body["schema"] == RunSpec.json_schema(), body
     assert body["defaults"] == RunSpec.parse({}).model_dump(mode="json")
     assert body["toggles"] == [t.to_dict() for t in form_toggles()], "the sidebar's toggles are the one list"
+    assert body["records"] == record_schema(), "what a metrics record holds, as ortlab.runfolder.records says"
+    step = next(r for r in body["records"] if r["event"] == "step")
+    assert [f["name"] for f in step["fields"] if "sidebar" in f["drawn"]] == ["loss", "samples_per_s"]
 
     code, body, _ = api("POST", "runs/live/stop")
     assert (code, body) == (202, {"id": "live", "state": "running", "stop_requested": True})

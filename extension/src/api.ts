@@ -31,13 +31,40 @@ export interface IRunsList {
   runs: IRunRow[];
 }
 
-/** One record of a run's metrics.jsonl (only the fields the sidebar draws are typed). */
+/**
+ * One record of a run's metrics.jsonl. What each event's record holds is the server's (`ISpecForm.records`,
+ * from ortlab.runfolder.records); the fields the sparklines draw are series.ts's `DRAWN`.
+ */
 export interface IMetricRecord {
   event?: string;
   step?: number;
-  loss?: number;
-  samples_per_s?: number;
   [key: string]: unknown;
+}
+
+/** One field of a metrics record (ortlab.runfolder.records.Field). */
+export interface IRecordField {
+  name: string;
+  /** Its JSON type: int, float, str, bool, object, list. */
+  type: string;
+  /** What its number counts (s, MB, 1/s, ...), or ''. */
+  unit: string;
+  doc: string;
+  /** When it is written ('': in every record of its event). */
+  when: string;
+  /** The views that draw it: 'charts' (the workbench), 'sidebar' (the sparklines). */
+  drawn: string[];
+  title: string;
+}
+
+/** What one event's metrics record holds (ortlab.runfolder.records.Record). */
+export interface IRecordSchema {
+  event: string;
+  doc: string;
+  fields: IRecordField[];
+  /** Any other field named with this prefix belongs too ('eval_'), or ''. */
+  prefix: string;
+  /** Why the record may hold fields not listed, or '' (it holds only these). */
+  open: string;
 }
 
 export interface IMetricsPage {
@@ -83,12 +110,13 @@ export interface IToggle {
 
 /**
  * `GET spec`: RunSpec's JSON schema, a default spec and the acceleration toggles, from which the New run form
- * is built.
+ * is built; and what each metrics record holds.
  */
 export interface ISpecForm {
   schema: ISchemaNode & { $defs?: { [name: string]: ISchemaNode } };
   defaults: { [name: string]: unknown };
   toggles: IToggle[];
+  records: IRecordSchema[];
 }
 
 export interface ILaunched {

@@ -20,7 +20,7 @@ import {
   requestAPI,
   runPath
 } from './api';
-import { addPoint, emptySeries, ISeries } from './series';
+import { addPoint, drawnValues, emptySeries, ISeries } from './series';
 
 /** A run is live while its process may still write metrics. */
 export const LIVE_STATES = new Set(['pending', 'running']);
@@ -258,11 +258,12 @@ export class RunsModel {
     if (record.event !== 'step' || typeof record.step !== 'number') {
       return;
     }
+    const [loss, samplesPerS] = drawnValues(record);
     addPoint(
       followed.series,
       record.step,
-      typeof record.loss === 'number' ? record.loss : NaN,
-      typeof record.samples_per_s === 'number' ? record.samples_per_s : NaN,
+      loss,
+      samplesPerS,
       Math.max(2, Math.round(this.options.maxPoints))
     );
     followed.lastStep = record.step;

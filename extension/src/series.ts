@@ -14,6 +14,21 @@
  * `maxPoints` new points: the work per poll is bounded, and the same for a run of 100 or 100,000 steps.
  */
 
+/**
+ * The step record fields the sparklines draw, in the order of ISeries' columns (loss, samplesPerS): the fields
+ * ortlab.runfolder.records marks drawn in the sidebar (tests/test_ts_twins.py holds the two to each other), whose
+ * extremes the server's downsampling keeps.
+ */
+export const DRAWN = ['loss', 'samples_per_s'] as const;
+
+/** A step record's drawn numbers, in DRAWN's order (NaN where the record has none). */
+export function drawnValues(record: { [key: string]: unknown }): number[] {
+  return DRAWN.map(name => {
+    const value = record[name];
+    return typeof value === 'number' ? value : NaN;
+  });
+}
+
 export interface ISeries {
   steps: number[];
   loss: number[];

@@ -112,8 +112,10 @@ def extensions_built() -> bool:
 def build_extensions(force: bool = False) -> bool:
     """Compile ORTModule's two CPU extensions into the installed onnxruntime package.
 
-    Returns False when there was nothing to do. Takes about 3 minutes on 2 cores; needs a C++ compiler.
-    A marker records the torch they were built against, so a torch upgrade triggers a rebuild.
+    Returns False when there was nothing to do. Takes about 3 minutes on 2 cores; needs a C++ compiler. A build
+    for the same torch, ORT, Python, compiler and sources is copied from ortlab's cache instead
+    (`ortlab.accel.ort_buildcache`; `force` compiles anyway). A marker records the torch they were built against, so
+    a torch upgrade triggers a rebuild.
     """
     ext_dir = extensions_dir()
     if ext_dir is None or package_version("onnxruntime-training") is None:
@@ -122,7 +124,15 @@ def build_extensions(force: bool = False) -> bool:
         return False
     if shutil.which("c++") is None and shutil.which("g++") is None:
         raise RuntimeError("building ORTModule's extensions needs a C++ compiler: install g++ (apt-get install g++)")
+    from ortlab.accel import ort_buildcache
+
+    entry = ort_buildcache.key(ext_dir, _built_for(), EXTENSIONS)
+    if not force and ort_buildcache.restore(ext_dir, entry, EXTENSIONS):
+        print(f"[ortlab] ORTModule extensions: copied from ortlab's cache ({entry[:12]}), not compiled", flush=True)
+        (ext_dir / ".ortlab-built-for").write_text(_built_for())
+        return True
     env = dict(os.environ, MAX_JOBS=str(os.cpu_count() or 2))
+    fresh: list[Path] = []
     with tempfile.TemporaryDirectory(prefix="ortlab-ort-ext-") as tmp:
         for i, name in enumerate(EXTENSIONS, 1):
             print(f"[ortlab] building ORTModule extension {i}/{len(EXTENSIONS)}: {name}", flush=True)
@@ -139,7 +149,9 @@ def build_extensions(force: bool = False) -> bool:
                 raise RuntimeError(f"building ORTModule extension {name} produced no .so under {build}")
             for so in built:
                 shutil.copy2(so, ext_dir / so.name)
+                fresh.append(ext_dir / so.name)
     (ext_dir / ".ortlab-built-for").write_text(_built_for())
+    ort_buildcache.store(fresh, entry)
     return True
 
 

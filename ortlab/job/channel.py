@@ -20,10 +20,10 @@ import sys
 import threading
 from typing import Any
 
-from ortlab.job.mirror import Mirror, folder_of, node_folder
+from ortlab.job.mirror import Mirror, node_folder
 from ortlab.lifecycle.execute import execute
-from ortlab.runfolder.objstore import Store, StoreError
-from ortlab.runfolder.place import place_at
+from ortlab.runfolder.objstore import StoreError
+from ortlab.runfolder.place import folder_here, place_at, probe_storage
 from ortlab.runfolder.rundir import RunDir, read_metrics
 from ortlab.wire import DOCTOR_TAG, FINAL_TAG, METRIC_TAG, PAUSED_TAG
 
@@ -81,11 +81,12 @@ def streamed(run: RunDir, body: Any) -> int:
 def worker_main(path: str, resume: bool) -> int:
 
     place = place_at(path)
-    run = folder_of(place)
+    run = folder_here(place)
     if run is not None:  # a folder both sides mount: train in it
         return streamed(run, lambda: execute(run, resume=resume, progress=False))
-    # An object store: train in a node-local copy, kept in step with the store (`mirror.Mirror`). The results are
-    # pushed before the final status is printed, so a monitor that sees the end finds them in the store.
+    # No folder to open here (an object store): train in a node-local copy, kept in step with the place
+    # (`mirror.Mirror`). The results are pushed before the final status is printed, so a monitor that sees the end
+    # finds them there.
     mirror = Mirror(place, node_folder(place))
     mirror.pull(resume)
 
@@ -108,7 +109,7 @@ def doctor_main(storage: str | None = None) -> int:
     report = doctor(retry=False, peak=False).to_dict()
     if storage:  # the cluster's side of the storage check: can a job here write and read it?
         try:
-            Store(storage).probe()
+            probe_storage(storage)  # (a URI: what `place.cluster_probe` gives the doctor job)
             report["storage"] = "ok"
         except StoreError as e:
             report["storage"] = str(e)

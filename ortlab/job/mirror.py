@@ -1,10 +1,11 @@
-"""Job side: a node-local copy of a run whose place is an object store (`objstore`), kept in step with the store.
+"""Job side: a node-local copy of a run place, kept in step with it (for a place with no folder to open here).
 
-A job trains in a folder on its node (`node_folder`), never in the store: `Mirror` pulls the run from the store at
-the start, then a thread pushes status, stream and whole checkpoints out and pulls stop and pause in while it
-trains, and pushes the results at the end. A Ray Train driver, which trains nothing, keeps a copy that `Follower`
-extends from the stored stream, for the driver to print to the local monitor. Every transfer goes through a
-`StoredRun` (no key outside the run, downloads through `safeio`, reads bounded).
+A job trains in a folder on its node (`node_folder`) when the place is not a folder it can open (an object store,
+`objstore`; see `place.folder_here`): `Mirror` pulls the run from the place at the start, then a thread pushes
+status, stream and whole checkpoints out and pulls stop and pause in while it trains, and pushes the results at the
+end. A Ray Train driver, which trains nothing, keeps a copy that `Follower` extends from the place's stream, for the
+driver to print to the local monitor. Every transfer goes through the `RunPlace` interface (for a stored run: no key
+outside the run, downloads through `safeio`, reads bounded), so neither asks which kind of place it holds.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ortlab import safeio
-from ortlab.runfolder.objstore import MAX_STREAM_BYTES, PIECE, SMALL, UPLOADED, StoredRun, read_limit
+from ortlab.runfolder.objstore import SMALL, read_limit
 from ortlab.runfolder.place import RunPlace
 from ortlab.runfolder.rundir import RunDir, pause_step
 
@@ -38,29 +39,21 @@ def jobs_dir() -> Path:
     return safeio.private_folder(Path(tempfile.gettempdir()) / f"ortlab-jobs-{os.getuid()}")
 
 
-def folder_of(place: RunPlace) -> RunDir | None:
-    """The folder a job on this node can train `place` in directly (a folder both sides mount), or None: the
-    place is not a folder here (an object store), and the job trains in a node-local copy (`Mirror`)."""
-    return place if isinstance(place, RunDir) else None
-
-
-def node_folder(stored: StoredRun) -> RunDir:
+def node_folder(place: RunPlace) -> RunDir:
     """A fresh node-local folder for the job's copy of the run (named after the run, so logs read naturally)."""
-    return RunDir(Path(tempfile.mkdtemp(prefix=f"{secrets.token_hex(3)}-", dir=jobs_dir())) / stored.id)
+    return RunDir(Path(tempfile.mkdtemp(prefix=f"{secrets.token_hex(3)}-", dir=jobs_dir())) / place.id)
 
 
 class Mirror:
-    """The job's node-local run folder and its stored run: pulled once at the start, then kept in step by a
+    """The job's node-local run folder and its run place: pulled once at the start, then kept in step by a
     thread (stop and pause in, status and metrics out, each checkpoint once it is whole), and pushed whole at the
     end (the results, the last checkpoint)."""
 
-    def __init__(
-        self, stored: StoredRun, local: RunDir, checkpoints: bool = True, metrics_every: float = METRICS_SYNC_S
-    ):
+    def __init__(self, place: RunPlace, local: RunDir, checkpoints: bool = True, metrics_every: float = METRICS_SYNC_S):
         """`checkpoints`: push each whole checkpoint from here (a Ray Train run uploads them from every node
         instead, see `ortlab.job.raytrain`); `metrics_every`: seconds between pushes of metrics.jsonl at least (the
         local monitor of a Ray Train run reads it from the store, so its rank 0 pushes it every LIVE_S)."""
-        self.stored, self.local = stored, local
+        self.place, self.local = place, local
         self.checkpoints, self.metrics_every = checkpoints, metrics_every
         self.pushed_checkpoints: set[str] = set()
         self.sent: dict[str, tuple[int, int, int]] = {}  # (inode, size, mtime) of each file when last pushed
@@ -73,10 +66,9 @@ class Mirror:
         self.local.path.mkdir(parents=True, exist_ok=True)
         for rel in ("logs", "control"):
             (self.local.path / rel).mkdir(exist_ok=True)
-        store = self.stored.store
         for name in (*SMALL, "metrics.jsonl") if resume else ("spec.yaml", "status.json"):
             with contextlib.suppress(FileNotFoundError):
-                safeio.write_bytes(self.local.path, name, store.read_bytes(name, limit=read_limit(name)))
+                safeio.write_bytes(self.local.path, name, self.place.read_small(name, limit=read_limit(name)))
         if controls:
             self.pull_controls()
         else:  # (this node's folder may have been rank 0's in the group before: its requests are stale here)
@@ -86,15 +78,15 @@ class Mirror:
             # Only the stored checkpoint is whole on every node: one this node wrote after it (its upload cut by
             # a failure) would have a resume start from a step the other nodes never saved.
             shutil.rmtree(self.local.checkpoints, ignore_errors=True)
-            last = self.stored.last_checkpoint_name()
+            last = self.place.last_checkpoint_name()
             if last is not None:
-                self.stored.fetch(f"checkpoints/{last}", self.local.path, f"checkpoints/{last}")
+                self.place.fetch(f"checkpoints/{last}", self.local.path, f"checkpoints/{last}")
                 self.pushed_checkpoints.add(last)
 
     def pull_controls(self) -> None:
-        if self.stored.stop_requested() and not self.local.stop_requested():
+        if self.place.stop_requested() and not self.local.stop_requested():
             self.local.request_stop()
-        pause = self.stored.read_pause()  # (odd contents read as "now", never raised: see read_pause)
+        pause = self.place.read_pause()  # (odd contents read as "now", never raised: see read_pause)
         if pause is None:
             self.local.clear_pause()
         elif self.local.read_pause() != pause:
@@ -111,7 +103,7 @@ class Mirror:
                 seen = (info.st_ino, info.st_size, info.st_mtime_ns)
                 if self.sent.get(name) == seen:
                     continue
-                self.stored.store.put(self.local.path, name)
+                self.place.put_file(self.local.path, name)
             except FileNotFoundError:
                 continue
             self.sent[name] = seen
@@ -119,15 +111,15 @@ class Mirror:
         return pushed
 
     def push_checkpoints(self) -> None:
-        """Every whole local checkpoint not stored yet: its files, then the marker that says it is whole."""
+        """Every whole local checkpoint not pushed yet: its files, then the mark that says it is whole."""
         if not self.checkpoints:
             return
         last = self.local.last_checkpoint()
         if last is None or last.name in self.pushed_checkpoints:
             return
         rel = f"checkpoints/{last.name}"
-        self.stored.store.upload(self.local.path, rel)
-        self.stored.store.write_bytes(f"{rel}/{UPLOADED}", b"")
+        self.place.put_folder(self.local.path, rel)
+        self.place.mark_whole(rel)
         self.pushed_checkpoints.add(last.name)
 
     def sync(self, force: bool = False) -> None:
@@ -164,7 +156,7 @@ class Mirror:
         the stream and the final status (last: a status that says `completed` finds the model there)."""
         steps = [self.push_checkpoints, lambda: self.push_small(("metrics.jsonl", "tune.json", "result.json"))]
         if self.local.model_dir.is_dir():
-            steps.append(lambda: self.stored.store.upload(self.local.path, "model"))
+            steps.append(lambda: self.place.put_folder(self.local.path, "model"))
         _each(steps)
         self.push_small(("status.json",))
 
@@ -173,7 +165,7 @@ class Mirror:
         """`sync` while the block trains, then `push_end`. A live stream (`metrics_every` under SYNC_S: a Ray Train
         rank 0, whose stream the local monitor reads from the store) is looked at every WATCH_S in a thread of its
         own, so that a push never waits behind the requests of the controls, checkpoints and status."""
-        what = f"syncing with {self.stored.path}"
+        what = f"syncing with {self.place.path}"
         if self.metrics_every >= SYNC_S:
             with _repeating(self.sync, what, self.push_end, SYNC_S):
                 yield
@@ -184,39 +176,35 @@ class Mirror:
 
 
 class Follower:
-    """A Ray Train driver's node-local copy of the run, following the store: rank 0 (wherever Ray placed it)
+    """A Ray Train driver's node-local copy of the run, following its place: rank 0 (wherever Ray placed it)
     pushes its stream and status there, and the driver prints them for the monitor from this copy (the job's log
     channel; the monitor reads the stored stream itself as well, which is the faster way home, so this copy is
     pulled once a second). The stream is only ever extended (a new rank 0 starts from the stored one), so what is
     new is read from where the local copy ends."""
 
-    def __init__(self, stored: StoredRun, local: RunDir):
-        self.stored, self.local = stored, local
+    def __init__(self, place: RunPlace, local: RunDir):
+        self.place, self.local = place, local
 
     def pull(self) -> None:
-        """The status, and the stream's new part if it grew (one request to learn that it did not)."""
-        from pyarrow import fs as pafs
-
-        store = self.stored.store
+        """The status, and the stream's new part if it grew (one request to learn that it did not; none until rank
+        0's first push: nothing to read, nothing to say)."""
         with contextlib.suppress(FileNotFoundError):
-            safeio.write_bytes(self.local.path, "status.json", store.read_bytes("status.json"))
-        info = store.fs.get_file_info(store.key("metrics.jsonl"))
-        if info.type != pafs.FileType.File:  # (none until rank 0's first push: nothing to read, nothing to say)
-            return
+            safeio.write_bytes(self.local.path, "status.json", self.place.read_small("status.json"))
         have = self.local.metrics_path.stat().st_size if self.local.metrics_path.is_file() else 0
-        end = min(info.size, MAX_STREAM_BYTES)  # (the same bound as every read of a stored stream)
-        if end <= have:
-            return
-        fd = safeio.open_in(self.local.path, "metrics.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-        with store.fs.open_input_file(store.key("metrics.jsonl")) as src, os.fdopen(fd, "ab") as out:
-            src.seek(have)
-            while have < end and (piece := src.read(min(PIECE, end - have))):
+        out = None
+        try:
+            for piece in self.place.read_tail("metrics.jsonl", have):
+                if out is None:
+                    fd = safeio.open_in(self.local.path, "metrics.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+                    out = os.fdopen(fd, "ab")
                 out.write(piece)
-                have += len(piece)
+        finally:
+            if out is not None:
+                out.close()
 
     def following(self) -> contextlib.AbstractContextManager[None]:
         """`pull` every SYNC_S seconds while the block runs, and once more after it."""
-        return _repeating(self.pull, f"reading {self.stored.path}", self.pull, SYNC_S)
+        return _repeating(self.pull, f"reading {self.place.path}", self.pull, SYNC_S)
 
 
 def _no() -> None:

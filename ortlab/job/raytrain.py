@@ -31,12 +31,11 @@ from ray.train.torch import TorchTrainer
 from ray.train.v2.api.callback import UserCallback
 
 from ortlab.job.channel import streamed
-from ortlab.job.mirror import Follower, Mirror, folder_of, jobs_dir, node_folder
+from ortlab.job.mirror import Follower, Mirror, jobs_dir, node_folder
 from ortlab.job.raygroup import BoundTorchConfig
 from ortlab.lifecycle.execute import execute
 from ortlab.runfolder import events
-from ortlab.runfolder.objstore import UPLOADED, StoredRun
-from ortlab.runfolder.place import RunPlace, place_at
+from ortlab.runfolder.place import RunPlace, folder_here, place_at
 from ortlab.runfolder.rundir import TERMINAL, RunDir, RunStateError, checkpoint_step
 from ortlab.safeio import ascii_int
 from ortlab.spec import RunSpec
@@ -165,11 +164,10 @@ def train_loop(config: dict[str, Any]) -> None:
         attempt = int(previous["attempt"]) + 1 if previous and config["job"] == previous.get("job") else 0
     wanted, attempt = _agree(resume, attempt)
     resume = bool(wanted)
-    folder = folder_of(place)
-    stored = place if folder is None else None
-    if stored is not None:
-        run = RunDir(jobs_dir() / f"{config['job']}-{node[:12]}" / stored.id)  # (one per node, for every group)
-        mirror = Mirror(stored, run, checkpoints=False, metrics_every=LIVE_S)
+    folder = folder_here(place)
+    if folder is None:  # no folder to open here: each node trains in its own copy, kept in step with the place
+        run = RunDir(jobs_dir() / f"{config['job']}-{node[:12]}" / place.id)  # (one per node, for every group)
+        mirror = Mirror(place, run, checkpoints=False, metrics_every=LIVE_S)
         if leader:
             mirror.pull(resume or attempt > 0, controls=rank == 0)
         dist.barrier()
@@ -182,7 +180,7 @@ def train_loop(config: dict[str, Any]) -> None:
             resume = _record_restart(run, place, attempt)
         else:
             _end_failed(run, give_up)
-            if stored is not None:
+            if folder is None:
                 mirror.push_small(("status.json",))
     wanted, attempt, stop = _agree(resume, attempt, give_up is not None)
     resume = bool(wanted)
@@ -196,10 +194,10 @@ def train_loop(config: dict[str, Any]) -> None:
     dist.all_gather_object(everyone, who)
     if rank == 0:  # one writer (an object cannot be appended to by several)
         place.append_records(WORKERS_FILE, everyone)
-    if stored is None:
+    if folder is not None:
         execute(run, resume=resume, progress=False)
         return
-    upload = _upload_checkpoints(stored, run, rank, leader)
+    upload = _upload_checkpoints(place, run, rank, leader)
     if rank == 0:
         with mirror.syncing():
             execute(run, resume=resume, progress=False, callbacks=[upload])
@@ -210,10 +208,10 @@ def train_loop(config: dict[str, Any]) -> None:
         shutil.rmtree(run.path.parent, ignore_errors=True)
 
 
-def _upload_checkpoints(stored: StoredRun, run: RunDir, rank: int, leader: bool) -> Any:
-    """A TrainerCallback for object storage: once every rank has written its part of a checkpoint (ZeRO shards
-    are per rank, and each node has only its own ranks' files), each node uploads what it holds, and rank 0 then
-    marks the stored checkpoint whole."""
+def _upload_checkpoints(place: RunPlace, run: RunDir, rank: int, leader: bool) -> Any:
+    """A TrainerCallback for nodes that train in copies of the run place: once every rank has written its part of a
+    checkpoint (ZeRO shards are per rank, and each node has only its own ranks' files), each node pushes what it
+    holds, and rank 0 then marks the place's checkpoint whole."""
     import torch.distributed as dist
     from transformers import TrainerCallback
 
@@ -222,10 +220,10 @@ def _upload_checkpoints(stored: StoredRun, run: RunDir, rank: int, leader: bool)
             rel = f"checkpoints/checkpoint-{state.global_step}"
             dist.barrier()
             if leader and (run.path / rel).is_dir():
-                stored.store.upload(run.path, rel)
+                place.put_folder(run.path, rel)
             dist.barrier()
             if rank == 0:
-                stored.store.write_bytes(f"{rel}/{UPLOADED}", b"")
+                place.mark_whole(rel)
 
     return UploadCheckpoints()
 
@@ -267,18 +265,19 @@ def _record_restart(run: RunDir, place: RunPlace, attempt: int) -> bool:
     return with_checkpoint is not None
 
 
-def drive(run: RunDir, resume: bool, stored: StoredRun | None = None) -> None:
+def drive(run: RunDir, resume: bool, place: RunPlace | None = None) -> None:
     """Train `run` on `target.processes` Ray Train workers; end its status `failed` if they could not finish.
 
-    `stored`: the run's stored copy when the storage is an object store; `run` is then this node's copy, which
-    follows the store while the workers train (`ortlab.job.mirror.Follower`), and the end this driver decides is pushed
-    back to the store."""
+    `place`: the run's place when `run` is not it but this node's copy (a place with no folder to open here: an
+    object store), which follows the place while the workers train (`ortlab.job.mirror.Follower`), and the end this
+    driver decides is pushed back to the place."""
     import ray
 
     spec = RunSpec.from_run(run)
     t = spec.target
-    place: RunPlace = stored if stored is not None else run
-    where = stored.path if stored is not None else str(run.path)
+    copy = place is not None
+    place = place if place is not None else run
+    where = str(place.path)
     ray.init(logging_level="ERROR")
     per_worker = {"CPU": t.cpus_per_process, **({"GPU": t.gpus_per_process} if t.gpus_per_process else {})}
     job = secrets.token_hex(6)  # this driver's own mark: attempts and failures are counted per job
@@ -301,7 +300,7 @@ def drive(run: RunDir, resume: bool, stored: StoredRun | None = None) -> None:
         ),
     )
     error = None
-    with Follower(stored, run).following() if stored is not None else contextlib.nullcontext():
+    with Follower(place, run).following() if copy else contextlib.nullcontext():
         try:
             trainer.fit()
         except Exception as e:  # Ray Train gave up: the failures ran out, or the group could not start
@@ -326,8 +325,8 @@ def drive(run: RunDir, resume: bool, stored: StoredRun | None = None) -> None:
             run.update_status(error=message, step=run.last_step())
         elif state not in TERMINAL:  # (a completed or stopped run keeps its end)
             run.set_status("failed", error=message, step=run.last_step())
-        if stored is not None:
-            stored.write_status(run.read_status())
+        if copy:
+            place.put_file(run.path, "status.json")
     if run.read_status().get("state") == "failed":
         raise RuntimeError(run.read_status().get("error", "the run failed"))
 
@@ -372,7 +371,7 @@ def main(where: str, resume: bool) -> int:
     """The job's entrypoint (`python -m ortlab.job raytrain RUN_PLACE [--resume]`): drive the workers, printing the
     run's records for the monitor from the place's folder, or from a node-local copy following the store."""
     place = place_at(where)
-    run = folder_of(place)
+    run = folder_here(place)
     if run is not None:  # a folder both sides mount
         return streamed(run, lambda: drive(run, resume))
     run = node_folder(place)

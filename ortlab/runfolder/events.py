@@ -3,14 +3,15 @@
 The writers (`ortlab.train.metricswriter`, the trainer's checks, `ortlab.lifecycle.execute`, Ray Train's restart
 record, the chat scorer) and the readers (`stream.RunSummary`, the server, the charts, the terminal, `ortlab follow`,
 the Ray log channel) name them from here, so a renamed event cannot leave one reader comparing against the old string.
-What each record holds is described in `ortlab.train.metricswriter`. A record from a run folder may carry any event
-name (anyone can write one): readers pass over the ones they do not know.
+What each record holds (its fields, their types and units, which views draw them) is written once, in
+`ortlab.runfolder.records`. A record from a run folder may carry any event name (anyone can write one): readers pass
+over the ones they do not know.
 """
 
 from __future__ import annotations
 
 TRAIN_BEGIN = "train_begin"  # the run's settings, world size, max steps, and the accelerations requested
-STEP = "step"  # one optimizer step's numbers (loss, throughput, memory, ...)
+STEP = "step"  # one optimizer step's numbers
 EVAL = "eval"  # one evaluation's scores (`phase` "before" for the score before training)
 LOG = "log"  # the Trainer's own log line (smoothed loss, grad_norm, ...)
 VERIFIED = "verified"  # what applied, checked after the first step

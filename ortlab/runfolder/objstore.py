@@ -386,9 +386,36 @@ class StoredRun:
     def append_records(self, name: str, records: list[dict[str, Any]]) -> None:
         self.store.append_records(name, records)
 
-    def read_small(self, name: str) -> bytes:
+    def read_small(self, name: str, limit: int = safeio.MAX_JSON_BYTES) -> bytes:
         """A small file of the run (result.json, ...), bounded; FileNotFoundError when absent."""
-        return self.store.read_bytes(name)
+        return self.store.read_bytes(name, limit=limit)
+
+    def read_tail(self, name: str, start: int) -> Iterator[bytes]:
+        """`name`'s bytes from `start` on, in pieces, up to MAX_STREAM_BYTES (the bound of every read of a stored
+        stream); nothing when it is absent or no longer than `start` (one request to learn that)."""
+        from pyarrow import fs as pafs
+
+        info = self.store.fs.get_file_info(self.store.key(name))
+        end = min(info.size, MAX_STREAM_BYTES) if info.type == pafs.FileType.File else 0
+        if end <= start:
+            return
+        with self.store.fs.open_input_file(self.store.key(name)) as src:
+            src.seek(start)
+            while start < end and (piece := src.read(min(PIECE, end - start))):
+                start += len(piece)
+                yield piece
+
+    def put_file(self, folder: Path, name: str) -> None:
+        """One local file (`folder/name`, no link followed) stored here in pieces: flat memory, whatever its size."""
+        self.store.put(folder, name)
+
+    def put_folder(self, folder: Path, rel: str) -> list[str]:
+        """The regular files below local `folder/rel` stored here; what could not be, as "path (why)"."""
+        return self.store.upload(folder, rel)
+
+    def mark_whole(self, rel: str) -> None:
+        """The marker that says the stored checkpoint `rel` is whole (written last: see `last_checkpoint_name`)."""
+        self.store.write_bytes(f"{rel}/{UPLOADED}", b"")
 
     def has(self, rel: str) -> bool:
         """Is there a file at or below `rel`? (An empty "folder" is nothing: a store's client may leave folder

@@ -5,10 +5,13 @@
 
 Launchers, the monitor and the job talk to a `RunPlace` and never ask which kind they hold: status with its
 state machine, the claim of a resume, stop and pause requests, JSON-lines records by name, the last whole
-checkpoint, small files and fetching a folder home. Only this module tells the kinds apart: `place_at` turns what a
-status or a job's command line records (a path, or a URI) into a place, `new_place` creates one in a storage, and
-`place_in` finds an existing one there. `bring_home` copies a finished run's results from any place into the local
-run folder, and loses nothing on the way (see its docstring).
+checkpoint, small files, fetching a folder home and pushing a job's node-local copy back. A launcher keeps its
+runs' places in a `RunStorage` (a `SharedFolder`, or an `ObjectStorage`): probe it, make a new place there, find
+the place a status names (`named`, and `place_in`, which also asks the place's secret), say where a run's place
+is expected. Only this module tells the kinds apart: `storage_at` turns a spec's `target.storage` into a storage,
+`place_at` turns what a status or a job's command line records (a path, or a URI) into a place, and `folder_here`
+answers the job's one question of a place (can it train in it directly?). `bring_home` copies a finished run's
+results from any place into the local run folder, and loses nothing on the way (see its docstring).
 """
 
 from __future__ import annotations
@@ -48,10 +51,15 @@ class RunPlace(Protocol):
     def records(self, name: str = ...) -> Iterator[dict[str, Any]]: ...
     def follow(self, name: str = ..., on_restart: Callable[[], None] | None = ...) -> Follows: ...
     def append_records(self, name: str, records: list[dict[str, Any]]) -> None: ...
-    def read_small(self, name: str) -> bytes: ...
+    def read_small(self, name: str, limit: int = ...) -> bytes: ...
     def has(self, rel: str) -> bool: ...
     def last_checkpoint_name(self) -> str | None: ...
     def fetch(self, rel: str, folder: Path, dest: str) -> list[str]: ...
+    # A job's node-local copy, pushed here and followed from here (`ortlab.job.mirror`):
+    def read_tail(self, name: str, start: int) -> Iterator[bytes]: ...
+    def put_file(self, folder: Path, name: str) -> None: ...
+    def put_folder(self, folder: Path, rel: str) -> list[str]: ...
+    def mark_whole(self, rel: str) -> None: ...
 
 
 class Follows(Protocol):
@@ -60,33 +68,132 @@ class Follows(Protocol):
     def read(self) -> list[dict[str, Any]]: ...
 
 
-Storage = Path | Store  # where a launcher keeps the remote run places of its runs
+class RunStorage(Protocol):
+    """Where a launcher keeps the remote run places of its runs (`target.storage`): a `SharedFolder` or an
+    `ObjectStorage`. Launchers and the monitor hold one and never ask which."""
+
+    def probe(self) -> None: ...  # can this process use it? StoreError saying why (before a run is created there)
+    def new_place(self, run_id: str, spec_yaml: bytes) -> RunPlace: ...
+    def named(self, run_id: str, recorded: Any) -> RunPlace | None: ...  # exactly what `new_place` records, or None
+    def expected(self, run_id: str) -> str: ...  # where `new_place` puts run_id's place (said when one is refused)
 
 
-def storage_at(storage: str | os.PathLike) -> Storage:
-    """A storage as a spec names it: an object store's URI, or a folder."""
-    return Store(str(storage)) if is_uri(storage) else Path(storage)
+class SharedFolder:
+    """A folder both sides mount (or this machine's own, for the local cluster): each run place a folder in it."""
 
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
 
-def probe_storage(storage: Storage) -> None:
-    """Can this process use `storage`? An object store: an object written, read back and removed. A folder:
-    created (with its parents) and a file written in it and removed. StoreError saying why, before a run is
-    created there (a folder that cannot be created once gave a traceback and left a `pending` run behind)."""
-    if isinstance(storage, Store):
-        storage.probe()
-        return
-    try:
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def probe(self) -> None:
+        """Created (with its parents) and a file written in it and removed: StoreError saying why, before a run is
+        created there (a folder that cannot be created once gave a traceback and left a `pending` run behind)."""
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            probe = f".ortlab-probe-{secrets.token_hex(6)}"
+            safeio.write_bytes(self.path, probe, b"")
+            safeio.remove(self.path, probe)
+        except OSError as e:
+            raise StoreError(f"cannot create and write the storage folder {self.path}: {e.strerror or e}") from None
+
+    def new_place(self, run_id: str, spec_yaml: bytes) -> RunPlace:
+        storage = self.path.resolve()  # (what the job is given, and what `named` compares with)
         storage.mkdir(parents=True, exist_ok=True)
-        probe = f".ortlab-probe-{secrets.token_hex(6)}"
-        safeio.write_bytes(storage, probe, b"")
-        safeio.remove(storage, probe)
-    except OSError as e:
-        raise StoreError(f"cannot create and write the storage folder {storage}: {e.strerror or e}") from None
+        remote = RunDir(storage / run_id)
+        while True:
+            try:
+                remote.path.mkdir()
+                break
+            except FileExistsError:
+                remote = RunDir(storage / f"{run_id}-{secrets.token_hex(3)}")
+        (remote.path / "logs").mkdir()
+        (remote.path / "control").mkdir()
+        safeio.write_bytes(remote.path, "spec.yaml", spec_yaml)
+        remote.set_status("pending")
+        return remote
+
+    def named(self, run_id: str, recorded: Any) -> RunPlace | None:
+        """Exactly what `new_place` records (the storage's real path, then the name), and not a link: no `..`, no
+        relative path (relative to whose folder?), nothing a link could move elsewhere."""
+        if not isinstance(recorded, str):
+            return None
+        path = Path(recorded)
+        if not _made_for(run_id, path.name) or recorded != str(self.path.resolve() / path.name):
+            return None
+        return None if path.is_symlink() else RunDir(path)
+
+    def expected(self, run_id: str) -> str:
+        return str(self.path / run_id)
+
+
+class ObjectStorage:
+    """A folder of an object store (`objstore.Store`): each run place a stored run below it."""
+
+    def __init__(self, store: Store):
+        self.store = store
+
+    def __str__(self) -> str:
+        return self.store.uri
+
+    def probe(self) -> None:
+        """An object written, read back and removed."""
+        self.store.probe()
+
+    def new_place(self, run_id: str, spec_yaml: bytes) -> RunPlace:
+        store = self.store.child(run_id)
+        while store.exists("spec.yaml"):
+            store = self.store.child(f"{run_id}-{secrets.token_hex(3)}")
+        stored = StoredRun(store)
+        stored.create(spec_yaml)
+        return stored
+
+    def named(self, run_id: str, recorded: Any) -> RunPlace | None:
+        """Exactly the URI `new_place` records: this store's child of a name made for the run, its options too."""
+        if not isinstance(recorded, str):
+            return None
+        name = recorded.split("?")[0].rstrip("/").rsplit("/", 1)[-1]
+        if _made_for(run_id, name) and self.store.child(name).uri == recorded:
+            return StoredRun(self.store.child(name))
+        return None
+
+    def expected(self, run_id: str) -> str:
+        return self.store.child(run_id).uri  # (the run id in the URI's path, before its options)
+
+
+def storage_at(storage: str | os.PathLike | Store | RunStorage) -> RunStorage:
+    """A storage as a spec names it (an object store's URI, or a folder), or as a caller holds it (a `Store`, a
+    `Path`, a storage already)."""
+    if isinstance(storage, Store):
+        return ObjectStorage(storage)
+    if isinstance(storage, (str, os.PathLike)):
+        return ObjectStorage(Store(str(storage))) if is_uri(storage) else SharedFolder(storage)
+    return storage
+
+
+def probe_storage(storage: str | os.PathLike | Store | RunStorage) -> None:
+    """Can this process use `storage`? StoreError saying why (see each kind's `probe`)."""
+    storage_at(storage).probe()
+
+
+def cluster_probe(storage: str | os.PathLike | None) -> str | None:
+    """What a job on the cluster is given to probe `target.storage` from its side (`python -m ortlab.job doctor
+    --storage`): an object store's URI (its credentials there may differ from this machine's); None for a folder,
+    which the job trains in and says so when it cannot. Read from the spec's words, no store opened: the workbench
+    asks the cluster's doctor whenever its target changes."""
+    return str(storage) if is_uri(storage) else None
 
 
 def place_at(where: str | os.PathLike) -> RunPlace:
     """The run place a path or URI names (what a job's command line or a status records)."""
     return StoredRun(Store(str(where))) if is_uri(where) else RunDir(where)
+
+
+def folder_here(place: RunPlace) -> RunDir | None:
+    """The folder a job on this node can train `place` in directly (a folder both sides mount), or None: the
+    place is not a folder here (an object store), and the job trains in a node-local copy (`job.mirror.Mirror`)."""
+    return place if isinstance(place, RunDir) else None
 
 
 # The secret a launch shares between a local run folder (its control/, mode 0600) and the remote place it made (its
@@ -115,56 +222,21 @@ def bound(place: RunPlace, run: RunDir) -> bool:
     return len(mine) == 32 and hmac.compare_digest(mine, theirs)
 
 
-def new_place(storage: Storage, run_id: str, spec_yaml: bytes) -> RunPlace:
+def new_place(storage: str | os.PathLike | Store | RunStorage, run_id: str, spec_yaml: bytes) -> RunPlace:
     """A new run place for `run_id` in `storage`, holding the spec and a `pending` status: `<storage>/<run id>`,
     or `<run id>-<6 hex>` when that is taken (run ids are unique in their runs folder, not in a storage that runs
     from several folders share)."""
-    if isinstance(storage, Store):
-        stored = StoredRun(storage.child(run_id))
-        while stored.store.exists("spec.yaml"):
-            stored = StoredRun(storage.child(f"{run_id}-{secrets.token_hex(3)}"))
-        stored.create(spec_yaml)
-        return stored
-    storage = storage.resolve()  # (what the job is given, and what `place_in` compares with)
-    storage.mkdir(parents=True, exist_ok=True)
-    remote = RunDir(storage / run_id)
-    while True:
-        try:
-            remote.path.mkdir()
-            break
-        except FileExistsError:
-            remote = RunDir(storage / f"{run_id}-{secrets.token_hex(3)}")
-    (remote.path / "logs").mkdir()
-    (remote.path / "control").mkdir()
-    safeio.write_bytes(remote.path, "spec.yaml", spec_yaml)
-    remote.set_status("pending")
-    return remote
+    return storage_at(storage).new_place(run_id, spec_yaml)
 
 
-def place_in(storage: Storage, run: RunDir, recorded: Any) -> RunPlace | None:
+def place_in(storage: str | os.PathLike | Store | RunStorage, run: RunDir, recorded: Any) -> RunPlace | None:
     """The run place `recorded` names, if `run`'s launch made it in `storage` (where `new_place` puts it, and bound
     to `run` by `bind`), else None. A status is a file of the run folder, and a folder may come from anyone: a
     planted path naming another folder would have a resume claim it and the monitor bring its files home; a
     planted folder named as one of the user's runs, in a storage the user listed, names exactly where that run's
     place is, and only the secret tells them apart."""
-    place = _place_named(storage, run.id, recorded)
+    place = storage_at(storage).named(run.id, recorded)
     return place if place is not None and bound(place, run) else None
-
-
-def _place_named(storage: Storage, run_id: str, recorded: Any) -> RunPlace | None:
-    if not isinstance(recorded, str):
-        return None
-    if isinstance(storage, Store):
-        name = recorded.split("?")[0].rstrip("/").rsplit("/", 1)[-1]
-        if _made_for(run_id, name) and storage.child(name).uri == recorded:
-            return StoredRun(storage.child(name))
-        return None
-    # Exactly what `new_place` records (the storage's real path, then the name), and not a link: no `..`, no
-    # relative path (relative to whose folder?), nothing a link could move elsewhere.
-    path = Path(recorded)
-    if not _made_for(run_id, path.name) or recorded != str(storage.resolve() / path.name):
-        return None
-    return None if path.is_symlink() else RunDir(path)
 
 
 def _made_for(run_id: str, name: str) -> bool:

@@ -440,9 +440,25 @@ class RunDir:
         finally:
             os.close(fd)
 
-    def read_small(self, name: str) -> bytes:
+    def read_small(self, name: str, limit: int = safeio.MAX_JSON_BYTES) -> bytes:
         """A small file of the run (result.json, ...), never through a link, bounded; FileNotFoundError when absent."""
-        return safeio.read_bytes(self.path, name)
+        return safeio.read_bytes(self.path, name, limit=limit)
+
+    # A job's node-local copy pushed here and followed from here, as a stored run's is (`ortlab.job.mirror`).
+    def read_tail(self, name: str, start: int) -> Iterator[bytes]:
+        with contextlib.suppress(FileNotFoundError), os.fdopen(safeio.open_in(self.path, name), "rb") as f:
+            f.seek(start)
+            yield from iter(lambda: f.read(1 << 20), b"")
+
+    def put_file(self, folder: Path, name: str) -> None:
+        with os.fdopen(safeio.open_in(folder, name), "rb") as src:
+            safeio.write_pieces(self.path, name, iter(lambda: src.read(1 << 20), b""))
+
+    def put_folder(self, folder: Path, rel: str) -> list[str]:
+        return safeio.copy_files(folder, rel, self.path / rel)
+
+    def mark_whole(self, rel: str) -> None:
+        """Nothing to mark: a checkpoint in a folder is whole when its trainer_state.json parses."""
 
     def has(self, rel: str) -> bool:
         return safeio.exists(self.path, rel)

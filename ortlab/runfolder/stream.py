@@ -19,11 +19,11 @@ could not be read" instead of going quiet. The file is opened without following 
 a regular file is read (a FIFO would block, a device never ends). Numbers JSON cannot hold (`NaN`, `Infinity`,
 `1e999`) are read as None, so a record read here can always be sent on as JSON.
 
-`RunSummary` is the one fold of the records `ortlab.train.metricswriter` writes (their event names are in `events`:
-train_begin, step, eval, verified, auto, train_end, ...): the latest step, loss and throughput, what applied, the last
-scores, and the steady-state throughput that `ortlab.runfolder.compare.summarize` defines, all kept incrementally, so a
-view that follows a run folds each record once. `SummaryFollower` keeps one run's summary current from the bytes
-appended since its last call (a replaced or cut file is read afresh).
+`RunSummary` is the one fold of the records `ortlab.train.metricswriter` writes (their fields are in `records`, their
+event names in `events`; a test holds every field the fold reads to `records`): the latest step, loss and throughput,
+what applied, the last scores, and the steady-state throughput that `ortlab.runfolder.compare.summarize` defines, all
+kept incrementally, so a view that follows a run folds each record once. `SummaryFollower` keeps one run's summary
+current from the bytes appended since its last call (a replaced or cut file is read afresh).
 """
 
 from __future__ import annotations

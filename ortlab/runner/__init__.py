@@ -33,6 +33,7 @@ from typing import Any
 from ortlab.runfolder import vouch
 from ortlab.runfolder.rundir import (
     DAMAGED,
+    RESUMABLE,
     TERMINAL,
     RunDir,
     RunStateError,
@@ -197,7 +198,7 @@ class Run:
         spec = self.spec()
         if self.dir.last_checkpoint() is None:
             state = self.status()["state"]
-            if state not in ("stopped", "failed"):
+            if state not in RESUMABLE:
                 raise RunError(f"run {self.id} is {state}: only a stopped or failed run can resume")
             raise RunError(f"run {self.id} has no checkpoint to resume from (it stopped before its first save)")
         # A folder the user launched carries their mark (runfolder.vouch); any other is a stranger's, gated.

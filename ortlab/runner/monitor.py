@@ -26,8 +26,7 @@ from typing import Any
 
 from ortlab import cluster
 from ortlab.runfolder import events
-from ortlab.runfolder.objstore import Store
-from ortlab.runfolder.place import RunPlace, Storage, bring_home, place_in, storage_at
+from ortlab.runfolder.place import RunPlace, RunStorage, bring_home, place_in, storage_at
 from ortlab.runfolder.rundir import TERMINAL, RunDir, RunStateError, pause_step, read_metrics
 from ortlab.runner.launcher import RunError
 from ortlab.runner.livestream import LiveStream
@@ -49,12 +48,12 @@ LOST_GRACE_S = 20.0
 # --- where a job's run folder is -------------------------------------------------------------------------------
 
 
-def storage_for(spec: Any) -> Storage:
+def storage_for(spec: Any) -> RunStorage:
     """Where this spec's remote run places live: a folder both sides mount, or an object store (`objstore`)."""
     if spec.target.storage:
         return storage_at(spec.target.storage)
     if spec.target.cluster == "local":
-        return cluster.cluster_dir() / "storage"
+        return storage_at(cluster.cluster_dir() / "storage")
     raise RunError(
         f"target.storage: a run on {spec.target.cluster} needs a folder that both this machine and the cluster's "
         "workers can read and write (a shared file system); set target.storage"
@@ -74,11 +73,10 @@ def recorded_storage(run: RunDir, spec: Any) -> RunPlace:
     storage = storage_for(spec)
     place = place_in(storage, run, recorded)
     if place is None:
-        expected = storage.child(run.id).uri if isinstance(storage, Store) else storage / run.id
         raise RunError(
-            f"run {run.id}: its status names the remote folder {recorded!r}, which is not {expected} (where its "
-            "launch puts it) or not the one this run folder's launch made (their shared secret differs or is "
-            "missing); the run folder was edited, copied or damaged, so ortlab will not use that folder"
+            f"run {run.id}: its status names the remote folder {recorded!r}, which is not {storage.expected(run.id)} "
+            "(where its launch puts it) or not the one this run folder's launch made (their shared secret differs or "
+            "is missing); the run folder was edited, copied or damaged, so ortlab will not use that folder"
         )
     return place
 

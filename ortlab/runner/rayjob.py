@@ -30,8 +30,8 @@ from ortlab import cluster, safeio
 from ortlab.envvars import SAFE_PATH, WITHOUT_HUB_TOKEN, cache_dir, child_cwd, child_env, ortlab_path
 from ortlab.netutil import LOOPBACK_INTERFACE
 from ortlab.runfolder import vouch
-from ortlab.runfolder.objstore import StoreError, is_uri
-from ortlab.runfolder.place import bind, bring_home, new_place, probe_storage
+from ortlab.runfolder.objstore import StoreError
+from ortlab.runfolder.place import bind, bring_home, cluster_probe, probe_storage
 from ortlab.runfolder.rundir import RunDir, RunStateError, pause_step, process_create_time
 from ortlab.runner.launcher import Launcher, RunError, mix_problems
 from ortlab.runner.monitor import job_log_tail, recorded_storage, storage_for
@@ -124,7 +124,7 @@ def cluster_doctor(spec: Any) -> dict[str, Any]:
     run it."""
     client = _client(spec)  # (also when the answer is cached: the cluster must answer, and accept the token)
     python, runtime_env = _python_for(spec)
-    probe = spec.target.storage if is_uri(spec.target.storage) else None
+    probe = cluster_probe(spec.target.storage)
     from ortlab import __version__
 
     key = [client.get_address(), python, probe, __version__]
@@ -235,7 +235,7 @@ class RayJob(Launcher):
         problems = self.shape_problems(spec)
         if not report.get("unchecked"):  # (what only the cluster's answer can judge)
             problems += resource_problems(spec, report)
-            if is_uri(spec.target.storage) and report.get("storage") != "ok":
+            if cluster_probe(spec.target.storage) and report.get("storage") != "ok":
                 problems.append(
                     f"target.storage: a job on the cluster {report.get('storage') or 'could not check the storage'} "
                     "(the workers write checkpoints and the model there; check the cluster's credentials for the "
@@ -301,7 +301,7 @@ class RayJob(Launcher):
                 run.set_status("failed", error=f"the remote run folder cannot resume: {e}")
                 raise RunError(f"run {run.id} could not resume on the cluster: {e}") from None
         else:
-            remote = new_place(storage, run.id, safeio.read_bytes(run.path, "spec.yaml"))
+            remote = storage.new_place(run.id, safeio.read_bytes(run.path, "spec.yaml"))
             bind(remote, run)  # (only this folder can claim it or bring it home: `place.place_in`)
         pause = run.read_pause()
         if pause is not None:  # a gate set before the start holds the remote run from its first step

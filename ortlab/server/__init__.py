@@ -11,6 +11,7 @@ Enabled by installing ortlab (the wheel ships `etc/jupyter/jupyter_server_config
     POST /ortlab/api/runs/<id>/resume        continue from the last checkpoint
     GET  /ortlab/api/doctor                  the doctor's cached report
     GET  /ortlab/api/spec                    RunSpec's JSON schema, defaults and acceleration toggles (the New run form)
+                                             and what each metrics record holds (`runfolder.records`)
 
 The one setting is the runs root, `c.Ortlab.runs_root` (default: $ORTLAB_RUNS, else `ortlab-runs` in the
 server's root folder). The server never imports torch: views read run folders, a spec parses without it, and a

@@ -28,7 +28,8 @@ from tornado.ioloop import IOLoop
 from ortlab import safeio
 from ortlab._version import __version__
 from ortlab.errors import OrtlabError
-from ortlab.runfolder.rundir import DAMAGED, RunDir, RunStateError, resolve
+from ortlab.runfolder.records import schema as record_schema
+from ortlab.runfolder.rundir import DAMAGED, RESUMABLE, RunDir, RunStateError, resolve
 from ortlab.runner import RunError
 from ortlab.safeio import ascii_int
 from ortlab.server.actions import launch_in, resume_in
@@ -201,7 +202,7 @@ class ResumeHandler(OrtlabHandler):
         status = await self.io(run.status)
         if status["state"] == DAMAGED:
             raise web.HTTPError(409, f"run {run.id} is damaged, so it does not resume: {status[DAMAGED]}")
-        if status["state"] not in ("stopped", "failed"):
+        if status["state"] not in RESUMABLE:
             raise web.HTTPError(409, f"run {run.id} is {status['state']}: only a stopped or failed run can resume")
         try:
             answer = await self.io(resume_in, self.ortlab.root, run.id, self.ortlab.cwd)
@@ -223,9 +224,10 @@ class SpecHandler(OrtlabHandler):
     @authorized
     async def get(self) -> None:
         """RunSpec's JSON schema and defaults: the sidebar's New run form builds its choices (every task),
-        defaults and tooltips from them, so the form never lags the spec."""
+        defaults and tooltips from them, so the form never lags the spec. `records`: what each metrics record
+        holds and which fields are drawn (`ortlab.runfolder.records`), for the sidebar's reading of a run."""
 
-        self.reply(200, await self.io(form))
+        self.reply(200, {**await self.io(form), "records": record_schema()})
 
 
 def doctor_summary() -> dict[str, Any]:

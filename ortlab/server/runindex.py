@@ -29,6 +29,7 @@ from typing import Any
 from ortlab import safeio
 from ortlab.runfolder import events
 from ortlab.runfolder.downsample import MIN_POINTS, keep_indices
+from ortlab.runfolder.records import SIDEBAR, drawn
 from ortlab.runfolder.rundir import DAMAGED, SPEC_MAX_BYTES, TERMINAL, RunDir
 from ortlab.runfolder.stream import MetricsStream, SummaryFollower
 from ortlab.runner import runs
@@ -46,8 +47,8 @@ ROWS_BUDGET_BYTES = 16 * 2**20
 DEFAULT_MAX_POINTS = 2000
 MAX_POINTS_LIMIT = 20_000
 MIN_POINTS_LIMIT = MIN_POINTS
-# The numbers whose extremes survive downsampling: the ones the sidebar and the charts draw.
-DRAWN = ("loss", "samples_per_s")
+# The numbers whose extremes survive downsampling: the step fields the sidebar draws, as the record schema says.
+DRAWN = drawn(events.STEP, SIDEBAR)
 
 
 def _number(value: Any) -> float | None:

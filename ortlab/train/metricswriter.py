@@ -3,17 +3,8 @@
 One line per event, appended and flushed at once, so a reader tailing the file sees each step as it ends and
 a killed process leaves only whole lines behind (the last one at worst cut short, which readers skip).
 
-    {"event": "train_begin", "time": ..., "accelerations": {...requested...}, ...}
-    {"event": "step", "step": 7, "loss": 0.61, "learning_rate": 4e-05, "step_time_s": 0.41,
-     "samples_per_s": 78.1, "tokens_per_s": 9996.0, "peak_mem_mb": 812.3, "epoch": 0.22, "time": ...,
-     "model_tflops_per_s" and "mfu" (against this machine's measured matmul peak, `ortlab.peak`) where the model's
-     FLOPs are counted; on CUDA also "gpu_mem_allocated_mb", "gpu_mem_reserved_mb", "gpu_mem_step_peak_mb",
-     "mfu_datasheet" (when the GPU's datasheet peak is known) and "gpu_util_pct" (when NVML is installed)}
-    {"event": "eval", "step": 50, "eval_loss": 0.42, "eval_accuracy": 0.81, ...}
-    {"event": "log", ...}            the Trainer's own log line (smoothed loss, grad_norm, ...)
-    {"event": "verified", "step": 1, "accelerations": {...what applied, checked after the first step...}}
-    {"event": "acceleration", "name": "ort", "requested": true, "applied": false, "details": {...}}
-    {"event": "train_end", "summary": {...}, "accelerations": {...}}
+What each event's record holds (its fields, their types and units, which views draw them) is written once, in
+`ortlab.runfolder.records`; tests hold what this writes to it (`tests/test_records.py`).
 """
 
 from __future__ import annotations
@@ -254,6 +245,7 @@ class StepMetricsCallback(TrainerCallback):
             "mem_kind": mem_kind,
         }
         record.update(self._device_numbers(args, counters["flops"] * world, dt))
+        record.update(self.trainer._step_extras())  # e.g. rewards/chosen, rewards/accuracies (preference training)
         if args.world_size > 1:
             every = gather_floats([dt, mem], args.device)  # (measured before the gather: it does not count)
             record["workers"] = [{"step_time_s": t, "peak_mem_mb": m} for t, m in every]

@@ -336,6 +336,10 @@ class ORTTrainer(VerifiesAccelerations, OwnShardLoader, Trainer):
     def _reset_step_counters(self) -> None:
         self._step_counters = {"samples": 0, "tokens": 0, "loss": 0.0, "flops": 0.0}
 
+    def _step_extras(self) -> dict[str, float]:
+        """A subclass's own numbers for each step record (the preference trainer's rewards): none here."""
+        return {}
+
     def _model_shape(self) -> Any:
         """The model's parameter counts for the FLOP formula (ortlab.flops), counted once, on the model that trains."""
         if self._shape is False:

@@ -31,7 +31,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from ortlab.runfolder import events
+from ortlab.runfolder import events, records
 from ortlab.runfolder.compare import OVER_PEAK, over_peak
 from ortlab.runfolder.downsample import LiveSeries
 from ortlab.runfolder.history import History, as_float, read_history
@@ -41,18 +41,14 @@ from ortlab.ui.livechart import SMOOTHING, LiveChart, Op
 from ortlab.ui.summary import run_label, static_summary
 from ortlab.ui.svg import PALETTE
 
-PANELS = (
-    ("loss", "loss (train, eval)"),
-    ("samples_per_s", "samples/s"),
-    ("step_time_s", "step time (s)"),
-    ("peak_mem_mb", "peak memory (MB)"),
-    ("mfu", "MFU (model FLOPs / measured peak)"),
-    ("gpu_mem_reserved_mb", "GPU memory reserved (MB)"),
-)
-# The last row's panels: MFU (every run whose model's FLOPs are counted, against the measured peak) and GPU memory
-# (CUDA runs). Each is laid out only once a run brings a point for it; until then the figure is two rows, without
-# empty panels.
-GPU_PANELS = ("mfu", "gpu_mem_reserved_mb")
+# The panels: the step fields the record schema says the charts draw (`ortlab.runfolder.records`), with their titles.
+PANELS = records.panels()
+# The eval fields drawn too, each on the panel of its name without "eval_" (eval_loss beside the training loss).
+EVAL_CURVES = records.drawn(events.EVAL, records.CHARTS)
+# The last row's panels: the fields only some runs write (MFU where the model's FLOPs are counted, GPU memory on
+# CUDA). Each is laid out only once a run brings a point for it; until then the figure is two rows, without empty
+# panels.
+GPU_PANELS = tuple(name for name, _ in PANELS if records.record(events.STEP).field(name).when)
 ROWS_HEIGHT = {2: 500, 3: 740}
 ROWS_SPACING = {2: 0.2, 3: 0.14}  # about the same gap in pixels
 TRANSPARENT = "rgba(0,0,0,0)"
@@ -63,6 +59,11 @@ NEUTRAL_GRID = "rgba(128,128,128,0.25)"
 MAX_POINTS = 1000
 # The records that change a run's legend label (what applied).
 _RELABEL = (events.TRAIN_BEGIN, events.VERIFIED, events.TRAIN_END, events.ACCELERATION)
+
+
+def _panel_of(eval_field: str) -> str:
+    """The panel an eval field is drawn on: its name without "eval_" (eval_loss: the loss panel)."""
+    return eval_field.removeprefix("eval_")
 
 
 def _figure() -> Any:
@@ -161,14 +162,14 @@ class RunMonitor(RefreshedDisplay, widgets.VBox):
 
     def _read_history(self, run: Any) -> History:
         """The run's records so far in one pass (`ortlab.runfolder.history`), folded into its summary."""
-        return read_history(run.path, [name for name, _ in PANELS], ["eval_loss"], summary=self.summaries[run.id])
+        return read_history(run.path, [name for name, _ in PANELS], EVAL_CURVES, summary=self.summaries[run.id])
 
     def _draw_history(self, run_id: str, history: History) -> None:
         """Draw a history read in one pass: each curve downsampled once, labelled as the live path would have left
         it (from the latest record that relabels, with the folded summary's accelerations where it has none)."""
         with self._lock:
             for (event, name), (xs, ys) in history.series.items():
-                panel, kind = (name, "train") if event == events.STEP else ("loss", "eval")
+                panel, kind = (name, "train") if event == events.STEP else (_panel_of(name), "eval")
                 index, series = self._curve(run_id, panel, kind)
                 series.extend(xs, ys)
                 if name == "mfu" and not self.over_peak and any(over_peak(y) for y in ys):
@@ -206,8 +207,8 @@ class RunMonitor(RefreshedDisplay, widgets.VBox):
         points: list[tuple[str, str, Any]] = []
         if event == events.STEP:
             points = [(name, "train", record.get(name)) for name, _ in PANELS]
-        elif event == events.EVAL and record.get("eval_loss") is not None:
-            points = [("loss", "eval", record["eval_loss"])]
+        elif event == events.EVAL:
+            points = [(_panel_of(name), "eval", record.get(name)) for name in EVAL_CURVES]
         with self._lock:
             for panel, kind, value in points:
                 if (value := as_float(value)) is not None:

@@ -1,0 +1,33 @@
+"""Export a finished run's model to ONNX for inference, and prove it: parity with PyTorch, and latency.
+
+Optimum's ORTTrainer could only dump *training* graphs; what ships is an inference model. ortlab exports the
+trained model with its task head (dynamic batch and sequence axes), runs it with onnxruntime on the run's own
+eval samples next to PyTorch, and reports the largest absolute difference of the logits and how often the
+predictions agree. An export whose parity check fails says so and is not marked good (`export.json`:
+`"good": false`). Optionally, ORT's graph optimizations and dynamic int8 quantization, with the accuracy change.
+
+    <run>/onnx/model.onnx           the exported model (opset 17)
+    <run>/onnx/model.opt.onnx       with ORT graph optimizations applied offline (--optimize)
+    <run>/onnx/model.int8.onnx      dynamic int8 quantization of the weights (--quantize)
+    <run>/onnx/export.json          parity, agreement, latency, and which files are good
+
+A seq2seq (encoder-decoder) model is exported as two graphs, `encoder_model.onnx` (input_ids, attention_mask ->
+encoder_hidden_states) and `decoder_model.onnx` (decoder_input_ids, encoder_hidden_states, encoder_attention_mask
+-> logits), without past key values: generation is a loop around the decoder, so the encoder runs once per input
+and the decoder once per generated token (`greedy_generate` is that loop in ONNX Runtime). Its parity check is
+twofold: the teacher-forced logits against PyTorch's, and the greedy-generated tokens against PyTorch's
+`generate(num_beams=1)` on the same inputs (`generation_agreement`: the share of sequences equal token for
+token). Latency is that of greedy generation, PyTorch's `generate` against the ONNX loop.
+
+    ortlab.export.parity   the parity thresholds, `ExportReport` and `Variant`, the measures
+    ortlab.export.graphs   `export_onnx`: one graph (classifier, tagger, causal LM)
+    ortlab.export.encdec   encoder and decoder graphs, `greedy_generate`
+"""
+
+from __future__ import annotations
+
+from ortlab.export.encdec import greedy_generate
+from ortlab.export.graphs import export_onnx
+from ortlab.export.parity import MAX_ABS_DIFF, MIN_AGREEMENT, ExportError, ExportReport, Variant
+
+__all__ = ["MAX_ABS_DIFF", "MIN_AGREEMENT", "ExportError", "ExportReport", "Variant", "export_onnx", "greedy_generate"]

@@ -1,0 +1,199 @@
+"""The export of a one-graph model (a classifier, a token tagger, a causal LM without KV cache): tensors in,
+logits out, run by ONNX Runtime next to PyTorch on the run's own eval rows. An encoder-decoder run is handed to
+`ortlab.export.encdec`."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ortlab.data import load_and_check, tokenize
+from ortlab.export.encdec import _export_seq2seq
+from ortlab.export.parity import (
+    MAX_ABS_DIFF,
+    MIN_AGREEMENT,
+    ExportError,
+    ExportReport,
+    Variant,
+    _accuracy,
+    _agreement,
+    _publish,
+    _time_ms,
+)
+from ortlab.runfolder.rundir import RunDir
+from ortlab.spec import RunSpec
+from ortlab.train.terminal import captured_output, no_progress_bars
+
+
+def _logits_only(model: Any) -> Any:
+    """`model` as export should see it: tensors in, logits out (no dicts, no cache)."""
+    import torch
+
+    class LogitsOnly(torch.nn.Module):
+        def __init__(self, inner: Any):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids, attention_mask):
+            return self.inner(
+                input_ids=input_ids, attention_mask=attention_mask, use_cache=False, return_dict=True
+            ).logits
+
+    return LogitsOnly(model)
+
+
+def _eval_batch(run: Any, tokenizer: Any, n: int) -> tuple[dict[str, Any], Any]:
+    """Up to `n` eval rows of the run's own data, tokenized and padded, and their labels (or None)."""
+    import torch
+
+    spec = RunSpec.from_run(run)
+    prepared = load_and_check(spec.data, spec.task, spec.seed)
+    if spec.task != "causal-lm":  # causal LM rows are lines, packed into blocks: select after tokenizing
+        prepared.eval = prepared.eval.select(range(min(n, len(prepared.eval))))
+    prepared.train = prepared.eval  # tokenize() works on both splits; only eval is used here
+    _, evaluation = tokenize(prepared, tokenizer, spec.task, spec.hyper.max_length, spec.hyper.max_target_length)
+    rows = [evaluation[i] for i in range(min(n, len(evaluation)))]
+    padded = tokenizer.pad([{k: r[k] for k in ("input_ids", "attention_mask")} for r in rows], return_tensors="pt")
+    labels = None
+    if spec.task != "causal-lm":
+        width = padded["input_ids"].shape[1]
+        if spec.task == "seq2seq":  # the target's own length, padded with -100 as the training collator does
+            width = max(len(r["labels"]) for r in rows)
+        if spec.task == "sequence-classification":
+            labels = torch.tensor([r["labels"] for r in rows])
+        else:
+            labels = torch.tensor([r["labels"] + [-100] * (width - len(r["labels"])) for r in rows])
+    return {"input_ids": padded["input_ids"], "attention_mask": padded["attention_mask"]}, labels
+
+
+def export_onnx(
+    run: Any, samples: int = 64, optimize: bool = False, quantize: bool = False, batch_sizes: tuple[int, ...] = (1, 16)
+) -> ExportReport:
+    """Export `run` (a Run, RunDir or run folder) to ONNX, check parity and latency; write <run>/onnx/.
+
+    What torch, onnxruntime and DeepSpeed print meanwhile (tracer warnings, CUDA notes) goes to the run's
+    logs/run.log, not to the notebook or the terminal: the report says what matters."""
+
+    folder = RunDir(getattr(run, "path", run))
+    if not folder.path.is_dir():
+        return _export_onnx(run, samples, optimize, quantize, batch_sizes)  # not a run: it says so
+    with captured_output(folder.log_path), no_progress_bars():
+        return _export_onnx(run, samples, optimize, quantize, batch_sizes)
+
+
+def _export_onnx(run: Any, samples: int, optimize: bool, quantize: bool, batch_sizes: tuple[int, ...]) -> ExportReport:
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+
+    from ortlab.tasks import load_model, load_tokenizer
+
+    run = RunDir(getattr(run, "path", run))
+    status = run.status()
+    adapter = (run.model_dir / "adapter_config.json").exists()
+    if status.get("state") != "completed" or not ((run.model_dir / "config.json").exists() or adapter):
+        raise ExportError(f"run {run.id} is {status.get('state')}: only a completed run has a model to export")
+    if foreign := run.model_not_own():
+        raise ExportError(
+            f"run {run.id}: {', '.join(foreign)}. Export loads only the run folder's own regular files (a link "
+            "would have it read, and write into onnx/, any file of this machine): replace each with the file itself"
+        )
+    spec = RunSpec.from_run(run)
+    result = run.result() or {}
+    tokenizer = load_tokenizer(str(run.model_dir))
+    if adapter:
+        # An adapter run exports the model it trained: the base with the adapter merged into its weights (ONNX
+        # Runtime has no notion of an adapter). model/merged/ when the run saved it, else merged here.
+        merged_dir = run.model_dir / "merged"
+        if (merged_dir / "config.json").exists():
+            model = load_model(str(merged_dir), spec.task, result.get("label_names") or [])
+        else:
+            from ortlab.adapters import load_merged
+
+            model = load_merged(str(run.model_dir), spec.task, result.get("label_names") or [])
+    else:
+        model = load_model(str(run.model_dir), spec.task, result.get("label_names") or [])
+    model.eval()
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation("eager")  # exports on every opset; SDPA's export varies with versions
+    inputs, labels = _eval_batch(run, tokenizer, samples)
+    if spec.task == "seq2seq":
+        tmp = Path(tempfile.mkdtemp(prefix=".onnx-", dir=run.path))
+        try:
+            report = _export_seq2seq(run, spec, model, inputs, labels, tmp, optimize, quantize, batch_sizes)
+            _publish(run, tmp, report)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        return report
+    wrapper = _logits_only(model).eval()
+
+    tmp = Path(tempfile.mkdtemp(prefix=".onnx-", dir=run.path))
+    try:
+        fp32 = tmp / "model.onnx"
+        with torch.no_grad():
+            torch.onnx.export(
+                wrapper,
+                (inputs["input_ids"][:2], inputs["attention_mask"][:2]),
+                str(fp32),
+                input_names=["input_ids", "attention_mask"],
+                output_names=["logits"],
+                dynamic_axes={
+                    "input_ids": {0: "batch", 1: "sequence"},
+                    "attention_mask": {0: "batch", 1: "sequence"},
+                    "logits": {0: "batch", 1: "sequence"} if spec.task != "sequence-classification" else {0: "batch"},
+                },
+                opset_version=17,
+                dynamo=False,
+            )
+            reference = wrapper(**inputs)
+
+        def pytorch_call(batch: dict[str, Any]):
+            with torch.no_grad():
+                return wrapper(**batch)
+
+        def subset(n: int) -> dict[str, Any]:
+            return {k: v[:n] for k, v in inputs.items()}
+
+        sizes = [b for b in batch_sizes if b <= len(inputs["input_ids"])]
+        report = ExportReport(
+            run_dir=str(run.path),
+            task=spec.task,
+            samples=len(inputs["input_ids"]),
+            pytorch_latency_ms={f"batch_{b}": _time_ms(lambda b=b: pytorch_call(subset(b))) for b in sizes},
+            pytorch_accuracy=_accuracy(reference, labels),
+        )
+        files = {"fp32": fp32}
+        if optimize:
+            options = ort.SessionOptions()
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            options.optimized_model_filepath = str(tmp / "model.opt.onnx")
+            ort.InferenceSession(str(fp32), options, providers=["CPUExecutionProvider"])
+            files["optimized"] = tmp / "model.opt.onnx"
+        if quantize:
+            from onnxruntime.quantization import QuantType, quantize_dynamic
+
+            quantize_dynamic(str(fp32), str(tmp / "model.int8.onnx"), weight_type=QuantType.QInt8)
+            files["int8"] = tmp / "model.int8.onnx"
+
+        feeds = {k: v.numpy().astype(np.int64) for k, v in inputs.items()}
+        for name, path in files.items():
+            session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+            logits = torch.from_numpy(session.run(["logits"], feeds)[0])
+            diff = float((logits - reference).abs().max())
+            agreement = _agreement(logits, reference, inputs["attention_mask"], spec.task)
+            latency = {
+                f"batch_{b}": _time_ms(lambda b=b, s=session: s.run(["logits"], {k: v[:b] for k, v in feeds.items()}))
+                for b in sizes
+            }
+            # int8 changes the numbers on purpose: it is judged by agreement, the fp32 files by both.
+            good = agreement >= MIN_AGREEMENT and (name == "int8" or diff <= MAX_ABS_DIFF)
+            report.variants[name] = Variant(path.name, diff, agreement, _accuracy(logits, labels), latency, good)
+
+        _publish(run, tmp, report)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return report

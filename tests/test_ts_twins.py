@@ -1,0 +1,115 @@
+"""The sidebar's TypeScript ports agree with the Python they mirror, on the shared cases of
+tests/fixtures/ts_twins.json: node runs the TypeScript sources (tests/ts_twins.mjs, transpiled with the extension's
+own `typescript`), Python runs its twins, and the answers are compared.
+
+- The New run form's toggles (`specform.ts` `exclusiveWith`/`toggleValues`) against `ortlab.toggles`
+  (`exclusive_with`/`field_values`), on the toggle list the server sends (`GET ortlab/api/spec`).
+- The sparklines (`series.ts`) against the server's downsampling (`ortlab.runfolder.downsample.keep_indices` over
+  `runindex.DRAWN`). The two bucket differently by design (the server: equal counts of points; the sidebar: equal
+  widths in steps, because its history arrives already downsampled: docs/decisions/workbench-and-terminal.md, #35),
+  so what is compared is what both promise: the first step and the newest point kept, each drawn number's lowest
+  and highest value kept, at most twice the sidebar's `maxPoints` points; and the sidebar draws only points and
+  values of the run, in step order. The fields the sparklines draw are the record schema's sidebar fields.
+
+Needs node and the extension's node_modules (`scripts/dev lint` installs them, as CI does before the tests);
+without them the test is skipped, except under CI, where it fails.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ortlab.runfolder import events
+from ortlab.runfolder.downsample import keep_indices
+from ortlab.runfolder.records import SIDEBAR, drawn
+from ortlab.server.runindex import DRAWN
+from ortlab.specfields import form
+from ortlab.toggles import exclusive_with, field_values, form_toggles
+
+ROOT = Path(__file__).resolve().parent.parent
+EXTENSION = ROOT / "extension"
+CASES = Path(__file__).parent / "fixtures" / "ts_twins.json"
+RUNNER = Path(__file__).parent / "ts_twins.mjs"
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory) -> tuple[dict, dict]:
+    """The shared cases (with the toggles as the server sends them) and what the TypeScript answers."""
+    node = shutil.which("node")
+    if node is None or not (EXTENSION / "node_modules" / "typescript").is_dir():
+        why = "needs node and extension/node_modules (run `scripts/dev lint` once)"
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    cases = json.loads(CASES.read_text())
+    cases["toggles"]["list"] = form()["toggles"]
+    path = tmp_path_factory.mktemp("ts-twins") / "cases.json"
+    path.write_text(json.dumps(cases))
+    proc = subprocess.run([node, str(RUNNER), str(EXTENSION), str(path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return cases, json.loads(proc.stdout)
+
+
+def _click(sequence: list[str]) -> set[str]:
+    """Checkboxes ticked in turn as the workbench's mix panel handles them: ticking unticks `exclusive_with`."""
+    ticked: set[str] = set()
+    for click in sequence:
+        if click.startswith("-"):
+            ticked.discard(click[1:])
+        else:
+            ticked.add(click)
+            ticked -= set(exclusive_with(click))
+    return ticked
+
+
+def test_the_form_toggles_exclude_and_write_the_same_in_both(shared):
+    cases, ts = shared
+    assert ts["exclusive"] == {t.name: list(exclusive_with(t.name)) for t in form_toggles()}
+    assert any(ts["exclusive"].values()), "the cases must include toggles that exclude each other"
+    for sequence, answer in zip(cases["toggles"]["clicks"], ts["clicks"], strict=True):
+        ticked = _click(sequence)
+        assert answer == {"ticked": sorted(ticked), "values": field_values(ticked)}, sequence
+    for names, answer in zip(cases["toggles"]["ticked"], ts["ticked"], strict=True):
+        assert answer == field_values(names), names
+
+
+def test_the_sparklines_draw_the_fields_the_schema_marks_for_the_sidebar(shared):
+    _, ts = shared
+    assert ts["drawn_fields"] == list(drawn(events.STEP, SIDEBAR)) == list(DRAWN)
+
+
+def _finite(values: list) -> list[float]:
+    return [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+
+
+def _promised(steps: list, columns: dict[str, list]) -> dict:
+    """What both downsamplings promise to keep: the first step, the newest point, each column's extremes."""
+    return {
+        "first_step": steps[0],
+        "newest": [steps[-1], *(column[-1] for column in columns.values())],
+        "extremes": {name: [min(_finite(c)), max(_finite(c))] for name, c in columns.items()},
+    }
+
+
+def test_the_sparkline_buckets_keep_what_the_servers_downsampling_keeps(shared):
+    cases, ts = shared
+    for case, answer in zip(cases["series"], ts["series"], strict=True):
+        name, bound = case["name"], 2 * case["max_points"]
+        columns = {field: case[field] for field in DRAWN}
+        keep = keep_indices(list(columns.values()), bound)
+        server = _promised([case["steps"][i] for i in keep], {f: [c[i] for i in keep] for f, c in columns.items()})
+        sidebar = _promised(answer["steps"], {f: answer[f] for f in DRAWN})
+        assert sidebar == server == _promised(case["steps"], columns), name
+        assert len(keep) <= bound and len(answer["steps"]) <= bound, name
+        # the sidebar draws the run's own steps, in order, and its own numbers (a bucket's extremes)
+        assert answer["steps"] == sorted(set(answer["steps"])) and set(answer["steps"]) <= set(case["steps"]), name
+        for field in DRAWN:
+            assert set(_finite(answer[field])) <= set(_finite(case[field])), (name, field)
+    assert any(len(a["steps"]) < len(c["steps"]) for c, a in zip(cases["series"], ts["series"], strict=True))
