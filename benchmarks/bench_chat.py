@@ -105,7 +105,7 @@ def packing_part(args) -> dict:
 
 
 def score_part(args) -> dict:
-    from ortlab.runner.foreground import train_spec
+    from ortlab.runner import train_spec
     from ortlab.spec import RunSpec
 
     spec = RunSpec.parse(

@@ -140,7 +140,7 @@ def child(task: str, data: str, model: str, path: str, out: str, steps: int) -> 
 
     from ortlab import fit
     from ortlab.lifecycle import assemble
-    from ortlab.runner.foreground import train_spec
+    from ortlab.runner import train_spec
     from ortlab.spec import RunSpec
 
     phases: dict[str, float] = {}

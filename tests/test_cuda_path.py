@@ -215,11 +215,11 @@ def test_tf32_auto_resolves_off_on_cpu_and_explicit_true_is_refused_before_launc
     assert not tf32_availability().available and "no CUDA device" in tf32_availability().reason
     spec = RunSpec()
     from ortlab.accel.mix import mix_of, resolve
-    from ortlab.runner import RunError, check
+    from ortlab.runner import RunError, preflight
 
     assert spec.accel.tf32 == "auto" and resolve(spec.accel).tf32 is False and mix_of(spec).tf32 is False
     with pytest.raises(RunError, match=r"tf32 is not available in .*: TF32 is a tensor-core mode"):
-        check(RunSpec(accel={"tf32": True}))
+        preflight(RunSpec(accel={"tf32": True}))
     assert mix_of(RunSpec(accel={"tf32": False})).requested()["tf32"] is False
 
 

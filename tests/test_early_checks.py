@@ -62,7 +62,7 @@ def _chat_spec(model: Path, source: Path, out: Path, **data) -> dict:
 def test_chat_with_every_answer_cut_off_is_refused_before_the_model_loads(path, tiny_chat_llama, tmp_path, no_model):
     """The lazy and streamed paths loaded the model, evaluated on 0 rows and read on; the eager one refused only
     after the model loaded. All three now refuse from the rows read first, before any weight."""
-    from ortlab.runner.foreground import train_spec
+    from ortlab.runner import train_spec
     from ortlab.spec import RunSpec
 
     data = {"eager": {"lazy": False}, "lazy": {"lazy": True}, "streamed": {"streaming": True}}[path]
@@ -124,8 +124,7 @@ def _refuse_checks(monkeypatch) -> None:
 def test_an_output_folder_that_is_a_file_is_refused_before_the_model_and_data(tmp_path, monkeypatch, capfd):
     from ortlab.cli import app
     from ortlab.runfolder.rundir import OutputFolderError
-    from ortlab.runner import launch
-    from ortlab.runner.foreground import train_spec
+    from ortlab.runner import launch, train_spec
     from ortlab.spec import RunSpec
 
     _refuse_checks(monkeypatch)
@@ -174,7 +173,7 @@ def test_a_csv_that_does_not_parse_is_said_with_its_line_before_any_model(stream
 def test_a_streamed_csv_line_that_does_not_parse_fails_the_run_naming_it(tiny_bert, tmp_path, monkeypatch):
     """Beyond the rows the checks read (pandas parses a stream 10,000 rows at a time), the line is found when
     training reads it: the run fails in ortlab's words, with the line, not with pandas' traceback."""
-    from ortlab.runner.foreground import train_spec
+    from ortlab.runner import train_spec
     from ortlab.spec import RunSpec
 
     monkeypatch.setattr("ortlab.data.checks.HEAD_ROWS", 50)

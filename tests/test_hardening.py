@@ -566,7 +566,7 @@ def test_a_worker_is_recognised_by_its_command_line_and_create_time(tmp_path):
 
     run = make_run(tmp_path)
     fake_worker = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(60)", "-m", "ortlab.runner.worker", str(run.path.resolve())],
+        [sys.executable, "-c", "import time; time.sleep(60)", "-m", "ortlab.lifecycle", str(run.path.resolve())],
         start_new_session=True,
     )
     try:

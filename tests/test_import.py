@@ -42,3 +42,23 @@ def test_unknown_attribute_is_an_attribute_error():
 
     with pytest.raises(AttributeError, match="no_such_thing"):
         ortlab.no_such_thing  # noqa: B018
+
+
+# What `import ortlab.runner` may load of ortlab: every face imports it to list, follow, stop and launch runs.
+RUNNER_MODULES = 40
+
+
+def test_the_runner_loads_its_launchers_when_a_run_asks_for_one():
+    """`import ortlab.runner` loads the run folder, the spec and the launcher interface, not the launchers: the
+    foreground's trainer, the job side and Ray's client load when a run asks for them (`launcher_for`). It loaded
+    90 of ortlab's modules when runner/ imported the foreground path eagerly and borrowed four tag strings from the
+    job side (now `ortlab.wire`, beneath both)."""
+    code = (
+        "import json, sys, ortlab.runner; "
+        "print(json.dumps({'ortlab': sorted(m for m in sys.modules if m.startswith('ortlab')), "
+        "'torch': 'torch' in sys.modules}))"
+    )
+    r = _import_in_fresh_interpreter(code)
+    assert len(r["ortlab"]) <= RUNNER_MODULES, f"{len(r['ortlab'])} ortlab modules: {r['ortlab']}"
+    eager = [m for m in r["ortlab"] if m.startswith(("ortlab.job", "ortlab.lifecycle", "ortlab.runner.foreground"))]
+    assert eager == [] and not r["torch"], r

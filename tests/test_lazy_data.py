@@ -74,7 +74,7 @@ def _losses(run_dir: Path) -> dict[int, float]:
 @pytest.fixture(scope="module")
 def runs(tiny_bert, tmp_path_factory):
     """The same spec trained eagerly and lazily, each with the tokenizer's reads recorded."""
-    from ortlab.runner.foreground import train_spec
+    from ortlab.runner import train_spec
     from ortlab.spec import RunSpec
 
     tmp = tmp_path_factory.mktemp("lazy")
@@ -137,7 +137,7 @@ def test_a_bad_row_found_late_fails_the_run_with_its_position(tiny_bert, tmp_pat
     """Token classification: row 150 has fewer tags than words. Every value passes the checks before the model
     (no missing tag, known labels); the row fails when training reaches it, and the error names it."""
     from ortlab.data import DataError
-    from ortlab.runner.foreground import train_spec
+    from ortlab.runner import train_spec
     from ortlab.spec import RunSpec
 
     rows = [{"tokens": ["alice", "went", "to", "paris"], "tags": ["B-PER", "O", "O", "B-LOC"]} for _ in range(200)]
@@ -162,7 +162,7 @@ def _streamed(tiny_bert: Path, source: Path, out: Path, name: str, **hyper) -> d
 def test_a_streamed_local_file_trains_reading_only_what_it_needs(tiny_bert, tmp_path):
     """data.streaming: true on a local CSV takes the path a large Hub dataset takes (datasets' streaming loader):
     the eval rows are the first max_eval_samples, the checks read a head, training tokenizes its batches only."""
-    from ortlab.runner.foreground import train_spec
+    from ortlab.runner import train_spec
     from ortlab.spec import RunSpec
 
     source = _reviews(tmp_path / "reviews.csv")
@@ -207,7 +207,7 @@ def test_a_streamed_label_the_head_did_not_show_fails_with_its_position(tiny_ber
     import csv
 
     from ortlab.data import DataError
-    from ortlab.runner.foreground import train_spec
+    from ortlab.runner import train_spec
     from ortlab.spec import RunSpec
 
     monkeypatch.setattr("ortlab.data.checks.HEAD_ROWS", 50)

@@ -88,7 +88,7 @@ def _losses(run_dir: Path) -> dict[int, float]:
 
 
 def _train(spec: dict, log: list[str] | None = None) -> tuple[dict, Trained]:
-    from ortlab.runner.foreground import train_spec
+    from ortlab.runner import train_spec
     from ortlab.spec import RunSpec
 
     with Trained() as trained:

@@ -15,11 +15,12 @@ import time
 
 import ortlab
 from ortlab.job import channel
-from ortlab.job.mirror import LIVE_S, Mirror
+from ortlab.job.mirror import Mirror
 from ortlab.runfolder.objstore import Store, StoredRun
 from ortlab.runfolder.place import bind
 from ortlab.runfolder.rundir import RunDir
 from ortlab.runner import monitor as raymonitor
+from ortlab.wire import LIVE_S
 
 
 class HandFedJob:

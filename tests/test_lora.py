@@ -41,7 +41,7 @@ def _spec(model: Path, root: Path, name: str, **accel):
 
 
 def _train(spec) -> dict:
-    from ortlab.runner.foreground import train_spec
+    from ortlab.runner import train_spec
 
     return train_spec(spec, progress=False, log=lambda _: None)
 

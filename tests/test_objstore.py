@@ -111,7 +111,8 @@ def test_the_live_stream_is_pushed_often_while_short_and_seldom_once_long(s3_sto
     """A Ray Train rank 0 pushes a grown stream every LIVE_S, rewritten whole (an object cannot be appended to);
     a long stream waits its turn (8 MiB: 8 s), so a long run does not re-upload megabytes four times a second.
     The driver's follower reads only the part it has not got."""
-    from ortlab.job.mirror import LIVE_S, Follower
+    from ortlab.job.mirror import Follower
+    from ortlab.wire import LIVE_S
 
     stored = StoredRun(Store(s3_store).child("live"))
     stored.create(b"name: live\n")
@@ -215,5 +216,5 @@ def test_a_run_on_object_storage_stops_resumes_and_comes_home(ray_head, remote_s
 def test_object_storage_is_checked_before_anything_starts(ray_head, remote_spec, s3_server, s3_store):
     missing = f"s3://no-such-bucket-ortlab/runs?endpoint_override={s3_server}&scheme=http"
     with pytest.raises(RunError, match="this machine cannot write and read"):
-        RayJob().check(RunSpec.parse(remote_spec("nope", storage=missing)))
-    RayTrain().check(RunSpec.parse(remote_spec("two", storage=s3_store, processes=2)))  # both sides can use it
+        RayJob().preflight(RunSpec.parse(remote_spec("nope", storage=missing)))
+    RayTrain().preflight(RunSpec.parse(remote_spec("two", storage=s3_store, processes=2)))  # both sides can use it

@@ -153,7 +153,7 @@ def test_a_cpu_run_reports_mfu_against_the_measured_peak(cache, tmp_path, tiny_b
     """The step records' MFU is the model FLOP/s over the cached measured peak, exactly; the train_begin record
     says the peak was measured and how."""
     from ortlab.runfolder.rundir import RunDir
-    from ortlab.runner.foreground import train_spec
+    from ortlab.runner import train_spec
     from ortlab.spec import RunSpec
 
     facts = peak.fingerprint()

@@ -98,7 +98,7 @@ def test_a_run_at_auto_precision_trains_in_what_the_probe_chose(tmp_path, tiny_b
     """Whatever the probe decides is what the run trains in, verified in the run (the precision observed in the
     first step), and recorded with the probe's timings; a second run reuses the verdict."""
     from ortlab.runfolder.rundir import RunDir
-    from ortlab.runner.foreground import train_spec
+    from ortlab.runner import train_spec
     from ortlab.spec import RunSpec
 
     monkeypatch.setenv("ORTLAB_CACHE_DIR", str(tmp_path / "cache"))
@@ -148,7 +148,7 @@ def test_measuring_on_the_way_changes_nothing_the_run_trains(tmp_path, tiny_bert
     both cached. Their losses agree to every digit (a measurement that drew from the seeded random state once made
     the first loss 0.6909 against 0.6890)."""
     from ortlab.runfolder.rundir import RunDir
-    from ortlab.runner.foreground import train_spec
+    from ortlab.runner import train_spec
     from ortlab.spec import RunSpec
 
     monkeypatch.setenv("ORTLAB_CACHE_DIR", str(tmp_path / "cache"))

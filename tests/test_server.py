@@ -710,12 +710,12 @@ def test_launch_stop_resume_through_the_api(api, runs_root, tiny_bert, tmp_path)
 @pytest.mark.slow
 def test_a_mix_this_machine_cannot_run_is_400_with_the_mix_problems(api, runs_root):
     """The launch's machine check (the doctor's report, in the server's own process: no helper) refuses what the
-    target cannot run, with the same words as `ortlab.runner.check`, before any run folder exists."""
-    from ortlab.runner import RunError, check
+    target cannot run, with the same words as `ortlab.runner.preflight`, before any run folder exists."""
+    from ortlab.runner import RunError, preflight
     from ortlab.spec import RunSpec
 
     try:
-        check(RunSpec.parse({"accel": {"precision": "fp16"}}))
+        preflight(RunSpec.parse({"accel": {"precision": "fp16"}}))
         pytest.skip("this machine has CUDA: fp16 is a valid mix here")
     except RunError as e:
         expected = str(e)

@@ -75,7 +75,7 @@ def no_cluster(monkeypatch):
     """Resume gets as far as the claim without a cluster: the doctor's check passes, the client is a fake."""
     from ortlab.runner import rayjob
 
-    monkeypatch.setattr(rayjob.RayJob, "check", lambda self, spec: {})
+    monkeypatch.setattr(rayjob.RayJob, "preflight", lambda self, spec: {})
     monkeypatch.setattr(rayjob, "_client", lambda spec: _NoCluster())
 
 
@@ -141,8 +141,8 @@ def test_a_listed_storage_folder_is_used_and_a_link_out_of_it_is_not(tmp_path, v
 def test_a_run_launched_in_this_process_resumes_and_comes_home_without_a_listing(tmp_path, monkeypatch):
     """The user's own spec names its storage: `launch` remembers it for this process (the sidebar's server too),
     so its run's monitor, a bring-home and a resume work as before; a run folder never adds to that."""
-    monkeypatch.setattr(runner, "check", lambda spec: {})
-    monkeypatch.setattr(runner, "_start", lambda run, spec, resume=False, cwd=None, hub_token=True: None)
+    monkeypatch.setattr(runner, "preflight", lambda spec, launcher=None: {})
+    monkeypatch.setattr(runner, "_start", lambda run, spec, resume=False, cwd=None, hub_token=True, launcher=None: None)
     storage = tmp_path / "mine"
     assert not storage_trusted(str(storage))
     Run(_planted_plain(tmp_path / "other", storage).path)  # reading a folder names nothing

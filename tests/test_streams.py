@@ -218,7 +218,7 @@ def test_a_streamed_run_decides_its_auto_accelerations_from_the_stream_head(tiny
     """A streamed run's acceleration lookup used to be skipped ("the data is streamed"); it now draws its batches
     from the stream's head, as a run of a file does from its shuffle."""
     from ortlab.runfolder.rundir import RunDir
-    from ortlab.runner.foreground import train_spec
+    from ortlab.runner import train_spec
     from ortlab.spec import RunSpec
 
     monkeypatch.setenv("ORTLAB_CACHE_DIR", str(tmp_path / "cache"))

@@ -169,5 +169,5 @@ def test_a_ray_run_that_asks_for_it_is_refused_before_it_starts(monkeypatch, tmp
     target = {"cluster": "http://127.0.0.1:8265", "storage": str(tmp_path / "shared")}
     spec = {"output_dir": str(tmp_path / "runs"), "target": target}
     with pytest.raises(RunError, match=r"accel.tcmalloc: not on a Ray cluster yet .* set it to 'auto'"):
-        rayjob.RayJob().check(RunSpec.model_validate({**spec, "accel": {"tcmalloc": True}}))
-    rayjob.RayJob().check(RunSpec.model_validate(spec))  # 'auto': no refusal
+        rayjob.RayJob().preflight(RunSpec.model_validate({**spec, "accel": {"tcmalloc": True}}))
+    rayjob.RayJob().preflight(RunSpec.model_validate(spec))  # 'auto': no refusal

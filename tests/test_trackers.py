@@ -85,7 +85,7 @@ def test_trackio_stores_the_logged_steps_and_the_mix_locally(tracked_run):
 
 
 def test_trackers_are_checked_before_launch(monkeypatch, tmp_path):
-    from ortlab.runner import RunError, check
+    from ortlab.runner import RunError, preflight
     from ortlab.spec import RunSpec, SpecError
     from ortlab.trackers import environment
 
@@ -95,7 +95,7 @@ def test_trackers_are_checked_before_launch(monkeypatch, tmp_path):
         if find_spec(name) is None:
             spec = RunSpec.parse({"report_to": ["tensorboard", name]})  # a description: any machine may have it
             with pytest.raises(RunError, match=f"needs the {name} package.*pip install {name}"):
-                check(spec)  # the launch's check, in the interpreter the run would use
+                preflight(spec)  # the launch's preflight, in the interpreter the run would use
     assert RunSpec.parse({"report_to": ["trackio", "trackio"]}).report_to == ["trackio"]
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

@@ -233,7 +233,7 @@ def test_a_candidate_that_cannot_train_is_recorded_not_fatal(tmp_path, tiny_bert
 @pytest.mark.slow
 def test_a_run_records_why_auto_resolved_as_it_did(tmp_path, tiny_bert, monkeypatch):
     from ortlab.runfolder.rundir import RunDir
-    from ortlab.runner.foreground import train_spec
+    from ortlab.runner import train_spec
 
     monkeypatch.setenv("ORTLAB_CACHE_DIR", str(tmp_path / "cache"))
     # Short run, nothing cached: the mixes not measured (the conservative default) and the record says so; the

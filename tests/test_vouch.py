@@ -27,7 +27,7 @@ from ortlab.spec import RunSpec
 def started(monkeypatch) -> list[dict]:
     """Launches and resumes get as far as starting the run process, which records its arguments instead."""
     calls: list[dict] = []
-    monkeypatch.setattr(runner, "check", lambda spec: {})
+    monkeypatch.setattr(runner, "preflight", lambda spec, launcher=None: {})
     monkeypatch.setattr(runner, "_start", lambda run, spec, **kw: calls.append({"spec": spec, **kw}))
     return calls
 
@@ -92,14 +92,14 @@ def test_a_strangers_folder_starts_its_run_without_the_hub_token(tmp_path, monke
     implicit token off for a folder the user did not launch; untouched with `hub_token=True`."""
     import ortlab.runner.local as local
 
-    monkeypatch.setattr(runner, "check", lambda spec: {})
+    monkeypatch.setattr(runner, "preflight", lambda spec: {})
     monkeypatch.setenv("HF_TOKEN", "hf_the_users_token")
     given: list[dict] = []
 
     real = subprocess.Popen
 
     def popen(cmd, env=None, **kwargs):
-        if "ortlab.runner.worker" not in cmd:
+        if "ortlab.lifecycle" not in cmd:
             return real(cmd, env=env, **kwargs)
         given.append(env)
         raise OSError("recorded, not started")

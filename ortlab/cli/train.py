@@ -93,32 +93,32 @@ def train(
 def _train(
     spec: RunSpec, *, adapter_rank: int | None, quiet: bool, verbose: bool, detach: bool, again: bool = False
 ) -> dict | None:
-    """Start `spec` where the launcher switch sends it (`runner.launcher_for`) and follow it: in this process with
-    the terminal's view (returns the result), or launched and followed through its run folder unless `detach`
-    (returns None). `again`: this command may be started again, with another allocator (`_allocator`)."""
-    from ortlab.fit import check
+    """Start `spec` in one call (`runner.launch`) with the launcher the switch gives (`runner.launcher_for`, asked
+    whether this process may train it) and follow it: in this process with the terminal's view (returns the
+    result), or launched and followed through its run folder unless `detach` (returns None). `again`: this command
+    may be started again, with another allocator (`_allocator`)."""
     from ortlab.runfolder.rundir import check_output_folder
     from ortlab.runner import default_root, launch, launcher_for
-    from ortlab.runner.foreground import Foreground, train_spec
     from ortlab.spec import SpecError
 
     if adapter_rank is not None and spec.adapter.kind == "none":
         raise SpecError(["adapter.rank: --adapter-rank sets the rank of a LoRA adapter; add --lora to train one"])
     check_output_folder(spec.output_dir)  # before the model and data checks (13-20 s), on every path below
-    if isinstance(launcher_for(spec, here=not detach), Foreground):
+    launcher = launcher_for(spec, here=not detach)
+    if launcher.in_process:  # it trains here: the allocator is chosen as this process starts, the terminal shows it
+        from ortlab.runner.foreground import Foreground
         from ortlab.train.terminal import Terminal
 
         if again:
             _allocator(spec)
-
         with Terminal(verbose=verbose, progress=not quiet) as terminal:
-            return train_spec(spec, progress=not quiet, view=terminal)
-    # Launched (another interpreter, several processes, ortlab's compile runtime, a cluster, or --detach): a
-    # terminal user still gets the model and data checks of the foreground before anything starts (a cluster
-    # run's are made on the cluster); `launch` checks the target itself, once.
-    if spec.target.cluster is None:
-        check(spec)
-    run = launch(spec)
+            here = Foreground(terminal, progress=not quiet)
+            launch(spec, launcher=here)
+        return here.result or {}
+    # Launched (another interpreter, several processes, ortlab's compile runtime, a cluster, or --detach): `launch`
+    # checks the target; the model and data are checked once, in the run process, where a problem ends the run
+    # `failed` with its message (following it prints that message; `ortlab follow` does for a detached run).
+    run = launch(spec, launcher=launcher)
     root = Path(spec.output_dir)
     where = "" if root.resolve() == default_root().resolve() else f" --root {root}"
     if detach:

@@ -7,8 +7,9 @@ cluster offers the client (Ray Jobs has no file download), so metrics arrive liv
 sync. The other end, on the user's machine, is `ortlab.runner.monitor`. Where the run place is an object store, the
 job trains in a node-local copy kept in step with it (`ortlab.job.mirror`).
 
-The tags are defined here, once, for both ends: a tagged line is one of ortlab's records only if it parses as the
-shape its tag promises (the monitor checks; the job's log is shared with every library and the user's code).
+The tags are defined once, for both ends, beneath both (`ortlab.wire`): a tagged line is one of ortlab's records
+only if it parses as the shape its tag promises (the monitor checks; the job's log is shared with every library and
+the user's code).
 """
 
 from __future__ import annotations
@@ -24,12 +25,7 @@ from ortlab.lifecycle.execute import execute
 from ortlab.runfolder.objstore import StoreError
 from ortlab.runfolder.place import folder_here, place_at, probe_storage
 from ortlab.runfolder.rundir import RunDir, read_metrics
-
-METRIC_TAG = "@@ortlab-metric "
-FINAL_TAG = "@@ortlab-final "
-DOCTOR_TAG = "@@ortlab-doctor "
-PAUSED_TAG = "@@ortlab-paused "
-TAGS = (METRIC_TAG, FINAL_TAG, PAUSED_TAG)
+from ortlab.wire import DOCTOR_TAG, FINAL_TAG, METRIC_TAG, PAUSED_TAG
 
 
 def print_tagged(tag: str, data: Any) -> None:

@@ -27,9 +27,6 @@ from ortlab.runfolder.rundir import RunDir, pause_step
 
 SYNC_S = 1.0  # how often the job pulls stop/pause and pushes its status
 METRICS_SYNC_S = 10.0  # ... and its metrics.jsonl (the live records go through the job's log; this is the backup)
-# A Ray Train run's live path, whose stream the local monitor reads from the store: rank 0 pushes a grown stream
-# at most this often, the monitor looks for one this often (one HEAD when nothing was added).
-LIVE_S = 0.25
 WATCH_S = 0.05  # how often rank 0 looks at its stream (a local stat): a new record waits this long, not LIVE_S
 # An object cannot be appended to, so a pushed stream is rewritten whole: a long one is pushed less often, to keep
 # under this many bytes a second (a 250 KB stream every LIVE_S, a 10 MB one every 10 s).

@@ -31,7 +31,7 @@ from ray.train.torch import TorchTrainer
 from ray.train.v2.api.callback import UserCallback
 
 from ortlab.job.channel import streamed
-from ortlab.job.mirror import LIVE_S, Follower, Mirror, jobs_dir, node_folder
+from ortlab.job.mirror import Follower, Mirror, jobs_dir, node_folder
 from ortlab.job.raygroup import BoundTorchConfig
 from ortlab.lifecycle.execute import execute
 from ortlab.runfolder import events
@@ -39,6 +39,7 @@ from ortlab.runfolder.place import RunPlace, folder_here, place_at
 from ortlab.runfolder.rundir import TERMINAL, RunDir, RunStateError, checkpoint_step
 from ortlab.safeio import ascii_int
 from ortlab.spec import RunSpec
+from ortlab.wire import LIVE_S
 
 # One line per rank and attempt: {job, attempt, rank, pid, node, started (the process's start), entered (the loop's),
 # time (the group's set-up done: every rank agreed and has its copy)}; rank 0's also has the step it starts from.

@@ -1,6 +1,6 @@
 """A run's lifecycle in its process: start (or resume), stop when asked, finish and save, inside its run folder.
 
-`execute` is what every run process does, whoever launched it (a worker `python -m ortlab.runner.worker`, a Ray
+`execute` is what every run process does, whoever launched it (a worker `python -m ortlab.lifecycle`, a Ray
 job, a Ray Train rank, `ortlab train` in the foreground). The run folder's `status.json` says at every moment
 what state the run is in, and `completed` only once the model and `result.json` are written. The order inside:
 the model and data checks (skipped when the launcher ran them already), assembly (`ortlab.lifecycle.assemble`),

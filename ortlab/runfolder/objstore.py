@@ -228,7 +228,7 @@ class Store:
 
 class StoredStream:
     """A stored JSON-lines object followed as it grows (the monitor's live view of a Ray Train run, whose rank 0
-    pushes its stream every `job.mirror.LIVE_S`): each `read` asks once whether the object grew (one HEAD, the
+    pushes its stream every `ortlab.wire.LIVE_S`): each `read` asks once whether the object grew (one HEAD, the
     whole cost of a read that finds nothing new) and reads only its new part (ranged reads, at most CHUNK_BYTES a
     call), through the run folder's one bounded reader. An object that shrank was replaced: it is read again from
     its start, and `on_restart` is called (the caller's count of records starts again at 0)."""

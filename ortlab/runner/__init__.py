@@ -9,10 +9,15 @@ Nothing but the run process holds training state: every view reads the run folde
 kernel restart loses nothing, and several runs can go at once (own folders, own ports, own processes).
 Importing this module stays light (no torch): the run process does the heavy imports.
 
-Where a run goes is its launcher's business (`ortlab.runner.launcher`: a process on this machine in
-`local.py`, a Ray job in `rayjob.py`); `Run` asks it to check, start, terminate and bring home, and reads
-everything else from the local run folder, whatever the target. Which interpreter or cluster a run folder may
-name on resume is decided in `trust.py`.
+Where a run goes is its launcher's business (`ortlab.runner.launcher`: this very process in `foreground.py`, a
+process on this machine in `local.py`, a Ray job in `rayjob.py`); `launch` and `Run` ask it for its preflight, to
+start, terminate and bring home, and read everything else from the local run folder, whatever the target. Which
+interpreter or cluster a run folder may name on resume is decided in `trust.py`.
+
+A launch is one call for every face: `launch(spec)` picks the spec's launcher (`launcher_for`); a caller that
+waits for the run in its own process (`ortlab train`) passes the one it was given (`launch(spec, launcher=...)`),
+never a branch of its own on the launcher's class. The launchers are imported when one is asked for: a face that
+lists, follows or stops runs never loads the foreground's trainer nor Ray's client.
 """
 
 from __future__ import annotations
@@ -25,10 +30,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ortlab.export import export_onnx
-from ortlab.publish import push_to_hub
 from ortlab.runfolder import vouch
-from ortlab.runfolder.compare import compare
 from ortlab.runfolder.rundir import (
     DAMAGED,
     RESUMABLE,
@@ -39,11 +41,7 @@ from ortlab.runfolder.rundir import (
     resolve,
 )
 from ortlab.runfolder.stream import MetricsStream
-from ortlab.runner.foreground import Foreground
 from ortlab.runner.launcher import Launcher, RunError
-from ortlab.runner.local import Local
-from ortlab.runner.rayjob import RayJob
-from ortlab.runner.raytrainjob import RayTrain
 from ortlab.runner.trust import storage_named, trusted_target
 from ortlab.spec import RunSpec, SpecError
 
@@ -111,7 +109,7 @@ class Run:
         while True:
             # The run writes its last metrics before its final status: once the status says it ended, one more
             # read has every line.
-            state = unreadable.check(self.status())
+            state = unreadable.state_within_grace(self.status())
             ended = state in TERMINAL
             before = stream.offset
             for record in stream.records():  # bounded per call: a long history comes a chunk at a time
@@ -130,7 +128,7 @@ class Run:
         unreadable = _Unreadable(self)
         while True:
             status = self.status()
-            unreadable.check(status)
+            unreadable.state_within_grace(status)
             if status["state"] in TERMINAL:
                 if self._process is not None:
                     self._process.wait()
@@ -163,6 +161,8 @@ class Run:
             try:
                 launcher = launcher_for(self.spec())
             except SpecError:  # spec.yaml damaged meanwhile: Local signals only a process shown to be this worker
+                from ortlab.runner.local import Local
+
                 launcher = Local()
             launcher.terminate(self.dir, status)  # RunError when it cannot, saying why
             return self.wait(timeout=30)
@@ -205,7 +205,7 @@ class Run:
         vouched = vouch.marked(self.dir)
         spec = trusted_target(self.id, spec, python=python, cluster=cluster, vouched=vouched)
         hub_token = vouched or hub_token
-        check(spec)  # the stored mix, against the target it resumes on (a fp16 run on a machine without CUDA...)
+        preflight(spec)  # the stored mix, against the target it resumes on (a fp16 run on a machine without CUDA...)
         self.status()  # a dead 'running' run becomes 'failed' (and so resumable) here
         try:
             # Claimed with its stop and pause requests cleared under the status lock: a stop asked for once the
@@ -230,15 +230,18 @@ class Run:
 
     def export_onnx(self, **kwargs: Any):
         """Export the finished model to ONNX with a parity check and latency numbers (see ortlab.export)."""
+        from ortlab.export import export_onnx
 
         return export_onnx(self.dir, **kwargs)
 
     def push_to_hub(self, repo_id: str, **kwargs: Any):
         """Publish model, tokenizer, ONNX files and a model card (see ortlab.publish)."""
+        from ortlab.publish import push_to_hub
 
         return push_to_hub(self.dir, repo_id, **kwargs)
 
     def compare(self, *others: Run) -> list:
+        from ortlab.runfolder.compare import compare
 
         return compare([self.dir, *[o.dir for o in others]])
 
@@ -252,7 +255,9 @@ class _Unreadable:
 
     reason = ""
 
-    def check(self, status: dict[str, Any]) -> str:
+    def state_within_grace(self, status: dict[str, Any]) -> str:
+        """`status`'s state; RunError once it has been unreadable for longer than the grace (a status being
+        replaced reads as missing for a moment; one removed or damaged for good ends the follow or wait)."""
         state = status["state"]
         if state not in ("missing", DAMAGED):
             self.since = None
@@ -273,24 +278,38 @@ def launcher_for(spec: Any, here: bool = False) -> Launcher:
     (`target.cluster`), Ray Train for several; else a process on this machine (any interpreter, any number of
     processes). `here`: the caller waits for the run in this process (`ortlab train`), so a spec that can train in
     this very process (on this machine, in this interpreter, not another Python nor ortlab's compile runtime, as
-    one process) trains here: the foreground launcher. Written out, not registered: there are four."""
+    one process) trains here: the foreground launcher (`Launcher.in_process`). Written out, not registered: there
+    are four. Each is imported here, when asked for: Ray's client and the trainer load only for a run that needs
+    them."""
     if spec.target.cluster:
-        return RayTrain() if spec.target.processes > 1 else RayJob()
+        if spec.target.processes > 1:
+            from ortlab.runner.raytrainjob import RayTrain
+
+            return RayTrain()
+        from ortlab.runner.rayjob import RayJob
+
+        return RayJob()
+    from ortlab.runner.local import Local
+
     local = Local()
     if here and spec.target.processes == 1 and local.interpreter(spec) == (sys.executable, None):
+        from ortlab.runner.foreground import Foreground
+
         return Foreground()
     return local
 
 
-def check(spec: Any) -> dict[str, Any] | None:
-    """Can `spec` run where it says? The launch's machine check, for every face: the mix against the target's own
-    doctor (this interpreter's, ortlab's compile runtime's, a named Python's, or the cluster's), the packages it
-    needs there, the cluster's resources. Raises RunError listing every problem with its fix; returns the doctor's
-    report. Neither imports torch here: the doctors run in their own processes, and cache their answer.
+def preflight(spec: Any, launcher: Launcher | None = None) -> dict[str, Any] | None:
+    """Can `spec` run where it says? The launch's pre-flight of a spec against its target, for every face: the mix
+    against the target's own doctor (this interpreter's, ortlab's compile runtime's, a named Python's, or the
+    cluster's), the packages it needs there, the cluster's resources. Raises RunError listing every problem with its
+    fix; returns the doctor's report. Neither imports torch here: the doctors run in their own processes, and cache
+    their answer.
 
     `spec` is one whose target.python and target.cluster the user named: `launch`'s, or a resumed folder's after
-    `trust.trusted_target` (a named interpreter is started here, and a cluster is sent the user's Ray token)."""
-    return launcher_for(spec).check(spec)
+    `trust.trusted_target` (a named interpreter is started here, and a cluster is sent the user's Ray token).
+    `launcher`: the one the run goes to, when the caller chose it (`launch(spec, launcher=...)`)."""
+    return (launcher or launcher_for(spec)).preflight(spec)
 
 
 def target_doctor(spec: Any) -> dict[str, Any]:
@@ -300,24 +319,39 @@ def target_doctor(spec: Any) -> dict[str, Any]:
 
 
 def _start(
-    run: RunDir, spec: Any, resume: bool = False, cwd: str | None = None, hub_token: bool = True
-) -> subprocess.Popen:
-    """Start the worker of a claimed (`pending`) run folder on its target (checked before by `check`).
-    `hub_token=False`: its Hub downloads go without the user's token (a folder from elsewhere, resumed)."""
-    return launcher_for(spec).start(run, spec, resume=resume, cwd=cwd, hub_token=hub_token)
+    run: RunDir,
+    spec: Any,
+    resume: bool = False,
+    cwd: str | None = None,
+    hub_token: bool = True,
+    launcher: Launcher | None = None,
+) -> subprocess.Popen | None:
+    """Start the worker of a claimed (`pending`) run folder on its target (its preflight passed before), with
+    `launcher` where the caller chose it. `hub_token=False`: its Hub downloads go without the user's token (a
+    folder from elsewhere, resumed)."""
+    launcher = launcher or launcher_for(spec)
+    return launcher.start(run, spec, resume=resume, cwd=cwd, hub_token=hub_token)
 
 
 def launch(
-    spec: Any = None, root: str | os.PathLike | None = None, cwd: str | os.PathLike | None = None, **overrides: Any
+    spec: Any = None,
+    root: str | os.PathLike | None = None,
+    cwd: str | os.PathLike | None = None,
+    launcher: Launcher | None = None,
+    **overrides: Any,
 ) -> Run:
-    """Start `spec` (a RunSpec, a dict, or a YAML/JSON path; default: the embedded default) in its own process.
+    """Start `spec` (a RunSpec, a dict, or a YAML/JSON path; default: the embedded default) on its target.
 
-    The spec is parsed (its own rules), then checked against its target (`check`: the target's doctor, cached)
-    before the run folder exists. A spec that asks for torch_compile where this runtime cannot compile runs in
-    ortlab's compile runtime (`ortlab runtime create compile`), recorded as `runtime` in status.json. The model
-    and data checks run in the run process and a problem there ends the run `failed` with the message. Returns
-    once the run's process has started. `cwd`: the folder relative paths in the spec are relative to (default:
-    this process's; the Jupyter server passes its root folder, where its file browser starts).
+    One call for every face, in three steps: the launcher's preflight (the target's doctor, cached) before the run
+    folder exists, so a refused launch leaves nothing behind; the run folder; the start. `launcher`: the one to use
+    instead of the spec's own (`launcher_for(spec)`): `ortlab train` passes the foreground launcher, with its view,
+    when the run can train in its process (`launcher_for(spec, here=True)`). A spec that asks for torch_compile
+    where this runtime cannot compile runs in ortlab's compile runtime (`ortlab runtime create compile`), recorded
+    as `runtime` in status.json. The model and data checks run once, where the run trains: in the run process, where
+    a problem ends the run `failed` with the message, or, in the foreground, in the preflight (kept for the start,
+    so the data is loaded once). Returns once the run's process has started (the foreground: once the run has
+    ended). `cwd`: the folder relative paths in the spec are relative to (default: this process's; the Jupyter
+    server passes its root folder, where its file browser starts).
     """
     if spec is None:
         spec = RunSpec()
@@ -328,14 +362,35 @@ def launch(
     if overrides:
         spec = RunSpec.parse({**spec.model_dump(mode="json"), **overrides})
     check_output_folder(root or spec.output_dir)  # first: before the machine, model and data checks
-    check(spec)  # before the run folder exists: a refused launch leaves nothing behind
+    launcher = launcher or launcher_for(spec)
+    preflight(spec, launcher)  # before the run folder exists: a refused launch leaves nothing behind
     if spec.target.storage:  # the user's own spec: this process may resume it and bring it home (trust.storage_gate)
         storage_named(spec.target.storage)
     run_dir = RunDir.create(root or spec.output_dir, spec)
     vouch.mark(run_dir)  # the user's own spec: its resume is not gated as a stranger's folder (runfolder.vouch)
     run = Run(run_dir.path)
-    run._process = _start(run_dir, spec, cwd=None if cwd is None else str(cwd))
+    run._process = _start(run_dir, spec, cwd=None if cwd is None else str(cwd), launcher=launcher)
     return run
+
+
+def train_spec(
+    spec: RunSpec,
+    progress: bool = True,
+    on_metrics: Callable[[dict], None] | None = None,
+    log: Callable[[str], None] = print,
+    view: Any = None,
+) -> dict[str, Any]:
+    """Train `spec` in this process and return its result: `launch(spec, launcher=Foreground(...))` (the preflight,
+    model and data included, before the run folder exists, so a refused spec leaves nothing behind; the run folder;
+    the start), for a script or a test that trains here and wants the result.
+
+    With a `view` (`ortlab train`'s `Terminal`), ortlab's lines and a progress bar go to the screen and everything
+    else this process prints (third-party libraries) to the run's logs/run.log."""
+    from ortlab.runner.foreground import Foreground
+
+    launcher = Foreground(view, progress, log, on_metrics)
+    launch(spec, launcher=launcher)
+    return launcher.result or {}
 
 
 def runs(root: str | os.PathLike | None = None) -> list[Run]:

@@ -3,20 +3,23 @@
 `ortlab train` trains in the terminal's own process when it can (this interpreter, one process, not detached:
 `ortlab.runner.launcher_for(spec, here=True)` decides): no second interpreter to start, every line of progress
 straight on the screen, and Ctrl-C reaches the training itself (the run ends `failed`, its folder keeping what was
-written, and the command says so). Anything else is launched and followed through its run folder.
+written, and the command says so). Anything else is launched and followed through its run folder. Either way the
+run is started by one call, `ortlab.runner.launch(spec, launcher=...)`: the command passes this launcher, with its
+view, and never asks for a launcher's class.
 
 It does what every launcher does, in this process:
 
-    check      the machine check where the run trains, so here: the mix against this process (`accel.mix.validate`,
+    preflight  the pre-flight where the run trains, so here: the mix against this process (`accel.mix.validate`,
                each broken rule with its fix), the trackers it reports to; then the model and data checks
-               (`ortlab.fit.check`), kept for the start so the data is loaded once
+               (`ortlab.fit.check`), kept for the start so the data is loaded once: the run's one input check
     start      trains the run (`ortlab.lifecycle.execute`) and returns when it has ended: there is no process to
                return; `result` holds what it made. The view, when there is one (`ortlab.train.terminal.Terminal`),
                follows the run from the start: the run's log takes the captured output, the view every record
     terminate  nothing to end from outside: the process is the user's terminal (a stop request still works, as
                for every run: `control/stop`)
 
-`train_spec` is `launch`'s three steps with this launcher (check, the run folder, start).
+`ortlab.runner.train_spec` is `launch` with this launcher, for a script or a test that trains here and wants the
+result.
 """
 
 from __future__ import annotations
@@ -25,19 +28,19 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from ortlab import fit
 from ortlab.accel.mix import MixError, mix_of, runtime_for, validate
-from ortlab.fit import check
 from ortlab.lifecycle.execute import execute
 from ortlab.probe import doctor
-from ortlab.runfolder import vouch
-from ortlab.runfolder.rundir import RunDir, check_output_folder, process_create_time
+from ortlab.runfolder.rundir import RunDir, process_create_time
 from ortlab.runner.launcher import Launcher, RunError
-from ortlab.spec import RunSpec, SpecError
+from ortlab.spec import SpecError
 from ortlab.trackers import not_installed
 
 
 class Foreground(Launcher):
     kind = "foreground"
+    in_process = True
 
     def __init__(
         self,
@@ -57,9 +60,10 @@ class Foreground(Launcher):
     def doctor(self, spec: Any) -> dict[str, Any]:
         return doctor().to_dict()
 
-    def check(self, spec: Any) -> None:
+    def preflight(self, spec: Any) -> None:
         """This process is the target: its mix is checked here (MixError names each broken rule with its fix; a
-        launched run is checked against its target's doctor instead), then the data and the model."""
+        launched run is checked against its target's doctor instead), then the data and the model, once: the start
+        trains on what this check loaded (`execute(checked=...)`), and a launched run's process checks its own."""
         mix = mix_of(spec)
         if runtime_for(mix) is not None:
             raise MixError(
@@ -74,7 +78,7 @@ class Foreground(Launcher):
             raise SpecError(missing)
         if self.view is not None:
             self.log(f"checking the model ({spec.model.name}) and the data ({spec.data.source}) ...")
-        self.checked = check(spec, self.log)
+        self.checked = fit.check(spec, self.log)
 
     def start(
         self, run: RunDir, spec: Any, resume: bool = False, cwd: str | None = None, hub_token: bool = True
@@ -101,24 +105,3 @@ class Foreground(Launcher):
             f"run {run.id} trains in the foreground of the terminal that started it: press Ctrl-C there, or end "
             f"that process (pid {status.get('pid')})"
         )
-
-
-def train_spec(
-    spec: RunSpec,
-    progress: bool = True,
-    on_metrics: Callable[[dict], None] | None = None,
-    log: Callable[[str], None] = print,
-    view: Any = None,
-) -> dict[str, Any]:
-    """Check, then train `spec` in this process; returns the result. `launch`'s steps (check before the run folder
-    exists, so a refused spec leaves nothing behind; the run folder; start) with the foreground launcher.
-
-    With a `view` (`ortlab train`'s `Terminal`), ortlab's lines and a progress bar go to the screen and everything
-    else this process prints (third-party libraries) to the run's logs/run.log."""
-    check_output_folder(spec.output_dir)  # first: a folder that cannot hold the run is said before 13-20 s of checks
-    launcher = Foreground(view, progress, log, on_metrics)
-    launcher.check(spec)
-    run = RunDir.create(spec.output_dir, spec)
-    vouch.mark(run)  # the user's own spec: its resume is not gated as a stranger's folder (runfolder.vouch)
-    launcher.start(run, spec)
-    return launcher.result or {}

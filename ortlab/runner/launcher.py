@@ -9,11 +9,13 @@
     a Ray cluster (target.cluster)           RayJob                      ortlab/runner/rayjob.py
       ... several processes                  RayTrain (Ray Train workers) ortlab/runner/raytrainjob.py
 
-Every launcher does the same five things, and `ortlab.runner` calls nothing else:
+Every launcher does the same five things, and `ortlab.runner` calls nothing else (`launch` is the preflight, the
+run folder, then the start, whichever the launcher):
 
     doctor(spec)             the target's own doctor report (this interpreter's, a runtime's, a cluster's)
-    check(spec)              before anything is created: can this spec run there? (the machine check of a run:
-                             the mix against the target's doctor, the interpreter, the cluster's resources)
+    preflight(spec)          before anything is created: can this spec run there? (the launcher's pre-flight of
+                             a spec against its target: the mix against the target's doctor, the interpreter,
+                             the cluster's resources; the foreground's adds the model and data checks)
     start(run, spec, ...)    start the worker of a claimed (`pending`) run folder; return the local process it
                              started (the worker, or the monitor that mirrors a remote worker into the folder),
                              or None where the run trained in this process and has ended (the foreground)
@@ -25,7 +27,8 @@ worker writes it, or a monitor mirrors it), so following a run, pausing it and a
 files, which a monitor forwards) work the same on every target. The launcher is chosen from the spec alone
 (`ortlab.runner.launcher_for`), so a resumed run finds its own again; only a caller that waits for the run in
 this process (`ortlab train`) asks whether it may train right here (`here=True`), and gets the foreground
-launcher when it can.
+launcher when it can (`in_process`: the caller shows the run with a view of its own instead of following its
+folder, and passes that launcher to `launch`).
 """
 
 from __future__ import annotations
@@ -46,13 +49,16 @@ class Launcher:
 
     #: a word for where runs go ("local", "ray-job", "ray-train"): recorded in the run's status
     kind = "launcher"
+    #: the run trains in the caller's own process: `start` returns once it has ended (the foreground launcher)
+    in_process = False
 
     def doctor(self, spec: Any) -> dict[str, Any]:
         """The doctor's report (`DoctorReport.to_dict()` form) of where `spec` would run, judging nothing."""
         raise NotImplementedError
 
-    def check(self, spec: Any) -> dict[str, Any] | None:
-        """Raise RunError naming every reason `spec` cannot run on this target; may return a doctor report."""
+    def preflight(self, spec: Any) -> dict[str, Any] | None:
+        """The pre-flight of `spec` against this target, before anything is created: raise RunError naming every
+        reason it cannot run there; may return a doctor report."""
         raise NotImplementedError
 
     def start(

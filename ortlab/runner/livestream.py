@@ -15,8 +15,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from ortlab.job.mirror import LIVE_S
 from ortlab.runfolder.place import RunPlace
+from ortlab.wire import LIVE_S
 
 Numbered = list[tuple[int, dict[str, Any]]]
 

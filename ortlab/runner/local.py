@@ -1,17 +1,17 @@
 """Driver side: the local launcher: a run as a process on this machine, in its own session, writing its folder.
 
-Three things vary, and only in the command line and the check before it:
+Three things vary, and only in the command line and the preflight before it:
 
     interpreter   this one; ortlab's compile runtime when the mix needs torch >= 2.7 (torch_compile in the ORT
                   runtime); or the one the spec names (`target.python`), checked first by running it
-    processes     one: `python -m ortlab.runner.worker RUN`; several: the same under torchrun
+    processes     one: `python -m ortlab.lifecycle RUN` (the run process's entry); several: the same under torchrun
                   (`python -m ortlab.runner.torchrun --nproc_per_node N`: torchrun, its rendezvous store on a
                   socket bound to loopback, since torch's own binds every interface whatever address it is given)
 
 Torchrun and another Python are not launchers of their own: they share every operation but the command line and
-the pre-check, so a class each would only copy `start` and `terminate`.
+the preflight, so a class each would only copy `start` and `terminate`.
 
-The machine check reads the target interpreter's doctor (`launch_doctor`: its cached answers; only a group never
+The preflight reads the target interpreter's doctor (`launch_doctor`: its cached answers; only a group never
 probed in that environment is probed, once, ~10 s in processes of its own, and never the matmul peak, which the run
 measures itself), so launching never imports torch into the caller and never waits for a probe that already failed:
 the Jupyter server launches in its own process, and `ortlab doctor` and a launch never disagree.
@@ -45,7 +45,7 @@ HUB_TOKEN_WITHHELD = (
 
 # How long a named interpreter may take to import torch, transformers and ortlab before it is refused.
 PYTHON_CHECK_TIMEOUT_S = 120
-WORKER = "ortlab.runner.worker"
+WORKER = "ortlab.lifecycle"  # the run process: `python -m ortlab.lifecycle RUN_DIR` (its `__main__`)
 TORCHRUN = "ortlab.runner.torchrun"
 
 
@@ -81,7 +81,7 @@ class Local(Launcher):
     def doctor(self, spec: Any) -> dict[str, Any]:
         return doctor(self.interpreter(spec)[0]).to_dict()
 
-    def check(self, spec: Any) -> dict[str, Any]:
+    def preflight(self, spec: Any) -> dict[str, Any]:
         """The mix against the doctor of the interpreter the run will use; a named interpreter is first run once
         (is it a Python that imports ortlab's dependencies?). Returns that doctor's report."""
         if spec.target.python:
@@ -192,8 +192,8 @@ def is_run_process(run: RunDir, status: dict[str, Any]) -> bool:
 def allocator_env(spec: Any, python: str) -> dict[str, str]:
     """The run process's environment (`child_env`), its allocator chosen (`ortlab.accel.tcmalloc`): tcmalloc when
     the spec asks for it, or leaves it to 'auto' and the interpreter's doctor found it working; glibc's otherwise.
-    (A spec that asks for it where it is missing was refused by `check`, with the doctor's remedy.) The doctor's
-    report is the one `check` made just before: read from its cache, never probed here."""
+    (A spec that asks for it where it is missing was refused by `preflight`, with the doctor's remedy.) The
+    doctor's report is the one `preflight` made just before: read from its cache, never probed here."""
     setting = spec.accel.tcmalloc
     if setting == "auto":
         report = cached_report(python)

@@ -25,7 +25,6 @@ import time
 from typing import Any
 
 from ortlab import cluster
-from ortlab.job.channel import FINAL_TAG, METRIC_TAG, PAUSED_TAG, TAGS
 from ortlab.runfolder import events
 from ortlab.runfolder.place import RunPlace, RunStorage, bring_home, place_in, storage_at
 from ortlab.runfolder.rundir import TERMINAL, RunDir, RunStateError, pause_step, read_metrics
@@ -33,6 +32,7 @@ from ortlab.runner.launcher import RunError
 from ortlab.runner.livestream import LiveStream
 from ortlab.safeio import dumps
 from ortlab.spec import RunSpec
+from ortlab.wire import FINAL_TAG, METRIC_TAG, PAUSED_TAG, TAGS
 
 # A tagged line longer than this is not one ortlab printed (a record is a few KiB, the final status with its
 # traceback tens); a partial line longer than this is cut, so a writer that never ends its line cannot fill memory.

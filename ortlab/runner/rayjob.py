@@ -1,6 +1,6 @@
 """Driver side: the Ray Jobs launcher: a run as a Ray job on a cluster (`target.cluster`), mirrored home.
 
-    check      the cluster's own doctor, run there as a short job (reachable, token accepted, ortlab installed,
+    preflight  the cluster's own doctor, run there as a short job (reachable, token accepted, ortlab installed,
                enough CPUs and GPUs, every acceleration asked for available there): not this machine's; an
                object store is probed from both sides (an object written, read back, removed)
     start      a copy of the run folder in the storage (`<storage>/<run id>`: a shared folder, or an object store,
@@ -28,7 +28,6 @@ from typing import Any
 
 from ortlab import cluster, safeio
 from ortlab.envvars import SAFE_PATH, WITHOUT_HUB_TOKEN, cache_dir, child_cwd, child_env, ortlab_path
-from ortlab.job.channel import DOCTOR_TAG
 from ortlab.netutil import LOOPBACK_INTERFACE
 from ortlab.runfolder import vouch
 from ortlab.runfolder.objstore import StoreError
@@ -38,6 +37,7 @@ from ortlab.runner.launcher import Launcher, RunError, mix_problems
 from ortlab.runner.monitor import job_log_tail, recorded_storage, storage_for
 from ortlab.runner.trust import storage_gate
 from ortlab.spec import RunSpec
+from ortlab.wire import DOCTOR_TAG
 
 DOCTOR_TIMEOUT_S = 180.0
 # A cluster's doctor answer is kept on disk (`cache_dir()/cluster-doctor/`) and reused for this long (a doctor job
@@ -120,7 +120,7 @@ def cluster_doctor(spec: Any) -> dict[str, Any]:
     Cached on disk per cluster session (see DOCTOR_SESSION_TTL_S). A doctor that does not finish within
     DOCTOR_TIMEOUT_S (a busy machine: the job's Python imports torch among other jobs) does not fail the launch by
     itself: the last answer this cluster gave is used, marked `stale`; with none, the report says `unchecked` and
-    the launch goes on (`RayJob.check` says so): the job itself then fails with the reason if the cluster cannot
+    the launch goes on (`RayJob.preflight` says so): the job itself then fails with the reason if the cluster cannot
     run it."""
     client = _client(spec)  # (also when the answer is cached: the cluster must answer, and accept the token)
     python, runtime_env = _python_for(spec)
@@ -210,7 +210,7 @@ class RayJob(Launcher):
     def doctor(self, spec: Any) -> dict[str, Any]:
         return cluster_doctor(spec)
 
-    def check(self, spec: Any) -> dict[str, Any]:
+    def preflight(self, spec: Any) -> dict[str, Any]:
         """Check the spec against the cluster, before anything is created: reachable, authenticated, enough GPUs,
         and every acceleration asked for available there (the cluster's doctor, not this machine's)."""
         storage = storage_for(spec)

@@ -8,7 +8,7 @@ DeepSpeed's ZeRO-1 joins it), each training the spec with `ortlab.lifecycle.exec
 rank 0 writes the run folder. When a worker dies, Ray Train restarts the whole group, up to `target.max_failures`
 times; each new group resumes from the run's last complete checkpoint and says so in the metrics stream.
 
-    check      the cluster's doctor: reachable, authenticated, ortlab installed, the mix available there, and
+    preflight  the cluster's doctor: reachable, authenticated, ortlab installed, the mix available there, and
                enough CPUs and GPUs in all and on some node for one worker (a worker runs on one node)
     start      as RayJob; the driver reserves nothing (it waits), the workers reserve `cpus_per_process` and
                `gpus_per_process` each

@@ -16,23 +16,19 @@ node to reach a loopback store, so the backend refuses any other node count.
 
 Loopback still lets any local user connect. So the store's keys, the agent's and the workers' alike, live under the
 run's secret (`netutil.secret_store`): the agent makes it and its workers inherit it in their environment, and each
-worker joins the group itself through that prefix (`join_group`, before transformers would join it through torch's
-`env://`, whose keys have fixed names such as `default_pg/0//cpu//0/0`, the gloo addresses of rank 0).
+worker joins the group itself through that prefix (`join_group` in `ortlab.lifecycle.__main__`, the run process's
+entry, before transformers would join it through torch's `env://`, whose keys have fixed names such as
+`default_pg/0//cpu//0/0`, the gloo addresses of rank 0).
 """
 
 from __future__ import annotations
 
-import os
 import sys
-from datetime import timedelta
 from typing import Any
 
-from ortlab.netutil import GROUP_SECRET_ENV, LOOPBACK, bound_store, group_secret, secret_store
+from ortlab.netutil import LOOPBACK, bound_store, group_secret, secret_store
 
 BACKEND = "ortlab-loopback"
-# How long a collective may wait before the group fails: transformers' default (`ddp_timeout`), which its own
-# `env://` set-up would have used.
-GROUP_TIMEOUT = timedelta(seconds=1800)
 
 
 def _create_handler(params: Any) -> Any:
@@ -69,26 +65,6 @@ def main(argv: list[str]) -> None:
     rendezvous_handler_registry.register(BACKEND, _create_handler)
     group_secret()  # made here, in the environment torchrun hands its workers
     run.main([f"--rdzv-backend={BACKEND}", f"--rdzv-endpoint={LOOPBACK}:0", *argv])
-
-
-def join_group() -> None:
-    """In a worker that torchrun started here: join the run's process group through the store's secret prefix
-    (nccl where CUDA is visible, as transformers would choose, else gloo). transformers, Accelerate and DeepSpeed
-    find the group made and use it. Nothing to do in a process that torchrun did not start."""
-    secret = os.environ.pop(GROUP_SECRET_ENV, None)  # (the worker's own children have no use for it)
-    if secret is None or "TORCHELASTIC_RUN_ID" not in os.environ:
-        return
-    import torch
-    import torch.distributed as dist
-
-    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    client = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, False, GROUP_TIMEOUT, use_libuv=False
-    )
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(
-        backend, store=secret_store(client, secret), rank=rank, world_size=world_size, timeout=GROUP_TIMEOUT
-    )
 
 
 if __name__ == "__main__":

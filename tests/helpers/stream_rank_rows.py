@@ -1,7 +1,7 @@
 """One rank of a several-process run that records which rows its trainer trained on: `python -m
 ortlab.runner.torchrun --nproc_per_node=N tests/helpers/stream_rank_rows.py RUN_DIR OUT_DIR`.
 
-The run is ortlab's own (`execute`, as `ortlab.runner.worker` runs it). Two records per rank: the rows that
+The run is ortlab's own (`execute`, as `python -m ortlab.lifecycle` runs it). Two records per rank: the rows that
 reached the model (the trainer's `training_step` wrapped to decode its batch) and the texts this process
 tokenized itself (the tokenizer's `__call__` wrapped): a process that only receives batches sent by rank 0
 tokenizes no training row."""
