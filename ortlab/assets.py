@@ -91,7 +91,7 @@ class AssetMissing(OrtlabError, FileNotFoundError):
     """An embedded asset's package is not installed."""
 
 
-def cache_dir() -> Path:
+def assets_dir() -> Path:
     """Where ortlab writes derived files (the embedded dataset as CSV, the embedded SmolLM2): ortlab's cache
     (`ortlab.envvars.cache_dir`, $ORTLAB_CACHE_DIR overrides), created on first use."""
     path = envvars.cache_dir()
@@ -127,7 +127,7 @@ def embedded_llm_gguf() -> Path | None:
 
 
 def _llm_folder_path() -> Path:
-    return cache_dir() / "models" / "SmolLM2-135M-Instruct"
+    return assets_dir() / "models" / "SmolLM2-135M-Instruct"
 
 
 def _llm_folder(gguf: Path) -> Path:
@@ -192,12 +192,12 @@ def embedded_dataset(name: str) -> tuple[Path, str]:
     if name == "hamlet":
         return _scattertext_data("hamlet.txt"), "text"
     if name == "synthetic-ner":
-        return _synthetic_ner(cache_dir() / "synthetic-ner.jsonl"), "json"
+        return _synthetic_ner(assets_dir() / "synthetic-ner.jsonl"), "json"
     if name == "rotten-tomatoes-chat":
-        return _rotten_tomatoes_chat(cache_dir() / "rotten-tomatoes-chat.jsonl"), "json"
+        return _rotten_tomatoes_chat(assets_dir() / "rotten-tomatoes-chat.jsonl"), "json"
     if name in ("rotten-tomatoes-pairs", "rotten-tomatoes-kto"):
-        return _rotten_tomatoes_pairs(cache_dir() / f"{name}.jsonl", kto=name.endswith("kto")), "json"
-    out = cache_dir() / "rotten-tomatoes.csv"
+        return _rotten_tomatoes_pairs(assets_dir() / f"{name}.jsonl", kto=name.endswith("kto")), "json"
+    out = assets_dir() / "rotten-tomatoes.csv"
     if not out.exists():
         source = _scattertext_data("rotten_tomatoes_corpus_full.csv.bz2")
         with bz2.open(source, "rb") as raw:

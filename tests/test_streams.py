@@ -203,8 +203,8 @@ def test_ortlab_tune_measures_a_streamed_spec_and_caches_it(tiny_bert, tmp_path,
     from ortlab.spec import RunSpec
 
     monkeypatch.setenv("ORTLAB_CACHE_DIR", str(tmp_path / "cache"))
-    real_plan = tune.plan
-    monkeypatch.setattr("ortlab.tune.measure.plan", lambda *args, **kwargs: real_plan()[:1])
+    real_plan = tune.candidate_mixes
+    monkeypatch.setattr("ortlab.tune.measure.candidate_mixes", lambda *args, **kwargs: real_plan()[:1])
     source = _reviews(tmp_path / "reviews.csv", 400)
     spec = RunSpec.model_validate(_spec(tiny_bert, source, tmp_path / "runs", "tuned"))
     result = tune.tune_spec(spec, progress=lambda line: None)

@@ -64,23 +64,23 @@ def test_judge_prefers_plain_when_nothing_wins():
     assert measured["a"].verdict.startswith("within noise: 1.01x plain"), "under the 3 % margin"
 
 
-def test_plan_names_why_a_mix_is_not_measured(monkeypatch):
+def test_candidate_mixes_name_why_a_mix_is_not_measured(monkeypatch):
     from ortlab.accel import Availability, ort, precision
 
     monkeypatch.setattr(ort, "availability", lambda probe=False: Availability("ort", False, "no ORT here", "-"))
     monkeypatch.setattr(
         precision, "bf16_availability", lambda: Availability("bf16", True, "emulated (no avx512_bf16)", "-", slow=True)
     )
-    plan = {c.name: c for c in tune.plan()}
+    plan = {c.name: c for c in tune.candidate_mixes()}
     assert plan["plain"].skipped is None and plan["fused_adam"].skipped is None
     assert plan["ort"].skipped == plan["ort+fused_adam"].skipped == "no ORT here"
     monkeypatch.setattr(ort, "availability", lambda probe=False: Availability("ort", True, "here", "-"))
-    with_ort = {c.name: c for c in tune.plan()}
+    with_ort = {c.name: c for c in tune.candidate_mixes()}
     assert with_ort["ort+fused_adam"].skipped is None, "ORT is measured with fused AdamW, one export fewer"
     assert with_ort["ort"].skipped.startswith("not measured: fused AdamW is independent of ORT's graph")
     assert plan["bf16+fused_adam"].skipped == "not measured: emulated (no avx512_bf16)"
     assert plan["torch_compile"].skipped.startswith("not measured: its warm-up exceeds the calibration budget")
-    many = {c.name: c for c in tune.plan(processes=2)}
+    many = {c.name: c for c in tune.candidate_mixes(processes=2)}
     assert many["fused_adam"].skipped.startswith("not measured: ortlab tunes single-process runs only")
     assert many["plain"].skipped is None
 
@@ -108,7 +108,7 @@ def test_auto_fields_take_the_measured_choice_and_nothing_else(monkeypatch):
 def test_cache_key_changes_with_model_shapes_and_machine(tmp_path):
     (tmp_path / "config.json").write_text('{"a": 1}')
     ident = tune.model_identity(str(tmp_path), None)
-    cands = tune.plan()
+    cands = tune.candidate_mixes()
     env = {"cpu": "x", "packages": {"torch": "2.6.0"}}
     key = tune.cache_key(ident, {"batch_shapes": [[16, 40]]}, cands, env)
     assert key == tune.cache_key(ident, {"batch_shapes": [[16, 40]]}, cands, env)
@@ -153,7 +153,7 @@ def test_tune_measures_every_candidate_in_its_own_process_and_caches(measured, t
     spec, result, cache, lines = measured
     monkeypatch.setenv("ORTLAB_CACHE_DIR", str(cache))
     by_name = {m.name: m for m in result.candidates}
-    planned = {c.name: c for c in tune.plan()}
+    planned = {c.name: c for c in tune.candidate_mixes()}
     assert set(by_name) == set(planned)
     for name, c in planned.items():
         m = by_name[name]
@@ -217,11 +217,11 @@ def test_tune_measures_every_candidate_in_its_own_process_and_caches(measured, t
 @pytest.mark.slow
 def test_a_candidate_that_cannot_train_is_recorded_not_fatal(tmp_path, tiny_bert, monkeypatch):
     monkeypatch.setenv("ORTLAB_CACHE_DIR", str(tmp_path / "cache"))
-    real_plan = tune.plan
+    real_plan = tune.candidate_mixes
     # fp16 on a CPU fails inside the candidate's process, after the model loaded: the verdict says why.
     monkeypatch.setattr(
-        "ortlab.tune.measure.plan",
-        lambda processes=1, use_cpu=False, compile=False: [*real_plan()[:1], tune.Candidate("fp16", precision="fp16")],
+        "ortlab.tune.measure.candidate_mixes",
+        lambda processes=1, use_cpu=False, compile=False: [*real_plan()[:1], tune.MixCandidate("fp16", precision="fp16")],
     )
     result = tune.tune_spec(_tiny_spec(tmp_path, tiny_bert), progress=lambda m: None)
     fp16 = next(m for m in result.candidates if m.name == "fp16")

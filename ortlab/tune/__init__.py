@@ -18,7 +18,7 @@ environment) under ortlab's cache folder, so the next run with the same model an
 
 The parts, one module each (this package re-exports their public names, so `from ortlab.tune import X` stays):
 
-- `mixes`: what to measure (`Candidate`, `plan`);
+- `mixes`: what to measure (`MixCandidate`, `candidate_mixes`);
 - `measure`: how to measure, the driver (`tune_batches`, `Stepper`, the interleaved rounds);
 - `child`: how to measure, one candidate's process (`python -m ortlab.tune`, `slice_callback`, the line protocol);
 - `judge`: how to decide (`_judge`, `_clearly_faster`, the margins);
@@ -43,9 +43,9 @@ from ortlab.tune.measure import (
     Stepper,
     tune_batches,
 )
-from ortlab.tune.mixes import Candidate, _compile_runtime, plan
+from ortlab.tune.mixes import MixCandidate, _compile_runtime, candidate_mixes
 from ortlab.tune.result import Measured, TuneError, TuneResult
-from ortlab.tune.resultcache import CACHE_VERSION, cache_dir, cache_key, cached, environment, model_identity
+from ortlab.tune.resultcache import CACHE_VERSION, tune_cache_dir, cache_key, cached, measurement_environment, model_identity
 
 __all__ = [
     "AUTO_MIN_STEPS",
@@ -61,7 +61,7 @@ __all__ = [
     "SLICE_STEPS",
     "WARMUP_STEPS",
     "WIN_MARGIN",
-    "Candidate",
+    "MixCandidate",
     "Measured",
     "Stepper",
     "TuneError",
@@ -70,13 +70,13 @@ __all__ = [
     "_compile_runtime",
     "_judge",
     "batches_from",
-    "cache_dir",
+    "tune_cache_dir",
     "cache_key",
     "cached",
     "decide",
-    "environment",
+    "measurement_environment",
     "model_identity",
-    "plan",
+    "candidate_mixes",
     "planned_steps",
     "slice_callback",
     "tune_batches",

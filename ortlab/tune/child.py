@@ -19,7 +19,7 @@ from typing import Any
 
 from ortlab.tasks import TASK_FEATURES, load_model
 from ortlab.toggles import mix_arguments
-from ortlab.tune.mixes import Candidate
+from ortlab.tune.mixes import MixCandidate
 
 MARK = "ORTLAB-TUNE "
 
@@ -31,7 +31,7 @@ def _say(msg: dict) -> None:
 
 def _candidate_main(config_path: str) -> int:
     config = json.loads(Path(config_path).read_text())
-    c = Candidate(**config["candidate"])
+    c = MixCandidate(**config["candidate"])
     try:
         trainer = _candidate_trainer(config, c)
         trainer.train()
@@ -43,7 +43,7 @@ def _candidate_main(config_path: str) -> int:
         return 1
 
 
-def _candidate_trainer(config: dict, c: Candidate) -> Any:
+def _candidate_trainer(config: dict, c: MixCandidate) -> Any:
     import torch
     from transformers import set_seed
 

@@ -7,7 +7,7 @@
   candidate alike, and `ortlab.tune.judge` compares each slice with the plain slice next to it (a paired ratio).
 
 `Stepper` is the driver's end of a candidate process (`ortlab.tune.child` is the other end); the benchmarks
-drive their processes with it too. Candidate stderr goes to a log file next to the measurement.
+drive their processes with it too. A candidate's stderr goes to a log file next to the measurement.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from ortlab.envvars import child_cwd, child_env
 from ortlab.tune import share
 from ortlab.tune.child import MARK
 from ortlab.tune.judge import _applied, _judge
-from ortlab.tune.mixes import Candidate, bf16_skipped, plan
+from ortlab.tune.mixes import MixCandidate, bf16_skipped, candidate_mixes
 from ortlab.tune.result import Measured, TuneError, TuneResult
-from ortlab.tune.resultcache import cache_key, cached, environment, model_identity, store
+from ortlab.tune.resultcache import cache_key, cached, measurement_environment, model_identity, store
 
 WARMUP_STEPS = 2  # step 1 holds ORT's export and graph build; step 2 settles the allocator
 SLICE_STEPS = 1  # steps per interleaved slice: one batch, the same batch for every candidate in a round
@@ -68,7 +68,7 @@ def tune_batches(
     the candidates start with it, as the run would (`ortlab.accel.tcmalloc`); the references never do (a plain
     Trainer is what a user runs without ortlab).
     """
-    candidates = plan(processes, compile=compile)
+    candidates = candidate_mixes(processes, compile=compile)
     cuda = _cuda_available()
     refs = share.references(bf16_skipped(cuda)) if baselines else []
     shapes = {
@@ -77,7 +77,7 @@ def tune_batches(
         "labels": len(label_names or []),
     }
     shapes["batch_shapes"] = [list(s) for s in shapes["batch_shapes"]]
-    env = {**environment(), "tcmalloc": tcmalloc}  # (a measurement under one allocator is not the other's)
+    env = {**measurement_environment(), "tcmalloc": tcmalloc}  # (a measurement under one allocator is not the other's)
     key = cache_key(model_identity(model_path, revision), shapes, candidates, env)
     hit = cached(key) if use_cache else None
     if hit is not None and (hit.references or not baselines):  # one without the references is measured again
@@ -94,7 +94,7 @@ def tune_batches(
         precisions = {c.precision for c in [*candidates, *refs] if c.skipped is None}
         progress(f"tune: the measured matmul peak ({', '.join(sorted(precisions))}) ...")
         peaks = share.measured_peaks(precisions, "cuda" if cuda else "cpu")
-        flops = share.flops_per_sample(model_path, task, label_names, revision, batches)
+        flops = share.mean_flops_per_sample(model_path, task, label_names, revision, batches)
 
     with tempfile.TemporaryDirectory(prefix="ortlab-tune-") as tmp:
         work = Path(tmp)
@@ -203,7 +203,7 @@ def tune_batches(
     return result
 
 
-def _candidate_process(candidate: Candidate, config: dict, work: Path, logs: Path, tcmalloc: bool) -> Stepper:
+def _candidate_process(candidate: MixCandidate, config: dict, work: Path, logs: Path, tcmalloc: bool) -> Stepper:
     cfg = work / f"{candidate.name}.json"
     cfg.write_text(json.dumps({**config, "candidate": asdict(candidate), "out": str(work / candidate.name)}))
     return Stepper(

@@ -15,7 +15,7 @@ from ortlab.accel.mix import _cuda_available
 
 
 @dataclass
-class Candidate:
+class MixCandidate:
     """One mix to measure. `python` is the interpreter it runs in (a compile runtime for torch.compile)."""
 
     name: str
@@ -36,7 +36,7 @@ class Candidate:
         }
 
 
-def plan(processes: int = 1, use_cpu: bool = False, compile: bool = False) -> list[Candidate]:
+def candidate_mixes(processes: int = 1, use_cpu: bool = False, compile: bool = False) -> list[MixCandidate]:
     """The candidate mixes for this runtime, from the doctor's static checks (cheap; no probes run).
 
     torch.compile is measured only when asked (`compile=True`, `ortlab tune --compile`): its warm-up (about a
@@ -45,32 +45,32 @@ def plan(processes: int = 1, use_cpu: bool = False, compile: bool = False) -> li
     """
     cuda = _cuda_available() and not use_cpu
     ort_ok, fused_ok = ort.availability(), fused_adam.availability()
-    out = [Candidate("plain")]
-    out.append(Candidate("fused_adam", fused_adam=True, skipped=None if fused_ok.available else fused_ok.reason))
+    out = [MixCandidate("plain")]
+    out.append(MixCandidate("fused_adam", fused_adam=True, skipped=None if fused_ok.available else fused_ok.reason))
     # ORT is measured with fused AdamW where that exists: the optimizer step is outside ORT's graph, so fused
     # AdamW's gain adds to ORT's as it adds to plain PyTorch's, and one ORT export fewer keeps the calibration
     # near its 60 s budget on 2 cores. Without fused AdamW, ORT is measured alone.
     ort_why = None if ort_ok.available else ort_ok.reason
     if fused_ok.available:
         separately = "not measured: fused AdamW is independent of ORT's graph; ort+fused_adam measures ORT"
-        out.append(Candidate("ort", ort=True, skipped=ort_why or separately))
-        out.append(Candidate("ort+fused_adam", ort=True, fused_adam=True, skipped=ort_why))
+        out.append(MixCandidate("ort", ort=True, skipped=ort_why or separately))
+        out.append(MixCandidate("ort+fused_adam", ort=True, fused_adam=True, skipped=ort_why))
     else:
-        out.append(Candidate("ort", ort=True, skipped=ort_why))
-        out.append(Candidate("ort+fused_adam", ort=True, fused_adam=True, skipped=ort_why or fused_ok.reason))
+        out.append(MixCandidate("ort", ort=True, skipped=ort_why))
+        out.append(MixCandidate("ort+fused_adam", ort=True, fused_adam=True, skipped=ort_why or fused_ok.reason))
     bf16_why = bf16_skipped(cuda)
-    out.append(Candidate("bf16+fused_adam", fused_adam=fused_ok.available, precision="bf16", skipped=bf16_why))
+    out.append(MixCandidate("bf16+fused_adam", fused_adam=fused_ok.available, precision="bf16", skipped=bf16_why))
     if cuda:
-        out.append(Candidate("fp16+fused_adam", fused_adam=fused_ok.available, precision="fp16"))
+        out.append(MixCandidate("fp16+fused_adam", fused_adam=fused_ok.available, precision="fp16"))
     compiled = torch_compile.availability()
     compile_python = None if compiled.available else _compile_runtime()
     if not compile:
         why = "not measured: its warm-up exceeds the calibration budget; `ortlab tune --compile` measures it"
-        out.append(Candidate("torch_compile", torch_compile=True, skipped=why))
+        out.append(MixCandidate("torch_compile", torch_compile=True, skipped=why))
     elif compiled.available or compile_python:
-        out.append(Candidate("torch_compile+fused_adam", fused_adam=True, torch_compile=True, python=compile_python))
+        out.append(MixCandidate("torch_compile+fused_adam", fused_adam=True, torch_compile=True, python=compile_python))
     else:
-        out.append(Candidate("torch_compile", torch_compile=True, skipped=compiled.reason))
+        out.append(MixCandidate("torch_compile", torch_compile=True, skipped=compiled.reason))
     if processes > 1:
         for c in out:
             if c.name != "plain" and c.skipped is None:

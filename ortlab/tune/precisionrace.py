@@ -33,7 +33,7 @@ from typing import Any
 
 from ortlab import safeio
 from ortlab.tune.judge import LOSS_ATOL, LOSS_RTOL, _clearly_faster
-from ortlab.tune.resultcache import cache_dir, environment, model_identity
+from ortlab.tune.resultcache import tune_cache_dir, measurement_environment, model_identity
 
 WIN_MARGIN = 0.05  # the candidate must be >= 5 % faster than fp32 in the median of its paired ratios
 MIN_ROUNDS, MAX_ROUNDS = 4, 8  # 4 rounds won of 4 passes the sign test (p = 1/16)
@@ -87,7 +87,7 @@ def probe_key(model_path: str, revision: str | None, model: Any, batches: list[d
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     blob = {
         "v": PROBE_VERSION,
-        "env": environment(),
+        "env": measurement_environment(),
         "model": model_identity(model_path, revision),
         "class": type(model).__name__,
         "trainable": trainable,
@@ -99,7 +99,7 @@ def probe_key(model_path: str, revision: str | None, model: Any, batches: list[d
 
 def _cached(key: str) -> PrecisionRace | None:
     try:
-        probe = PrecisionRace.from_dict(json.loads(safeio.read_bytes(cache_dir(), f"precision-{key}.json", 1 << 20)))
+        probe = PrecisionRace.from_dict(json.loads(safeio.read_bytes(tune_cache_dir(), f"precision-{key}.json", 1 << 20)))
     except (OSError, ValueError, TypeError, AttributeError):
         return None
     if probe.chosen not in ("fp32", probe.candidate):
@@ -110,8 +110,8 @@ def _cached(key: str) -> PrecisionRace | None:
 
 def _store(key: str, probe: PrecisionRace) -> None:
     try:
-        cache_dir().mkdir(parents=True, exist_ok=True)
-        safeio.write_json(cache_dir(), f"precision-{key}.json", probe.to_dict(), durable=False)
+        tune_cache_dir().mkdir(parents=True, exist_ok=True)
+        safeio.write_json(tune_cache_dir(), f"precision-{key}.json", probe.to_dict(), durable=False)
     except OSError:
         pass  # a read-only cache costs the next run a probe, not a failure
 

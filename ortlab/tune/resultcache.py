@@ -1,5 +1,5 @@
 """The measurement cache: a `TuneResult` per (model, shapes, candidates, environment), as JSON files under
-`ortlab.envvars.cache_dir()/tune`, so the next run with the same model and shapes reuses the measurement.
+`ortlab.envvars.cache_dir()/tune` (`tune_cache_dir`), so the next run with the same model and shapes reuses the measurement.
 
 The key holds everything that makes a measurement valid only here (the processor, the accelerator, the library
 versions, the model's config and weight files): change any of them and the key changes, so a stale table is never
@@ -17,19 +17,20 @@ from pathlib import Path
 from typing import Any
 
 from ortlab.accel import package_version
-from ortlab.envvars import cache_dir as ortlab_cache_dir
-from ortlab.runfolder.rundir import write_json
-from ortlab.tune.mixes import Candidate
+from ortlab import safeio
+from ortlab.envvars import cache_dir
+from ortlab.tune.mixes import MixCandidate
 from ortlab.tune.result import TuneResult
 
 CACHE_VERSION = 1
 
 
-def cache_dir() -> Path:
-    return ortlab_cache_dir() / "tune"
+def tune_cache_dir() -> Path:
+    """Where tune keeps its measurements: under ortlab's cache (`ortlab.envvars.cache_dir`)."""
+    return cache_dir() / "tune"
 
 
-def environment() -> dict[str, Any]:
+def measurement_environment() -> dict[str, Any]:
     """What makes a measurement valid only here: the processor, the accelerator, the library versions."""
     cpu = platform.processor() or platform.machine()
     try:
@@ -69,7 +70,7 @@ def model_identity(model_path: str, revision: str | None) -> dict[str, Any]:
     return {"folder": str(path.resolve()), "files": digest.hexdigest()[:16]}
 
 
-def cache_key(identity: dict, shapes: dict, candidates: list[Candidate], env: dict) -> str:
+def cache_key(identity: dict, shapes: dict, candidates: list[MixCandidate], env: dict) -> str:
     blob = json.dumps(
         {
             "v": CACHE_VERSION,
@@ -84,7 +85,7 @@ def cache_key(identity: dict, shapes: dict, candidates: list[Candidate], env: di
 
 
 def cached(key: str) -> TuneResult | None:
-    path = cache_dir() / f"{key}.json"
+    path = tune_cache_dir() / f"{key}.json"
     try:
         result = TuneResult.from_dict(json.loads(path.read_text()))
     except (OSError, ValueError, TypeError, KeyError):
@@ -94,5 +95,5 @@ def cached(key: str) -> TuneResult | None:
 
 
 def store(result: TuneResult) -> None:
-    cache_dir().mkdir(parents=True, exist_ok=True)
-    write_json(cache_dir() / f"{result.key}.json", result.to_dict())
+    tune_cache_dir().mkdir(parents=True, exist_ok=True)
+    safeio.write_json(tune_cache_dir(), f"{result.key}.json", result.to_dict())

@@ -17,17 +17,17 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from ortlab.tune.mixes import Candidate
+from ortlab.tune.mixes import MixCandidate
 from ortlab.tune.result import Measured
 
 TRAINER, TRAINER_BF16 = "trainer_fp32", "trainer_bf16"
 
 
-def references(bf16_skipped: str | None) -> list[Candidate]:
+def references(bf16_skipped: str | None) -> list[MixCandidate]:
     """Plain `transformers.Trainer` in fp32 and with `bf16=True` (skipped where bf16 is, with the same reason)."""
     return [
-        Candidate(TRAINER, reference=True),
-        Candidate(TRAINER_BF16, precision="bf16", reference=True, skipped=bf16_skipped),
+        MixCandidate(TRAINER, reference=True),
+        MixCandidate(TRAINER_BF16, precision="bf16", reference=True, skipped=bf16_skipped),
     ]
 
 
@@ -46,14 +46,14 @@ def add_reference_ratios(measured: list[Measured], refs: dict[str, Measured]) ->
             setattr(m, field, statistics.median(a / b for a, b in zip(m.slices, ref.slices, strict=True)))
 
 
-def flops_per_sample(model_path: str, task: str, label_names: list[str] | None, revision: str | None, batches) -> Any:
-    """Training FLOPs per sample over `batches` (their padded shapes: padding is computed too), counted on the
-    model's skeleton on the meta device (no weights); None when the config names no layer count or hidden size."""
+def mean_flops_per_sample(model_path: str, task: str, label_names: list[str] | None, revision: str | None, batches) -> Any:
+    """Training FLOPs per sample: `ortlab.flops.flops_per_sample` averaged over `batches` (their padded shapes:
+    padding is computed too), the model counted on its skeleton on the meta device (no weights); None when the
+    config names no layer count or hidden size."""
     import torch
     import transformers
 
-    from ortlab.flops import count_parameters
-    from ortlab.flops import flops_per_sample as per_sample
+    from ortlab.flops import count_parameters, flops_per_sample
     from ortlab.tasks import TASK_FEATURES, get_feature
 
     config = transformers.AutoConfig.from_pretrained(model_path, revision=revision)
@@ -69,7 +69,7 @@ def flops_per_sample(model_path: str, task: str, label_names: list[str] | None, 
     if shape is None:
         return None
     sizes = [tuple(b["input_ids"].shape) for b in batches]
-    return sum(n * per_sample(shape, length) for n, length in sizes) / sum(n for n, _ in sizes)
+    return sum(n * flops_per_sample(shape, length) for n, length in sizes) / sum(n for n, _ in sizes)
 
 
 def measured_peaks(precisions: set[str], device: str) -> dict[str, dict[str, Any]]:
