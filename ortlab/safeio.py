@@ -234,7 +234,9 @@ def write_pieces(
 
 
 def write_json(folder: str | os.PathLike, rel: str | os.PathLike, value: Any, durable: bool = True) -> None:
-    """Write `value` as valid JSON (see `dumps`) into `folder/rel`, atomically and without following links."""
+    """Write `value` as valid JSON (see `dumps`: a NaN loss is null) into `folder/rel`, atomically and without
+    following links: readers never see half a file, and with `durable` (file and folder fsynced) a crash leaves the
+    old or the new one. ortlab's one JSON writer (status.json, result.json, caches, the cluster's record)."""
     write_bytes(folder, rel, dumps(value, indent=2).encode("utf-8"), durable=durable)
 
 

@@ -357,9 +357,10 @@ def test_compare_and_the_model_card_show_mfu_and_gpu_memory(tmp_path):
     from fake_runs import append, make_fake_run, step_record
     from rich.console import Console
 
+    from ortlab import safeio
     from ortlab.publish import model_card
     from ortlab.runfolder.compare import compare, render, summarize
-    from ortlab.runfolder.rundir import RunDir, write_json
+    from ortlab.runfolder.rundir import RunDir
     from ortlab.runner import Run
 
     gpu = RunDir(make_fake_run(tmp_path, "gpu-run", steps=0))
@@ -370,7 +371,7 @@ def test_compare_and_the_model_card_show_mfu_and_gpu_memory(tmp_path):
     ]  # fmt: skip
     append(gpu.metrics_path, *steps)
     summary = summarize([{"event": "train_begin"}, *steps])
-    write_json(gpu.result_path, {"summary": summary, "eval_after": {"eval_accuracy": 0.8}})
+    safeio.write_json(gpu.path, "result.json", {"summary": summary, "eval_after": {"eval_accuracy": 0.8}})
     cpu = make_fake_run(tmp_path, "cpu-run")
     rows = compare([Run(cpu), Run(gpu.path)])
     assert rows[1].summary["steady_mfu"] == pytest.approx(0.31) and "steady_mfu" not in rows[0].summary

@@ -120,13 +120,16 @@ def test_an_export_that_does_not_match_is_not_marked_good(finished, tmp_path, mo
 
 
 def test_only_completed_runs_export_or_publish(finished, tmp_path):
+    from ortlab import safeio
     from ortlab.export import ExportError, export_onnx
     from ortlab.publish import PublishError, push_to_folder
-    from ortlab.runfolder.rundir import RunDir, write_json
+    from ortlab.runfolder.rundir import RunDir
 
     run = tmp_path / "unfinished"
     shutil.copytree(finished["sequence-classification"], run)
-    write_json(RunDir(run).status_path, {"state": "stopped", "step": 3})  # a copy of a run that was stopped
+    safeio.write_json(
+        RunDir(run).path, "status.json", {"state": "stopped", "step": 3}
+    )  # a copy of a run that was stopped
     with pytest.raises(ExportError, match="only a completed run"):
         export_onnx(run)
     with pytest.raises(PublishError, match="only a completed run"):

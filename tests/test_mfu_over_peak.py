@@ -18,13 +18,16 @@ REMEDY = "ortlab doctor --refresh"
 
 def _mfu_run(root, name: str, mfu: float):
     """A completed run folder whose steps carry `mfu` (a fraction of the measured peak), with its summary."""
+    from ortlab import safeio
     from ortlab.runfolder.compare import summarize
-    from ortlab.runfolder.rundir import RunDir, write_json
+    from ortlab.runfolder.rundir import RunDir
 
     run = RunDir(make_fake_run(root, name, steps=0))
     steps = [{**step_record(i), "mfu": mfu, "model_tflops_per_s": 0.3} for i in range(1, 8)]
     append(run.metrics_path, *steps)
-    write_json(run.result_path, {"summary": summarize([{"event": "train_begin"}, *steps]), "eval_after": {}})
+    safeio.write_json(
+        run.path, "result.json", {"summary": summarize([{"event": "train_begin"}, *steps]), "eval_after": {}}
+    )
     return run.path
 
 

@@ -22,7 +22,7 @@ import pytest
 from fake_runs import make_fake_run
 
 from ortlab import safeio
-from ortlab.runfolder.rundir import RunDir, process_create_time, write_json
+from ortlab.runfolder.rundir import RunDir, process_create_time
 from ortlab.runner import Run, RunError, runs
 from ortlab.spec import RunSpec, SpecError
 
@@ -50,7 +50,7 @@ def planted(root: Path, name: str = "planted", **status) -> RunDir:
     """A run folder as ortlab writes it (spec, logs/, control/), with status.json set to `status` by hand."""
     run = RunDir.create(root, RunSpec.parse({"name": name}))
     if status:
-        write_json(run.status_path, status)
+        safeio.write_json(run.path, "status.json", status)
     return run
 
 
@@ -361,7 +361,7 @@ def test_a_diverged_runs_metrics_and_result_are_valid_json(tmp_path):
     sink.close()
     (line,) = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert _strict(line)["summary"] == {"final_loss": None, "peaks": [None, 1.0]}
-    write_json(tmp_path / "result.json", {"summary": {"final_loss": math.nan}})
+    safeio.write_json(tmp_path, "result.json", {"summary": {"final_loss": math.nan}})
     assert _strict((tmp_path / "result.json").read_text()) == {"summary": {"final_loss": None}}
 
 
@@ -393,14 +393,14 @@ def test_a_stop_right_after_a_resume_claims_the_run_survives(root, monkeypatch):
     (ckpt / "trainer_state.json").write_text("{}")
     run.request_stop()  # the stop that ended it: the resume clears this one
     monkeypatch.setattr(runner, "_start", lambda run_dir, spec, resume=False, cwd=None, hub_token=True: None)
-    real_write = rundir.write_json
+    real_write = safeio.write_json
 
-    def write_then_stop(path, data):
-        real_write(path, data)
-        if Path(path).name == "status.json" and data.get("state") == "pending":
-            RunDir(Path(path).parent).request_stop()  # a Stop click that saw the claim
+    def write_then_stop(folder, rel, value, durable=True):
+        real_write(folder, rel, value, durable)
+        if str(rel) == "status.json" and value.get("state") == "pending":
+            RunDir(Path(folder)).request_stop()  # a Stop click that saw the claim
 
-    monkeypatch.setattr(rundir, "write_json", write_then_stop)
+    monkeypatch.setattr(rundir.safeio, "write_json", write_then_stop)
     Run(run.path).resume()
     assert run.read_status()["state"] == "pending"
     assert run.stop_requested(), "the stop asked for after the claim was erased by the resume"

@@ -38,7 +38,8 @@ from lab_server import (
 from page_errors import assert_no_page_errors, watch_page_errors
 from test_browser import _wait_for
 
-from ortlab.runfolder.rundir import RunDir, write_json
+from ortlab import safeio
+from ortlab.runfolder.rundir import RunDir
 from ortlab.spec import TASKS, HyperSpec, RunSpec
 from ortlab.toggles import field_values, form_toggles
 
@@ -138,7 +139,7 @@ def test_sidebar_launches_watches_and_stops_a_run(lab_with_ortlab, tiny_bert):
     (damaged / "status.json").symlink_to(folder / "elsewhere.json")
     failed = make_fake_run(folder / "runs", "failed", state="failed", steps=1, max_steps=3)
     status = json.loads((failed / "status.json").read_text())
-    write_json(failed / "status.json", {**status, "error": FAILURE})
+    safeio.write_json(failed, "status.json", {**status, "error": FAILURE})
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1280, "height": 900})

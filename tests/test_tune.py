@@ -221,7 +221,10 @@ def test_a_candidate_that_cannot_train_is_recorded_not_fatal(tmp_path, tiny_bert
     # fp16 on a CPU fails inside the candidate's process, after the model loaded: the verdict says why.
     monkeypatch.setattr(
         "ortlab.tune.measure.candidate_mixes",
-        lambda processes=1, use_cpu=False, compile=False: [*real_plan()[:1], tune.MixCandidate("fp16", precision="fp16")],
+        lambda processes=1, use_cpu=False, compile=False: [
+            *real_plan()[:1],
+            tune.MixCandidate("fp16", precision="fp16"),
+        ],
     )
     result = tune.tune_spec(_tiny_spec(tmp_path, tiny_bert), progress=lambda m: None)
     fp16 = next(m for m in result.candidates if m.name == "fp16")

@@ -62,6 +62,7 @@ from ortlab.cluster.record import (
     roots,
     status,
     token_path,
+    write_record,
 )
 from ortlab.envvars import child_cwd, child_env
 from ortlab.runfolder.rundir import process_alive, process_create_time
@@ -190,8 +191,6 @@ def start(
 def _start(
     folder: Path, num_cpus: int | None, num_gpus: int | None, timeout: float, new_token: bool, nodes: int | None
 ) -> dict[str, Any]:
-    from ortlab.runfolder.rundir import process_create_time, write_json
-
     current = status(folder)
     if current["running"]:
         if new_token:
@@ -265,7 +264,7 @@ def _start(
         "log": str(log),
         "started": time.time(),
     }
-    write_json(record_path(folder), record)
+    write_record(folder, record)
     try:
         _wait_ready(record, folder, proc, timeout)
         if (nodes or 1) > 1:
@@ -274,7 +273,7 @@ def _start(
             record["nodes"] = []
             for index in range(1, nodes or 1):  # recorded one by one: a failed start still stops the started ones
                 record["nodes"].append(_start_node(gcs, private, env, folder / f"node-{index}.log", each))
-                write_json(record_path(folder), record)
+                write_record(folder, record)
                 # One at a time: nodes that start together in one session folder pick the same names for their
                 # sockets and logs (seen: the second raylet's "bind: Address already in use", then a timeout).
                 _wait_nodes(record, folder, index + 1, timeout)

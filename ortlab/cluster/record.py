@@ -39,6 +39,11 @@ def record_path(folder: Path) -> Path:
     return folder / "head.json"
 
 
+def write_record(folder: Path, record: dict[str, Any]) -> None:
+    """Write the head's record (`record_path`) whole and durably: a `status` never reads half of one."""
+    safeio.write_json(folder, record_path(folder).name, record)
+
+
 def token_path(folder: Path | None = None) -> Path:
     return (folder or cluster_dir()) / "auth_token"
 

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ortlab import safeio
 from ortlab.accel.mix import resolve
 from ortlab.adapters import adapter_summary, merge
 from ortlab.data import DataError
@@ -29,7 +30,7 @@ from ortlab.fit import check
 from ortlab.lifecycle.assemble import Loaded, build_trainer, load
 from ortlab.runfolder import events
 from ortlab.runfolder.compare import summarize
-from ortlab.runfolder.rundir import RunDir, checkpoint_step, write_json
+from ortlab.runfolder.rundir import RunDir, checkpoint_step
 from ortlab.runfolder.stream import summary_of
 from ortlab.scores import add_perplexity
 from ortlab.spec import RunSpec
@@ -140,7 +141,7 @@ def _execute(
             run.set_status("stopped", step=result["step"], checkpoint=result["checkpoint"])
         else:
             result["wall_time_s"] = time.monotonic() - started
-            write_json(run.result_path, result)
+            safeio.write_json(run.path, run.result_path.name, result)
             run.set_status("completed", step=result["summary"]["steps"])
     return result
 
@@ -261,7 +262,7 @@ def _auto_mix(loaded: Loaded, run: RunDir, model_path: str, log: Callable[[str],
     if rank0:
         tuned = isinstance(result, TuneResult)
         if tuned:
-            write_json(run.path / "tune.json", result.to_dict())
+            safeio.write_json(run.path, "tune.json", result.to_dict())
         sink = JsonLinesSink(run.metrics_path)
         record = {"event": events.AUTO, "resolved": auto, "why": why, "tuned": tuned, "choice": choice}
         if tuned:

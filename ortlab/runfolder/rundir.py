@@ -129,15 +129,6 @@ def resolve(root: str | os.PathLike, run_id: str) -> Path:
     return path
 
 
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write atomically and durably: readers never see half a file, and a crash leaves the old or the new one.
-
-    Through `safeio.write_json`: a link or hard link at `path` is replaced, never written through, and the JSON is
-    always valid (a NaN loss is written as null, not as `NaN`, which no JSON reader accepts)."""
-    path = Path(path)
-    safeio.write_json(path.parent, path.name, data, durable=True)
-
-
 def process_alive(pid: int, create_time: float | None = None) -> bool:
     """Is `pid` a live (not zombie) process, and the same one that was recorded (not a reused pid)?"""
     import psutil
@@ -344,7 +335,7 @@ class RunDir:
         status = {**keep, **fields, "state": state, "updated": time.time()}
         if state in TERMINAL:
             status.setdefault("ended", time.time())
-        write_json(self.status_path, status)
+        safeio.write_json(self.path, self.status_path.name, status)
         return status
 
     def update_status(self, **fields: Any) -> dict[str, Any]:
@@ -354,7 +345,7 @@ class RunDir:
             if current.get("state") == DAMAGED:
                 raise RunStateError(f"run {self.id} is damaged: {current[DAMAGED]}")
             status = {**current, **fields, "updated": time.time()}
-            write_json(self.status_path, status)
+            safeio.write_json(self.path, self.status_path.name, status)
             return status
 
     def status(self) -> dict[str, Any]:

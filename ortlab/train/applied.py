@@ -19,11 +19,11 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from ortlab import safeio
 from ortlab.accel import Applied, ort, tcmalloc, zero
 from ortlab.accel.precision import TF32_CAPABILITY, tf32_on, tf32_state
 from ortlab.adapters import optimizer_state_bytes, parameter_counts
 from ortlab.runfolder import events
-from ortlab.runfolder.rundir import write_json
 
 logger = logging.getLogger("ortlab")
 
@@ -277,7 +277,7 @@ class VerifiesAccelerations:
             return
         Path(output_dir).mkdir(parents=True, exist_ok=True)
         data = {"feature": self.feature, "accelerations": {k: v.to_dict() for k, v in self.accelerations.items()}}
-        write_json(Path(output_dir) / ACCELERATIONS_FILE, data)
+        safeio.write_json(output_dir, ACCELERATIONS_FILE, data)
 
 
 class RecomputeProbe:

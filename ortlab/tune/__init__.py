@@ -45,7 +45,14 @@ from ortlab.tune.measure import (
 )
 from ortlab.tune.mixes import MixCandidate, _compile_runtime, candidate_mixes
 from ortlab.tune.result import Measured, TuneError, TuneResult
-from ortlab.tune.resultcache import CACHE_VERSION, tune_cache_dir, cache_key, cached, measurement_environment, model_identity
+from ortlab.tune.resultcache import (
+    CACHE_VERSION,
+    cache_key,
+    cached,
+    measurement_environment,
+    model_identity,
+    tune_cache_dir,
+)
 
 __all__ = [
     "AUTO_MIN_STEPS",
@@ -61,8 +68,8 @@ __all__ = [
     "SLICE_STEPS",
     "WARMUP_STEPS",
     "WIN_MARGIN",
-    "MixCandidate",
     "Measured",
+    "MixCandidate",
     "Stepper",
     "TuneError",
     "TuneResult",
@@ -70,15 +77,15 @@ __all__ = [
     "_compile_runtime",
     "_judge",
     "batches_from",
-    "tune_cache_dir",
     "cache_key",
     "cached",
+    "candidate_mixes",
     "decide",
     "measurement_environment",
     "model_identity",
-    "candidate_mixes",
     "planned_steps",
     "slice_callback",
     "tune_batches",
+    "tune_cache_dir",
     "tune_spec",
 ]

@@ -33,7 +33,7 @@ from typing import Any
 
 from ortlab import safeio
 from ortlab.tune.judge import LOSS_ATOL, LOSS_RTOL, _clearly_faster
-from ortlab.tune.resultcache import tune_cache_dir, measurement_environment, model_identity
+from ortlab.tune.resultcache import measurement_environment, model_identity, tune_cache_dir
 
 WIN_MARGIN = 0.05  # the candidate must be >= 5 % faster than fp32 in the median of its paired ratios
 MIN_ROUNDS, MAX_ROUNDS = 4, 8  # 4 rounds won of 4 passes the sign test (p = 1/16)
@@ -99,7 +99,9 @@ def probe_key(model_path: str, revision: str | None, model: Any, batches: list[d
 
 def _cached(key: str) -> PrecisionRace | None:
     try:
-        probe = PrecisionRace.from_dict(json.loads(safeio.read_bytes(tune_cache_dir(), f"precision-{key}.json", 1 << 20)))
+        probe = PrecisionRace.from_dict(
+            json.loads(safeio.read_bytes(tune_cache_dir(), f"precision-{key}.json", 1 << 20))
+        )
     except (OSError, ValueError, TypeError, AttributeError):
         return None
     if probe.chosen not in ("fp32", probe.candidate):

@@ -1,5 +1,6 @@
 """The measurement cache: a `TuneResult` per (model, shapes, candidates, environment), as JSON files under
-`ortlab.envvars.cache_dir()/tune` (`tune_cache_dir`), so the next run with the same model and shapes reuses the measurement.
+`ortlab.envvars.cache_dir()/tune` (`tune_cache_dir`), so the next run with the same model and shapes reuses the
+measurement.
 
 The key holds everything that makes a measurement valid only here (the processor, the accelerator, the library
 versions, the model's config and weight files): change any of them and the key changes, so a stale table is never
@@ -16,8 +17,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ortlab.accel import package_version
 from ortlab import safeio
+from ortlab.accel import package_version
 from ortlab.envvars import cache_dir
 from ortlab.tune.mixes import MixCandidate
 from ortlab.tune.result import TuneResult

@@ -46,7 +46,9 @@ def add_reference_ratios(measured: list[Measured], refs: dict[str, Measured]) ->
             setattr(m, field, statistics.median(a / b for a, b in zip(m.slices, ref.slices, strict=True)))
 
 
-def mean_flops_per_sample(model_path: str, task: str, label_names: list[str] | None, revision: str | None, batches) -> Any:
+def mean_flops_per_sample(
+    model_path: str, task: str, label_names: list[str] | None, revision: str | None, batches
+) -> Any:
     """Training FLOPs per sample: `ortlab.flops.flops_per_sample` averaged over `batches` (their padded shapes:
     padding is computed too), the model counted on its skeleton on the meta device (no weights); None when the
     config names no layer count or hidden size."""

@@ -52,7 +52,8 @@ def make_fake_run(
     root: str | os.PathLike, name: str, state: str = "completed", steps: int = 20, max_steps: int = 100
 ) -> Path:
     """A run folder named `name` in `root`, in `state`, with `steps` step records (and a result if completed)."""
-    from ortlab.runfolder.rundir import RunDir, process_create_time, write_json
+    from ortlab import safeio
+    from ortlab.runfolder.rundir import RunDir, process_create_time
     from ortlab.spec import RunSpec
 
     spec = RunSpec.parse(
@@ -75,7 +76,7 @@ def make_fake_run(
         append(
             run.metrics_path, {"event": "train_end", "step": steps, "summary": summary, "accelerations": ACCELERATIONS}
         )
-        write_json(run.result_path, {"summary": summary, "eval_after": {"eval_accuracy": 0.8}})
+        safeio.write_json(run.path, "result.json", {"summary": summary, "eval_after": {"eval_accuracy": 0.8}})
         run.set_status("completed", step=steps)
     elif state in ("stopped", "failed"):
         run.set_status(state, step=steps, **({"error": "RuntimeError: boom"} if state == "failed" else {}))
