@@ -22,7 +22,7 @@ from ortlab.assets import (
     embedded_model_path,
 )
 from ortlab.data import SUFFIX_FORMATS
-from ortlab.hub import offline
+from ortlab.hub import hub_offline
 from ortlab.spec import DataSpec
 
 
@@ -145,7 +145,7 @@ def _hub(kind: str, query: str, limit: int) -> list[Candidate]:
 
 def _with_hub(kind: str, query: str, limit: int, local: list[Candidate]) -> tuple[list[Candidate], str | None]:
 
-    if offline():
+    if hub_offline():
         return local, "offline (HF_HUB_OFFLINE=1): local candidates only"
     import concurrent.futures as cf
 

@@ -18,7 +18,7 @@ class HubUnavailable(OrtlabError, ConnectionError):
     """The Hub cannot be reached (offline mode, no network, or it timed out)."""
 
 
-def offline() -> bool:
+def hub_offline() -> bool:
     """True when the user (or the environment) switched the Hub off: HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE."""
     return any(
         os.environ.get(v, "").lower() in ("1", "true", "yes", "on") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
@@ -27,7 +27,7 @@ def offline() -> bool:
 
 def hub_repo_exists(repo_id: str, repo_type: str = "model") -> bool:
     """Does `repo_id` exist on the Hub? Raises HubUnavailable instead of retrying when it cannot tell."""
-    if offline():
+    if hub_offline():
         raise HubUnavailable("offline mode is on (HF_HUB_OFFLINE=1)")
     from huggingface_hub import HfApi
     from huggingface_hub.errors import RepositoryNotFoundError

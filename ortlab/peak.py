@@ -199,7 +199,7 @@ def measure(precision: str, device_type: str = "cpu", index: int = 0, budget_s: 
     )
 
 
-def fingerprint(device_type: str = "cpu", index: int = 0) -> dict[str, Any]:
+def peak_fingerprint(device_type: str = "cpu", index: int = 0) -> dict[str, Any]:
     """Everything a measured peak depends on: change one and the cached value is not reused."""
     import torch
 
@@ -223,7 +223,7 @@ def _cache_path(facts: dict[str, Any], precision: str) -> Path:
 def cached_peak(precision: str, device_type: str = "cpu", index: int = 0) -> MeasuredPeak | None:
     """The cached measurement for this machine, or None (never measured, another machine, or an unreadable file)."""
 
-    facts = fingerprint(device_type, index)
+    facts = peak_fingerprint(device_type, index)
     path = _cache_path(facts, precision)
     try:
         data = json.loads(safeio.read_bytes(path.parent, path.name, limit=MAX_CACHE_BYTES))
@@ -246,7 +246,7 @@ def measured_peak(
         # A peak is the best the machine gave: a measurement on a busier moment does not lower it (a lower peak
         # would flatter every run's MFU).
         return hit, True
-    _store(fingerprint(device_type, index), peak)
+    _store(peak_fingerprint(device_type, index), peak)
     return peak, False
 
 

@@ -127,7 +127,7 @@ def test_a_cached_peak_is_reused_and_a_changed_machine_measures_again(cache, mon
     ids=["not-json", "other-machine", "a-list", "empty", "negative"],
 )
 def test_a_damaged_cache_file_is_a_miss_not_an_error(cache, content):
-    facts = peak.fingerprint()
+    facts = peak.peak_fingerprint()
     path = peak._cache_path(facts, "fp32")
     path.parent.mkdir(parents=True)
     if content is None:  # the right machine, an impossible value
@@ -138,7 +138,7 @@ def test_a_damaged_cache_file_is_a_miss_not_an_error(cache, content):
 
 
 def test_a_cache_file_that_is_a_link_is_not_followed(cache, tmp_path):
-    facts = peak.fingerprint()
+    facts = peak.peak_fingerprint()
     good = {"fingerprint": facts, "peak": peak.MeasuredPeak("cpu", "fp32", 1e11, 2048, 2, 0.0, "t").to_dict()}
     elsewhere = tmp_path / "elsewhere.json"
     elsewhere.write_text(json.dumps(good))
@@ -156,7 +156,7 @@ def test_a_cpu_run_reports_mfu_against_the_measured_peak(cache, tmp_path, tiny_b
     from ortlab.runner import train_spec
     from ortlab.spec import RunSpec
 
-    facts = peak.fingerprint()
+    facts = peak.peak_fingerprint()
     planted = peak.MeasuredPeak("cpu", "fp32", 5e10, 2048, facts["threads"], 0.0, facts["torch"])
     peak._store(facts, planted)
     spec = RunSpec.parse(

@@ -23,7 +23,7 @@ their parent).
 The head runs in its own session; its PID, create time and address are recorded in `head.json`. `status` checks
 that recorded process (never a process found by name) and `stop` ends the head's session and those of its worker
 nodes, whichever process in them died first (`ortlab.cluster.procs`), and nothing else: `ray stop` would end every
-Ray process on the machine, other people's included. A lock in the folder (`record.locked`) keeps to one start at
+Ray process on the machine, other people's included. A lock in the folder (`record.cluster_lock`) keeps to one start at
 a time: two at the same moment made two heads, one of them unrecorded and left running.
 
 Several nodes on this one machine (`nodes=K`, what Ray's own tests do to try multi-node behaviour): after the head,
@@ -57,7 +57,7 @@ from ortlab.cluster.record import (
     INSTALL_HINT,
     ClusterError,
     cluster_dir,
-    locked,
+    cluster_lock,
     record_path,
     roots,
     status,
@@ -184,7 +184,7 @@ def start(
     if nodes is not None and not 1 <= nodes <= MAX_NODES:
         raise ClusterError(f"nodes: give 1 to {MAX_NODES} nodes (the head and its worker nodes), not {nodes}")
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    with locked(folder, wait=False):
+    with cluster_lock(folder, wait=False):
         return _start(folder, num_cpus, num_gpus, timeout, new_token, nodes)
 
 
@@ -404,7 +404,7 @@ def stop(folder: Path | None = None, timeout: float = 5.0) -> bool:
     folder = folder or cluster_dir()
     if not folder.is_dir():
         return False
-    with locked(folder, wait=True):
+    with cluster_lock(folder, wait=True):
         return _stop(folder, timeout)
 
 

@@ -49,7 +49,7 @@ def token_path(folder: Path | None = None) -> Path:
 
 
 @contextlib.contextmanager
-def locked(folder: Path, wait: bool) -> Iterator[None]:
+def cluster_lock(folder: Path, wait: bool) -> Iterator[None]:
     """Hold the cluster folder's lock: one `start` or `stop` at a time, so two starts at the same moment make one
     head, not two with one of them unrecorded. Without `wait` a held lock is refused, naming its holder (a
     start waits for its head, up to minutes: the second start is told so rather than kept waiting). The

@@ -16,7 +16,7 @@ from typing import Any
 from ortlab import safeio
 from ortlab.adapters import load_merged
 from ortlab.errors import OrtlabError
-from ortlab.hub import offline
+from ortlab.hub import hub_offline
 from ortlab.publish.card import _is_adapter_run, model_card
 from ortlab.runfolder.rundir import RunDir
 from ortlab.spec import RunSpec
@@ -166,7 +166,7 @@ def push_to_hub(
     """Create `repo_id` on the Hub and upload the run; returns the commit URL. Checks come before uploading."""
 
     _completed(run, merged)
-    if offline():
+    if hub_offline():
         raise PublishError("offline mode is on (HF_HUB_OFFLINE=1): unset it to push, or use push_to_folder")
     from huggingface_hub import HfApi, get_token
     from huggingface_hub.errors import HfHubHTTPError

@@ -18,7 +18,7 @@ died without saying so (kill -9, out of memory, machine reboot), or never starte
 no pid long after launch) and marked failed the first time anyone reads its status: no run stays "running" or
 "pending" forever.
 
-Run names are folder names under the runs root: `check_name` allows a safe alphabet only, and `resolve` turns
+Run names are folder names under the runs root: `check_name` allows a safe alphabet only, and `run_folder` turns
 an id from a user, the CLI or a server into a folder that is inside the root (no `..`, no absolute paths, no
 symlink out of it).
 
@@ -117,7 +117,7 @@ def default_name(task: str, model: str, when: datetime | None = None) -> str:
     return f"{TASK_SHORT.get(task, 'run')}-{short}-{stamp}"
 
 
-def resolve(root: str | os.PathLike, run_id: str) -> Path:
+def run_folder(root: str | os.PathLike, run_id: str) -> Path:
     """The folder of run `run_id` under `root`, guaranteed inside it; ValueError for any id that could escape."""
     check_name(run_id, "run id")
     base = Path(root)

@@ -38,7 +38,7 @@ from ortlab.runfolder.rundir import (
     RunDir,
     RunStateError,
     check_output_folder,
-    resolve,
+    run_folder,
 )
 from ortlab.runfolder.stream import MetricsStream
 from ortlab.runner.launcher import Launcher, RunError
@@ -423,7 +423,7 @@ def attach(run_id: str | os.PathLike, root: str | os.PathLike | None = None) -> 
         root, run_id = root if root is not None else path.parent, path.name
     base = Path(root) if root else default_root()
     try:
-        candidate = resolve(base, str(run_id))
+        candidate = run_folder(base, str(run_id))
     except ValueError as e:
         raise RunError(str(e)) from None
     if not _has_status(candidate):

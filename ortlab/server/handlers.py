@@ -5,7 +5,7 @@ cookie; an API request without one is answered 403) and `@authorized` (the serve
 "ortlab"). jupyter_server checks XSRF on every POST that is not token-authenticated, so a page on another site
 cannot make a logged-in browser start or stop runs.
 
-Run ids come from URLs: each goes through `rundir.resolve`, which refuses `..`, absolute paths, odd characters
+Run ids come from URLs: each goes through `rundir.run_folder`, which refuses `..`, absolute paths, odd characters
 and symbolic links out of the runs root; anything that is not a run folder there is a 404. Disk reads and
 launch/resume (`ortlab.server.actions`) run in the executor, so no request holds the event loop.
 
@@ -29,7 +29,7 @@ from ortlab import safeio
 from ortlab._version import __version__
 from ortlab.errors import OrtlabError
 from ortlab.runfolder.records import schema as record_schema
-from ortlab.runfolder.rundir import DAMAGED, RESUMABLE, RunDir, RunStateError, resolve
+from ortlab.runfolder.rundir import DAMAGED, RESUMABLE, RunDir, RunStateError, run_folder
 from ortlab.runner import RunError
 from ortlab.safeio import ascii_int
 from ortlab.server.actions import launch_in, resume_in
@@ -90,7 +90,7 @@ class OrtlabHandler(APIHandler):
         """The run folder for `run_id`, or 404: an id that is not a safe name inside the root, or not a run."""
         root = self.ortlab.root
         try:
-            path = resolve(root, run_id)
+            path = run_folder(root, run_id)
         except ValueError:
             raise web.HTTPError(404, f"no run {run_id!r}: a run id is a folder name inside the runs root") from None
         if not os.path.lexists(path / "status.json"):  # a linked or odd status.json is a (damaged) run
