@@ -14,8 +14,9 @@ nothing downloads), the Rotten Tomatoes conversations (`embedded:rotten-tomatoes
 LoRA rank 8 on the attention projections, batch 8, learning rate 1e-3, max length 128. Both sides read the same
 JSONL file of `--examples` conversations. The job's own settings are given to both (model, data, adapter, batch,
 learning rate, length); every other setting is each tool's default:
-- `ortlab`: ortlab's own path, as `ortlab train` assembles it (`ortlab.fit.check`, `ortlab.lifecycle.assemble`),
-  with every acceleration left at 'auto' and decided as a run decides it (the precision probe runs at load);
+- `ortlab`: ortlab's own path, as `ortlab train` assembles it (`ortlab.fit.check_model_and_data`,
+  `ortlab.lifecycle.assemble`), with every acceleration left at 'auto' and decided as a run decides it (the
+  precision probe runs at load);
 - `trl`: `SFTTrainer` with `SFTConfig`'s defaults (among them `bf16=True` and `gradient_checkpointing=True`) and a
   peft `LoraConfig` with ortlab's adapter settings (rank 8, alpha 16, dropout 0.05, q/k/v/o);
 - `trl_fp32` (unless `--no-trl-fp32`): the same with `bf16=False`, so a reader sees how much of the ratio is the
@@ -83,8 +84,8 @@ def job_spec(data_file: str, opts: argparse.Namespace) -> dict:
 
 
 def ortlab_child(opts: argparse.Namespace) -> None:
-    from ortlab.fit import check
-    from ortlab.lifecycle.assemble import build_trainer, load
+    from ortlab.fit import check_model_and_data
+    from ortlab.lifecycle.assemble import build_trainer, load_model_and_data
     from ortlab.runfolder.rundir import RunDir
     from ortlab.spec import RunSpec
     from ortlab.tune import decide, slice_callback
@@ -92,8 +93,8 @@ def ortlab_child(opts: argparse.Namespace) -> None:
     spec = RunSpec.parse(job_spec(opts.data_file, opts))
     run = RunDir.create(opts.out, spec)
     log = lambda message: print(f"[ortlab] {message}", file=sys.stderr, flush=True)  # noqa: E731
-    model_path, prepared = check(spec, log)
-    loaded = load(spec, model_path, prepared, log)
+    model_path, prepared = check_model_and_data(spec, log)
+    loaded = load_model_and_data(spec, model_path, prepared, log)
     choice, _, why = decide(
         loaded.spec,
         model_path=model_path,

@@ -10,7 +10,7 @@ A model folder and a dataset can each be fine alone and still not fit together, 
 - a tokenizer with no pad token cannot batch examples of different lengths.
 
 Each check needs the tokenizer and the config only (kilobytes to a few MB, well under a second), never the weights,
-so `check` (below) runs them after the data checks and before any model is materialised. The thresholds
+so `check_model_and_data` (below) runs them after the data checks and before any model is materialised. The thresholds
 are in constants below, each with the reason for its value.
 """
 
@@ -245,8 +245,8 @@ def _check_blocks(tokenizer: Any, prepared: Prepared, max_length: int) -> None:
 
 def check_answers(tokenizer: Any, prepared: Prepared, max_length: int) -> None:
     """Chat data: the first SAMPLE_ROWS conversations of each split, laid out as training lays them out, must keep
-    assistant tokens within `max_length`, by the rule training applies (`lazylm.Dropped.check`); the tokenizer
-    alone (no weights), so before the model loads, on every path.
+    assistant tokens within `max_length`, by the rule training applies (`lazylm.Dropped.fail_on_large_share`); the
+    tokenizer alone (no weights), so before the model loads, on every path.
 
     Why here: an example whose assistant tokens are all cut off is dropped (it teaches nothing). The eager path
     counted the drops once every row was templated, after the model had loaded; the lazy and streamed paths only as
@@ -282,7 +282,7 @@ def check_answers(tokenizer: Any, prepared: Prepared, max_length: int) -> None:
             )
 
 
-def check(spec: RunSpec, log: Callable[[str], None] = print):
+def check_model_and_data(spec: RunSpec, log: Callable[[str], None] = print):
     """The cheap checks, data before models: where the model is, the data against the task, then the model's
     tokenizer, positions and head against the data (config and tokenizer only: no weights). Returns what they found.
 

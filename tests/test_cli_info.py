@@ -37,7 +37,7 @@ def isolated(tmp_path, monkeypatch) -> Path:
     def no_probes(python: str, group: str):
         raise AssertionError("ortlab info started a probe")
 
-    monkeypatch.setattr(probe, "start", no_probes)
+    monkeypatch.setattr(probe, "start_probe", no_probes)
     from ortlab.runfolder.rundir import RunDir
     from ortlab.spec import RunSpec
 

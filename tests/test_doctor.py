@@ -149,7 +149,7 @@ def _no_probes(python: str, group: str):
 
 def test_a_warm_doctor_runs_no_probe(report, cache, monkeypatch):
     monkeypatch.setenv("ORTLAB_CACHE_DIR", str(cache))
-    monkeypatch.setattr(probe, "start", _no_probes)
+    monkeypatch.setattr(probe, "start_probe", _no_probes)
     warm = probe.doctor()  # the module's first doctor (the `report` fixture) filled the cache
     assert warm.cached
     assert warm.to_dict()["accelerations"] == report["accelerations"]
@@ -162,7 +162,7 @@ def test_a_warm_doctor_runs_no_probe(report, cache, monkeypatch):
 
 def test_refresh_probes_again(report, cache, monkeypatch):
     monkeypatch.setenv("ORTLAB_CACHE_DIR", str(cache))
-    monkeypatch.setattr(probe, "start", _no_probes)
+    monkeypatch.setattr(probe, "start_probe", _no_probes)
     with pytest.raises(AssertionError, match="a probe subprocess was started"):
         probe.doctor(refresh=True)
 
@@ -221,7 +221,7 @@ def test_a_failed_group_is_cached_as_failed_and_costs_the_others_nothing(alone, 
     # minutes. Now each group lands in the cache, a failed one as failed, with a back-off before it is tried again.
     monkeypatch.setitem(probe.groups.TIMEOUT_S, "zero1", 2.0)
     started: list[str] = []
-    monkeypatch.setattr(probe, "start", _scripted({"ort": "crash", "zero1": "hang"}, started))
+    monkeypatch.setattr(probe, "start_probe", _scripted({"ort": "crash", "zero1": "hang"}, started))
     said: list[str] = []
     rep = probe.doctor(progress=said.append)
     assert sorted(started) == sorted(ALL) and not rep.cached
@@ -259,7 +259,7 @@ def test_a_failed_group_is_cached_as_failed_and_costs_the_others_nothing(alone, 
 
 def test_the_launch_path_probes_only_what_was_never_probed_and_never_the_peak(alone, monkeypatch):
     started: list[str] = []
-    monkeypatch.setattr(probe, "start", _scripted({}, started))
+    monkeypatch.setattr(probe, "start_probe", _scripted({}, started))
     rep = probe.doctor(retry=False, peak=False, progress=lambda _line: None)
     assert sorted(started) == sorted(GROUPS) and "peak" not in started
     assert rep.available("ort") and rep.peaks == {}
@@ -282,7 +282,7 @@ def test_a_launch_probes_another_runtime_only_when_the_run_goes_there(tmp_path, 
     monkeypatch.setenv("ORTLAB_CACHE_DIR", str(tmp_path))
     pythons: list[str] = []
     scripted = _scripted({}, [])
-    monkeypatch.setattr(probe, "start", lambda python, group: pythons.append(python) or scripted(python, group))
+    monkeypatch.setattr(probe, "start_probe", lambda python, group: pythons.append(python) or scripted(python, group))
     report = launch_doctor(sys.executable)
     assert set(pythons) == {sys.executable}, "a run in this runtime: the compile runtime is not probed"
     assert report.runtimes["compile"]["ready"], "still shown, from its stamp"
@@ -310,7 +310,7 @@ def test_two_callers_at_once_probe_an_environment_once(alone, monkeypatch):
         if "another process is probing" in line:
             second_waits.set()
 
-    monkeypatch.setattr(probe, "start", held_start)
+    monkeypatch.setattr(probe, "start_probe", held_start)
     said: list[str] = []
     first = threading.Thread(target=lambda: probe.doctor(progress=lambda _line: None))
     first.start()
@@ -329,7 +329,7 @@ def test_two_callers_at_once_probe_an_environment_once(alone, monkeypatch):
 )
 def test_a_damaged_answer_is_probed_again_not_trusted(alone, monkeypatch, content):
     started: list[str] = []
-    monkeypatch.setattr(probe, "start", _scripted({}, started))
+    monkeypatch.setattr(probe, "start_probe", _scripted({}, started))
     probe.doctor(progress=lambda _line: None)
     facts = probe.fingerprint()
     path = answers.folder(facts) / "torch.json"
@@ -347,7 +347,7 @@ def test_an_unwritable_cache_still_answers(alone, monkeypatch):
     monkeypatch.setenv("ORTLAB_CACHE_DIR", str(alone / "file"))
     (alone / "file").write_text("not a folder")
     started: list[str] = []
-    monkeypatch.setattr(probe, "start", _scripted({}, started))
+    monkeypatch.setattr(probe, "start_probe", _scripted({}, started))
     rep = probe.doctor(progress=lambda _line: None)
     assert rep.available("ort") and not rep.cached
 

@@ -76,7 +76,7 @@ def test_a_warm_doctor_answers_from_its_cache_in_under_a_second(cold, machine, m
     def no_probe(python: str, group: str):
         raise AssertionError(f"a probe was started ({group})")
 
-    monkeypatch.setattr(probe, "start", no_probe)
+    monkeypatch.setattr(probe, "start_probe", no_probe)
     warm = probe.doctor()
     assert warm.cached and warm.to_dict()["accelerations"] == cold["accelerations"]
     assert warm.elapsed_s <= 1.0, f"a warm doctor took {warm.elapsed_s:.2f} s"

@@ -74,9 +74,9 @@ def test_chat_with_every_answer_cut_off_is_refused_before_the_model_loads(path, 
 
 
 def test_a_large_share_cut_off_in_the_first_rows_is_refused_as_training_would(tiny_chat_llama, tmp_path, no_model):
-    """Two of three answers cut off: training would fail at its 100th example (`Dropped.check`); the check says so
-    from the first rows instead."""
-    from ortlab.fit import check
+    """Two of three answers cut off: training would fail at its 100th example (`Dropped.fail_on_large_share`); the
+    check says so from the first rows instead."""
+    from ortlab.fit import check_model_and_data
     from ortlab.spec import RunSpec
 
     source = _chat(tmp_path / "most.jsonl", rows=300, cut_every=1)
@@ -87,7 +87,7 @@ def test_a_large_share_cut_off_in_the_first_rows_is_refused_as_training_would(ti
     source.write_text("\n".join(json.dumps(r) for r in short) + "\n")
     spec = RunSpec.model_validate(_chat_spec(tiny_chat_llama, source, tmp_path / "runs", lazy=True))
     with pytest.raises(DataError, match=r"so more than 50% would be dropped"):
-        check(spec, log=lambda line: None)
+        check_model_and_data(spec, log=lambda line: None)
 
 
 def test_a_sigterm_before_training_ends_the_run_at_once(tiny_chat_llama, tmp_path, monkeypatch):
@@ -155,7 +155,7 @@ def _csv(path: Path, rows: int, bad: dict[int, str]) -> Path:
 def test_a_csv_that_does_not_parse_is_said_with_its_line_before_any_model(streaming, tiny_bert, tmp_path, no_model):
     """pandas' words ("An error occurred while generating the dataset", or a ParserError traceback from a stream)
     became ortlab's, naming the line: an unclosed quote, a line with more fields than the header."""
-    from ortlab.fit import check
+    from ortlab.fit import check_model_and_data
     from ortlab.spec import RunSpec
 
     cases = {
@@ -167,7 +167,7 @@ def test_a_csv_that_does_not_parse_is_said_with_its_line_before_any_model(stream
         data = {"source": str(source), "streaming": streaming}
         spec = RunSpec.model_validate({"model": {"name": str(tiny_bert)}, "data": data, "hyper": {"max_steps": 2}})
         with pytest.raises(DataError, match=rf"data.source: .*{name}.csv' is not valid CSV: {said}"):
-            check(spec, log=lambda line: None)
+            check_model_and_data(spec, log=lambda line: None)
 
 
 def test_a_streamed_csv_line_that_does_not_parse_fails_the_run_naming_it(tiny_bert, tmp_path, monkeypatch):

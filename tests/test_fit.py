@@ -63,13 +63,13 @@ def positions_64(tiny_bert, tmp_path) -> Path:
 
 
 def test_the_default_max_length_is_clipped_for_the_whole_run(positions_64, tmp_path):
-    from ortlab.fit import check, fitted
+    from ortlab.fit import check_model_and_data, fitted
 
     data = tmp_path / "reviews.csv"
     data.write_text("text,label\n" + "\n".join(f'"a good film {i}",{i % 2}' for i in range(20)) + "\n")
     spec = RunSpec.parse({"model": {"name": str(positions_64)}, "data": {"source": str(data)}})
     said: list[str] = []
-    _, prepared = check(spec, said.append)
+    _, prepared = check_model_and_data(spec, said.append)
     assert prepared.max_length == 64 and any("at most 64 tokens" in s for s in said)
     assert fitted(spec, prepared).hyper.max_length == 64 and spec.hyper.max_length == 128
 

@@ -180,23 +180,25 @@ def test_a_streamed_local_file_trains_reading_only_what_it_needs(tiny_bert, tmp_
 
 def test_a_stream_without_max_steps_fails_before_the_model(tiny_bert, tmp_path):
     from ortlab.data import DataError
-    from ortlab.fit import check
+    from ortlab.fit import check_model_and_data
     from ortlab.spec import RunSpec
 
     spec = _streamed(tiny_bert, _reviews(tmp_path / "r.csv", 50), tmp_path, "s")
     spec["hyper"]["max_steps"] = None
     with pytest.raises(DataError, match=r"set hyper\.max_steps"):
-        check(RunSpec.model_validate(spec), log=lambda _: None)
+        check_model_and_data(RunSpec.model_validate(spec), log=lambda _: None)
 
 
 def test_a_streamed_file_says_its_shuffle_is_a_buffers(tiny_bert, tmp_path):
     """A stream's shuffle draws from a buffer (and its shards): a single local file is one shard, so rows far apart
     are never swapped, and the run's log says so with the way to a whole-split shuffle."""
-    from ortlab.fit import check
+    from ortlab.fit import check_model_and_data
     from ortlab.spec import RunSpec
 
     lines: list[str] = []
-    check(RunSpec.model_validate(_streamed(tiny_bert, _reviews(tmp_path / "r.csv", 50), tmp_path, "s")), lines.append)
+    check_model_and_data(
+        RunSpec.model_validate(_streamed(tiny_bert, _reviews(tmp_path / "r.csv", 50), tmp_path, "s")), lines.append
+    )
     said = [line for line in lines if "shuffled within a buffer" in line]
     assert len(said) == 1 and "one shard" in said[0] and "data.streaming: false" in said[0], lines
 

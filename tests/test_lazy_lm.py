@@ -99,7 +99,8 @@ def _train(spec: dict, log: list[str] | None = None) -> tuple[dict, Trained]:
 
 
 def _prepared(spec: dict, tokenizer_path: Path, lazy: bool):
-    """The spec's data checked and tokenized, eagerly or lazily (as `ortlab.fit.check` then `assemble.load` do)."""
+    """The spec's data checked and tokenized, eagerly or lazily (as
+    `fit.check_model_and_data` then `assemble.load_model_and_data` do)."""
     from transformers import AutoTokenizer
 
     from ortlab.data import load_and_check, tokenize

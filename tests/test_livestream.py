@@ -2,8 +2,8 @@
 folder by the short way, rank 0's push and the monitor's own read of the store, not only through the job's log.
 
 No cluster: rank 0's side is a real `Mirror` keeping a real stream in step with a real S3-protocol server (conftest's
-`s3_store`), and the driver's side is the real `Monitor.follow` loop, given a stand-in for the Ray Jobs client whose
-log the test feeds by hand (so it can stay silent, or bring records the store has not got yet).
+`s3_store`), and the driver's side is the real `RayJobMirror.follow` loop, given a stand-in for the Ray Jobs client
+whose log the test feeds by hand (so it can stay silent, or bring records the store has not got yet).
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def test_a_ray_train_runs_records_come_home_from_the_store_while_the_jobs_log_is
     rank0.place.store.put = lambda folder, rel: (puts.append(rel), put(folder, rel))[1]
 
     job = HandFedJob()
-    monitor = raymonitor.Monitor(local.path, "local")
+    monitor = raymonitor.RayJobMirror(local.path, "local")
     monitor.connect = lambda: job
     following = threading.Thread(target=monitor.follow)
     try:

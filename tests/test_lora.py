@@ -106,7 +106,7 @@ def test_the_saved_adapter_reloads_to_the_trained_model(runs):
     from transformers import AutoModelForCausalLM
 
     from ortlab.data import tokenize
-    from ortlab.fit import check
+    from ortlab.fit import check_model_and_data
     from ortlab.spec import RunSpec
     from ortlab.tasks import load_tokenizer
 
@@ -116,7 +116,7 @@ def test_the_saved_adapter_reloads_to_the_trained_model(runs):
     base = AutoModelForCausalLM.from_pretrained(spec.model.name)
     reloaded = PeftModel.from_pretrained(base, str(run / "model")).eval()
     merged = AutoModelForCausalLM.from_pretrained(str(run / "model" / "merged")).eval()
-    model_path, prepared = check(spec, log=lambda _: None)
+    model_path, prepared = check_model_and_data(spec, log=lambda _: None)
     _, eval_ds = tokenize(prepared, load_tokenizer(model_path), spec.task, spec.hyper.max_length)
     ids = torch.tensor(eval_ds["input_ids"])
     with torch.no_grad():
@@ -162,13 +162,13 @@ def test_an_adapter_run_resumes_from_its_checkpoint(runs, tmp_path):
 
 def test_target_modules_are_checked_before_the_model_loads(tiny_llama, tmp_path):
     from ortlab.adapters import AdapterError
-    from ortlab.fit import check
+    from ortlab.fit import check_model_and_data
     from ortlab.spec import RunSpec, SpecError
 
     spec = _spec(tiny_llama, tmp_path, "bad").model_dump(mode="json")
     spec["adapter"]["target_modules"] = ["q_proj", "query"]
     with pytest.raises(AdapterError, match=r"'query' is not a Linear layer.*k_proj.*v_proj"):
-        check(RunSpec.parse(spec), log=lambda _: None)
+        check_model_and_data(RunSpec.parse(spec), log=lambda _: None)
     spec["adapter"]["target_modules"] = ["q_proj; rm -rf /"]
     with pytest.raises(SpecError, match=r"adapter\.target_modules: .* is not a layer name"):
         RunSpec.parse(spec)

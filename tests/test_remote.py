@@ -338,7 +338,7 @@ def test_a_head_that_listens_beyond_loopback_is_refused(monkeypatch, tmp_path):
 
 
 def _monitor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch | None = None):
-    """A Monitor on a local run folder whose job's storage folder finished with a model and a result: the parts
+    """A RayJobMirror on a local run folder whose job's storage folder finished with a model and a result: the parts
     of a remote run that the monitor's parsing and its end work on, without a cluster. With `monkeypatch`, the
     storage is listed as the user's (a bring-home or resume outside the monitor goes through trust.storage_gate)."""
     if monkeypatch is not None:
@@ -354,7 +354,7 @@ def _monitor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch | None = None):
     spec = ortlab.RunSpec(target={"cluster": "local", "storage": str(tmp_path / "storage")})
     local.spec_path.write_text(spec.to_yaml())
     bind(storage, local)  # (what the launch does: the place is this folder's, `place.place_in`)
-    return raymonitor.Monitor(local.path, "local"), local
+    return raymonitor.RayJobMirror(local.path, "local"), local
 
 
 def test_bring_home_copies_a_finished_jobs_results_when_its_monitor_could_not(tmp_path, monkeypatch):
@@ -387,7 +387,7 @@ def test_a_remote_folder_the_status_names_is_used_only_where_the_launch_puts_it(
         with pytest.raises(RunError, match="will not use that folder"):
             raymonitor.recorded_storage(local, RunSpec.from_run(local))
         with pytest.raises(RunError, match="will not use that folder"):
-            raymonitor.Monitor(local.path, "local")
+            raymonitor.RayJobMirror(local.path, "local")
     assert (victim / "control" / "stop").read_text() == "theirs"
 
 
@@ -464,15 +464,15 @@ def test_one_failing_step_of_the_monitors_end_does_not_keep_the_model_away(tmp_p
     def broken(self, client):
         raise OSError("disk full")
 
-    monkeypatch.setattr(raymonitor.Monitor, "catch_up", broken)
+    monkeypatch.setattr(raymonitor.RayJobMirror, "catch_up", broken)
     monitor.finish("SUCCEEDED", _EndedJob(""), "")
     status = local.read_status()
     assert status["state"] == "completed" and (local.model_dir / "config.json").is_file(), status
     assert "disk full" in status["monitor_problems"][0]
     # A monitor that fails outright says so in the status, with what to do, and brings home what is there.
     monitor, local = _monitor(tmp_path / "again")
-    monkeypatch.setattr(raymonitor.Monitor, "follow", lambda self: 1 / 0)
-    monkeypatch.setattr(raymonitor, "Monitor", lambda path, cluster: monitor)
+    monkeypatch.setattr(raymonitor.RayJobMirror, "follow", lambda self: 1 / 0)
+    monkeypatch.setattr(raymonitor, "RayJobMirror", lambda path, cluster: monitor)
     assert raymonitor.monitor_main(str(local.path), "local") == 1
     status = local.read_status()
     assert status["state"] == "failed" and "ZeroDivisionError" in status["error"], status

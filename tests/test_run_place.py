@@ -196,14 +196,14 @@ def test_run_places_are_found_only_where_their_launch_puts_them(tmp_path):
 
 def test_the_monitor_writes_each_line_of_the_jobs_log_once_however_often_it_reads_it(tmp_path):
     from ortlab.job.channel import METRIC_TAG
-    from ortlab.runner.monitor import Monitor
+    from ortlab.runner.monitor import RayJobMirror
 
     spec = RunSpec.parse({"target": {"cluster": "local", "storage": str(tmp_path / "shared")}})
     run = RunDir.create(tmp_path / "runs", spec)
     remote = new_place(tmp_path / "shared", run.id, b"name: x\n")
     bind(remote, run)
     run.update_status(launcher={"kind": "ray-job", "job_id": "j", "storage": str(remote.path)})
-    monitor = Monitor(run.path, cluster="local")
+    monitor = RayJobMirror(run.path, cluster="local")
     log = "loading the model\n" + METRIC_TAG + '{"seq": 0, "record": {"event": "step", "step": 1}}\n' + "step one\n"
     for _reconnect in range(3):  # every read (a tail after a lost connection) starts at the log's beginning
         monitor.begin_read()

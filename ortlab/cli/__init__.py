@@ -45,14 +45,14 @@ def _options(
 
 
 app.command()(env.info)
-app.command()(env.doctor)
+app.command("doctor")(env.doctor_command)
 app.command("build-ort-extensions")(env.build_ort_extensions)
 app.command("bundle")(env.bundle_command)
 app.command(cls=SpecHelp)(train.train)
 app.command("tune", cls=SpecHelp)(train.tune_cmd)
 app.command("runs")(runs.list_runs)
 app.command()(runs.follow)
-app.command()(runs.stop)
+app.command("stop")(runs.stop_run)
 app.command()(runs.resume)
 app.command("compare")(runs.compare_runs)
 app.command()(runs.export)

@@ -81,9 +81,10 @@ RootOption = Annotated[
 RunArgument = Annotated[str, typer.Argument(help="run id or folder")]
 
 
-def attach(run_id: str, root: Path | None) -> Any:
-    """The run `run_id` names under `root` (a `ortlab.runner.Run`); an unknown or damaged one is a user error."""
-    from ortlab.runner import attach as attach_run
+def run_named(run_id: str, root: Path | None) -> Any:
+    """The run `run_id` names under `root` (a `ortlab.runner.Run`, by `ortlab.attach`); an unknown or damaged one
+    is a user error."""
+    from ortlab.runner import attach
 
     with reported():
-        return attach_run(run_id, root)
+        return attach(run_id, root)

@@ -82,7 +82,7 @@ def _versions(packages: tuple[str, ...]) -> dict[str, str | None]:
     return {p: package_version(p) for p in packages}
 
 
-def doctor(
+def doctor_command(
     json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
     python: Annotated[Path | None, typer.Option(help="probe another Python environment (its interpreter path)")] = None,
     refresh: Annotated[bool, typer.Option("--refresh", help="probe again instead of answering from the cache")] = False,
@@ -91,9 +91,9 @@ def doctor(
 
     The answer is cached per environment (versions, extensions, CPU, GPUs); a changed environment is probed
     again by itself, --refresh forces it."""
-    from ortlab.probe import doctor as run_doctor
+    from ortlab.probe import doctor
 
-    report = run_doctor(python=str(python) if python else None, refresh=refresh)
+    report = doctor(python=str(python) if python else None, refresh=refresh)
     if json_out:
         print(report.to_json())
     else:

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ortlab.cli.common import RootOption, RunArgument, attach, num, reported
+from ortlab.cli.common import RootOption, RunArgument, num, reported, run_named
 from ortlab.runfolder import events
 
 
@@ -27,7 +27,7 @@ def follow(
     """Print a run's metrics from the start, then live until it ends."""
     from ortlab.chat import strip_controls
 
-    run = attach(run_id, root)
+    run = run_named(run_id, root)
     with reported():  # a status gone or damaged for a while: the reason, not a traceback
         _follow_lines(run, json_out)
     status = run.status()
@@ -65,10 +65,10 @@ def _follow_lines(run: Any, json_out: bool) -> None:
                 print(line, flush=True)
 
 
-def stop(run_id: RunArgument, root: RootOption = None) -> None:
+def stop_run(run_id: RunArgument, root: RootOption = None) -> None:
     """Stop a run gracefully: it finishes its step, saves a checkpoint and ends `stopped`."""
     with reported():  # a damaged folder, or a process that is not the run's: nothing was signalled
-        status = attach(run_id, root).stop()
+        status = run_named(run_id, root).stop()
     typer.echo(
         f"{run_id}: {status['state']}" + (f", checkpoint {status['checkpoint']}" if status.get("checkpoint") else "")
     )
@@ -101,7 +101,7 @@ def resume(
     ] = False,
 ) -> None:
     """Continue a stopped run from its last checkpoint (in the background; watch with `ortlab follow`)."""
-    run = attach(run_id, root)
+    run = run_named(run_id, root)
     with reported():
         run.resume(python=python, cluster=cluster, hub_token=hub_token)
     typer.echo(f"resumed {run.id}; watch it with: ortlab follow {run.path}")
@@ -119,7 +119,7 @@ def compare_runs(
 
     from ortlab.runfolder.compare import compare, render
 
-    runs_ = [attach(r, root) for r in run_ids]
+    runs_ = [run_named(r, root) for r in run_ids]
     with reported(ValueError):
         rows = compare([r.dir for r in runs_], baseline=baseline)
     if json_out:
@@ -141,7 +141,7 @@ def export(
 
     from ortlab.export import export_onnx
 
-    run = attach(run_id, root)
+    run = run_named(run_id, root)
     with reported():
         report = export_onnx(run.dir, samples=samples, optimize=optimize, quantize=quantize)
     title = f"{run.id}: ONNX vs PyTorch on {report.samples} eval samples ({report.task})"
@@ -194,7 +194,7 @@ def push(
 
     from ortlab.publish import PublishWarning
 
-    run = attach(run_id, root)
+    run = run_named(run_id, root)
     if sum(x is not None for x in (repo, to_folder, git)) != 1:
         typer.echo("error: give exactly one of --repo, --to-folder, --git", err=True)
         raise typer.Exit(2)

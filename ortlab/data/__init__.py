@@ -9,7 +9,7 @@ that replaces a function patches the module that looks it up (e.g. `ortlab.data.
 
 from __future__ import annotations
 
-from ortlab.data.checks import check, check_chat, check_seq2seq, label_names, load_and_check
+from ortlab.data.checks import check_chat, check_columns, check_seq2seq, label_names, load_and_check
 from ortlab.data.columns import (
     LABEL_NAMES,
     MESSAGES_NAMES,
@@ -37,8 +37,8 @@ __all__ = [
     "TEXT_NAMES",
     "DataError",
     "Prepared",
-    "check",
     "check_chat",
+    "check_columns",
     "check_seq2seq",
     "collator",
     "label_names",

@@ -57,8 +57,8 @@ def check_chat(raw: dict[str, Dataset], spec: DataSpec) -> dict[str, str | None]
     return chat
 
 
-def check(raw: dict[str, Dataset], spec: DataSpec, task: str) -> tuple[str, str | None, str | None]:
-    """The (text, pair, label) columns to use, or a DataError naming the problem."""
+def check_columns(raw: dict[str, Dataset], spec: DataSpec, task: str) -> tuple[str, str | None, str | None]:
+    """The loaded data's (text, pair, label) columns to use, or a DataError naming the problem."""
     if spec.train_split not in raw:
         raise DataError(f"data.train_split: no split {spec.train_split!r}; the data has {sorted(raw)}")
     train = raw[spec.train_split]
@@ -208,7 +208,7 @@ def load_and_check(spec: DataSpec, task: str, seed: int) -> Prepared:
     elif task == "seq2seq":
         (text, target), pair, label = check_seq2seq(raw, spec), None, None
     else:
-        text, pair, label = check(raw, spec, task)
+        text, pair, label = check_columns(raw, spec, task)
     lazy = spec.lazy and chat is None and task != "causal-lm"  # causal-lm: ortlab.data.lazylm.plan decides
     distinct = None  # the training split's distinct labels, when read on the way (label_names reads them if not)
     if spec.lazy:  # before any split or shuffle: the position a late failure names is the row's place in its source
@@ -305,7 +305,7 @@ def _check_stream(raw: dict, files: list[str], spec: DataSpec, task: str, seed: 
         (text, target), pair, label = check_seq2seq(checked, spec), None, None
         read = {"source": text, "target": target}
     else:
-        text, pair, label = check(checked, spec, task)
+        text, pair, label = check_columns(checked, spec, task)
         read = {"text": text, "text_pair": pair}
     for split, ds in (("train (first rows)", head), ("eval", evaluation)):
         _check_values(ds, split, task, **read, label=label)

@@ -122,7 +122,7 @@ def _tokenize_chat(prepared: Prepared, tokenizer: Any, max_length: int) -> tuple
         return lazy_train(prepared, tokenizer, max_length), evaluation
     train = run(prepared.train, "train")
     prepared.dropped = Dropped.counted(len(prepared.train), len(prepared.train) - len(train))
-    prepared.dropped.check(max_length)  # a large share dropped fails here, as it does on the lazy path
+    prepared.dropped.fail_on_large_share(max_length)  # a large share dropped fails here, as it does on the lazy path
     if len(train) == 0:
         raise DataError(
             f"data: no training example keeps an assistant token within hyper.max_length={max_length}; raise "

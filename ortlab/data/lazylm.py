@@ -73,7 +73,7 @@ class Dropped:
             f"token was beyond hyper.max_length={max_length}"
         )
 
-    def check(self, max_length: int) -> None:
+    def fail_on_large_share(self, max_length: int) -> None:
         """A large share dropped is a setting to fix, not data to skip quietly."""
         if self.read >= DROP_FAIL_AFTER and self.dropped > DROP_FAIL_SHARE * self.read:
             raise DataError(
@@ -126,7 +126,7 @@ def chat_rows(tokenizer: Any, prepared: Prepared, max_length: int, dropped: Drop
             out["labels"].append(row["labels"])
         if dropped is not None:
             dropped.add(len(convs), cut)
-            dropped.check(max_length)
+            dropped.fail_on_large_share(max_length)
         return out
 
     return fn

@@ -26,9 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--storage", help="an object store URI to write and read a probe object in")
     a = p.parse_args(argv)
     if a.command == "worker":
-        from ortlab.job.channel import worker_main
+        from ortlab.job.channel import job_worker_main
 
-        return worker_main(a.run_dir, a.resume)
+        return job_worker_main(a.run_dir, a.resume)
     if a.command == "raytrain":
         from ortlab.job.raytrain import main as raytrain_main
 

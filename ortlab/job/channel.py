@@ -78,7 +78,7 @@ def streamed(run: RunDir, body: Any) -> int:
     return code
 
 
-def worker_main(path: str, resume: bool) -> int:
+def job_worker_main(path: str, resume: bool) -> int:
 
     place = place_at(path)
     run = folder_here(place)

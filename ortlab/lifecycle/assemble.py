@@ -45,7 +45,7 @@ class Loaded:
     collate: Callable
 
 
-def load(spec: RunSpec, model_path: str, prepared: Prepared, log: Callable[[str], None]) -> Loaded:
+def load_model_and_data(spec: RunSpec, model_path: str, prepared: Prepared, log: Callable[[str], None]) -> Loaded:
     """Load the model (with its LoRA adapter) and its tokenizer, and tokenize the checked data."""
     log("loading the model (importing torch and transformers first takes a moment) ...")
     loading = time.monotonic()

@@ -26,8 +26,8 @@ from ortlab.accel.mix import resolve
 from ortlab.adapters import adapter_summary, merge
 from ortlab.data import DataError
 from ortlab.data.load import read_error
-from ortlab.fit import check
-from ortlab.lifecycle.assemble import Loaded, build_trainer, load
+from ortlab.fit import check_model_and_data
+from ortlab.lifecycle.assemble import Loaded, build_trainer, load_model_and_data
 from ortlab.runfolder import events
 from ortlab.runfolder.compare import summarize
 from ortlab.runfolder.rundir import RunDir, checkpoint_step
@@ -85,7 +85,8 @@ def execute(
 ) -> dict[str, Any]:
     """Train the run in `run` (resuming from its last checkpoint if asked); keep its status true throughout.
 
-    `checked`: the model and data checks' answer (`fit.check`) when the launcher ran them in this process already.
+    `checked`: the model and data checks' answer (`fit.check_model_and_data`) when the launcher ran them in this
+    process already.
     `view`: what follows the run here (`ortlab.train.terminal.Terminal`). `callbacks`: more `TrainerCallback`s, for
     a launcher that must act at a point of training (a Ray Train worker uploads each checkpoint to an object store
     once every rank has written its part). `base`: the folder the spec's relative paths were written in, when this
@@ -124,7 +125,7 @@ def _execute(
                 world_size=int(os.environ.get("WORLD_SIZE", "1")),
                 step=run.last_step(),
             )
-        model_path, prepared = checked or check(spec, watch.log)
+        model_path, prepared = checked or check_model_and_data(spec, watch.log)
         with offline(spec.report_to, run.path):
             result = _train(spec, run, model_path, prepared, resume, stop, watch)
     except BaseException as e:
@@ -155,7 +156,7 @@ def _train(
 ) -> dict[str, Any]:
     """Assemble, decide the mix, then evaluate, train, and stop or finish."""
     log = watch.log
-    loaded = load(spec, model_path, prepared, log)
+    loaded = load_model_and_data(spec, model_path, prepared, log)
     # A resumed run keeps the mix it started with; a new one decides what 'auto' means here (maybe measuring).
     choice = _stored_choice(run) if resume else _auto_mix(loaded, run, model_path, log)
     choice = _yield_to_packing(loaded, choice, log)

@@ -38,7 +38,7 @@ from ortlab import runtimes
 from ortlab.accel import ACCELERATIONS, NOT_PROBED, Availability
 from ortlab.probe import cache
 from ortlab.probe.cache import PACKAGES, fingerprint, same_interpreter
-from ortlab.probe.groups import ALL, GROUPS, PEAK, TIMEOUT_S, collect, start
+from ortlab.probe.groups import ALL, GROUPS, PEAK, TIMEOUT_S, collect, start_probe
 from ortlab.probe.report import DoctorReport, describe_peaks
 
 __all__ = [
@@ -190,7 +190,7 @@ def _probe(
 
     parallel = [g for g in todo if g != PEAK]
     t0 = time.monotonic()
-    procs = {g: start(python, g) for g in parallel}
+    procs = {g: start_probe(python, g) for g in parallel}
     # One waiting thread a group: each answer is kept (and said) when its process ends, in the order they end.
     with ThreadPoolExecutor(max_workers=max(1, len(procs))) as pool:
         waits = [pool.submit(collect, proc, g, t0 + TIMEOUT_S[g]) for g, proc in procs.items()]
@@ -199,7 +199,7 @@ def _probe(
             keep(group, result, t0)
     if PEAK in todo:
         t1 = time.monotonic()
-        keep(*collect(start(python, PEAK), PEAK, t1 + TIMEOUT_S[PEAK]), t1)
+        keep(*collect(start_probe(python, PEAK), PEAK, t1 + TIMEOUT_S[PEAK]), t1)
     return found
 
 

@@ -73,7 +73,7 @@ def _environment() -> dict[str, Any]:
     return {"torch": torch.__version__, "cuda": torch.version.cuda, "devices": devices}
 
 
-def start(python: str, group: str) -> subprocess.Popen:
+def start_probe(python: str, group: str) -> subprocess.Popen:
     """The group's probe process in `python` (this ortlab first on its path: probing a second runtime too)."""
     return subprocess.Popen(
         [python, "-m", "ortlab.probe", "--probe", group],

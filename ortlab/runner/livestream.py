@@ -6,7 +6,7 @@ job agent looks at the job's log once a second, and only then does the monitor's
 monitor can read the run place itself (it brings the results home from there anyway), so it reads the stream
 there too, every `LIVE_S`: one HEAD when nothing was added, a ranged read of the new part when something was.
 Both ways number a record by its index among the stream's records (read by the same bounded reader), and the
-monitor writes each number once, whichever way brought it first (`Monitor._append`); one way that drops a record
+monitor writes each number once, whichever way brought it first (`RayJobMirror._append`); one way that drops a record
 is covered by the other, and by the catch-up from the place when the job ends.
 """
 

@@ -84,8 +84,8 @@ def recorded_storage(run: RunDir, spec: Any) -> RunPlace:
 # --- the local monitor -----------------------------------------------------------------------------------------
 
 
-class Monitor:
-    """Brings one remote run's stream, state and results into its local run folder.
+class RayJobMirror:
+    """Mirrors one Ray job's run into its local run folder: its stream, state and results (the monitor's work).
 
     `cluster` is the address its launcher was given by the user (passed on the command line), never the one the
     folder's spec.yaml says: the monitor sends the user's Ray token there on every poll.
@@ -505,7 +505,7 @@ def _tagged(tag: str, line: str) -> Any:
 
 
 def monitor_main(path: str, cluster: str) -> int:
-    monitor = Monitor(path, cluster)
+    monitor = RayJobMirror(path, cluster)
     try:
         monitor.follow()
     except Exception as e:

@@ -16,7 +16,7 @@ from typing import Any
 from ortlab.accel import tcmalloc
 from ortlab.accel.mix import _cuda_available
 from ortlab.data import collator, tokenize
-from ortlab.fit import check, fitted
+from ortlab.fit import check_model_and_data, fitted
 from ortlab.tasks import load_tokenizer
 from ortlab.tune.measure import MAX_ROUNDS, SLICE_STEPS, WARMUP_STEPS, tune_batches
 from ortlab.tune.precisionrace import MAX_ROUNDS as PROBE_ROUNDS
@@ -164,7 +164,7 @@ def tune_spec(
     baselines: bool = False,
 ) -> TuneResult:
     """`ortlab tune`: check the spec's model and data, then measure its candidate mixes (or reuse the cache)."""
-    model_path, prepared = check(spec, progress)
+    model_path, prepared = check_model_and_data(spec, progress)
     spec = fitted(spec, prepared)
     tokenizer = load_tokenizer(model_path, spec.model.revision)
     train_ds, _ = tokenize(prepared, tokenizer, spec.task, spec.hyper.max_length, spec.hyper.max_target_length)
