@@ -101,7 +101,7 @@ def test_a_sigterm_before_training_ends_the_run_at_once(tiny_chat_llama, tmp_pat
         os.kill(os.getpid(), signal.SIGTERM)  # the handler runs before this call returns to Python
         raise AssertionError("the SIGTERM did not end the run before training")
 
-    monkeypatch.setattr(lifecycle, "load", stuck_load)
+    monkeypatch.setattr(lifecycle, "load_model_and_data", stuck_load)
     spec = RunSpec.model_validate(_chat_spec(tiny_chat_llama, tmp_path / "none.jsonl", tmp_path / "runs"))
     run = RunDir.create(tmp_path / "runs", spec)
     previous = signal.getsignal(signal.SIGTERM)
