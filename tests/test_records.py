@@ -30,7 +30,7 @@ def test_every_event_has_one_schema_of_named_typed_fields():
             assert set(f.drawn) <= {CHARTS, SIDEBAR}, (event, f)
             assert not f.drawn or f.type in ("int", "float"), f"{event}.{f.name}: only numbers are drawn"
             assert (CHARTS in f.drawn and event == events.STEP) == bool(f.title), f"{event}.{f.name}: a panel's title"
-    assert records.schema()[0]["fields"][0] == {**RECORDS[events.TRAIN_BEGIN].field("event").to_dict()}
+    assert records.record_schema()[0]["fields"][0] == {**RECORDS[events.TRAIN_BEGIN].field("event").to_dict()}
 
 
 def test_the_panels_and_the_drawn_fields_are_derived_from_the_schema():

@@ -25,7 +25,7 @@ from pytest_jupyter.jupyter_server import *  # noqa: F403 (fixtures, for this mo
 
 import ortlab
 from ortlab.accel import tcmalloc
-from ortlab.runfolder.records import schema as record_schema
+from ortlab.runfolder.records import record_schema
 from ortlab.runfolder.rundir import RunDir, process_create_time
 from ortlab.spec import TASKS, HyperSpec, RunSpec
 from ortlab.toggles import form_toggles

@@ -345,6 +345,6 @@ def unknown_fields(r: dict[str, Any]) -> list[str]:
     return list(r) if schema is None else schema.unknown(r)
 
 
-def schema() -> list[dict[str, Any]]:
+def record_schema() -> list[dict[str, Any]]:
     """Every event's record as JSON, in `events.EVENTS` order: what the server sends the sidebar."""
     return [RECORDS[e].to_dict() for e in events.EVENTS]

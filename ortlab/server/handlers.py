@@ -28,7 +28,7 @@ from tornado.ioloop import IOLoop
 from ortlab import safeio
 from ortlab._version import __version__
 from ortlab.errors import OrtlabError
-from ortlab.runfolder.records import schema as record_schema
+from ortlab.runfolder.records import record_schema
 from ortlab.runfolder.rundir import DAMAGED, RESUMABLE, RunDir, RunStateError, run_folder
 from ortlab.runner import RunError
 from ortlab.safeio import ascii_int

@@ -32,7 +32,7 @@ from ortlab.tune.child import MARK
 from ortlab.tune.judge import _applied, _judge
 from ortlab.tune.mixes import MixCandidate, bf16_skipped, candidate_mixes
 from ortlab.tune.result import Measured, TuneError, TuneResult
-from ortlab.tune.resultcache import cache_key, cached, measurement_environment, model_identity, store
+from ortlab.tune.resultcache import cache_key, cached, measurement_environment, model_identity, store_result
 
 WARMUP_STEPS = 2  # step 1 holds ORT's export and graph build; step 2 settles the allocator
 SLICE_STEPS = 1  # steps per interleaved slice: one batch, the same batch for every candidate in a round
@@ -199,7 +199,7 @@ def tune_batches(
         flops_per_sample=flops,
     )
     if use_cache:
-        store(result)
+        store_result(result)
     return result
 
 

@@ -95,6 +95,6 @@ def cached(key: str) -> TuneResult | None:
     return result
 
 
-def store(result: TuneResult) -> None:
+def store_result(result: TuneResult) -> None:
     tune_cache_dir().mkdir(parents=True, exist_ok=True)
     safeio.write_json(tune_cache_dir(), f"{result.key}.json", result.to_dict())
