@@ -11,7 +11,8 @@ It does what every launcher does, in this process:
 
     preflight  the pre-flight where the run trains, so here: the mix against this process (`accel.mix.validate`,
                each broken rule with its fix), the trackers it reports to; then the model and data checks
-               (`ortlab.fit.check_model_and_data`), kept for the start so the data is loaded once: the run's one input check
+               (`ortlab.fit.check_model_and_data`), kept for the start so the data is loaded once: the run's one
+               input check
     start      trains the run (`ortlab.lifecycle.execute`) and returns when it has ended: there is no process to
                return; `result` holds what it made. The view, when there is one (`ortlab.train.terminal.Terminal`),
                follows the run from the start: the run's log takes the captured output, the view every record
