@@ -137,9 +137,9 @@ def test_a_foreground_run_asked_to_stop_says_how_to_resume(tmp_path, monkeypatch
 @pytest.mark.parametrize("detach", [False, True], ids=["foreground", "launched"])
 def test_a_cli_run_checks_its_model_and_data_once(tmp_path, monkeypatch, detach):
     """The input check (`ortlab.fit.check_model_and_data`: the model and the data, 13-20 s) runs once per run: in the
-    foreground's preflight, whose answer the start trains on, or in a launched run's own process. The command checked a launched
-    run itself as well, before `launch`, so its data was loaded twice. Here the run process is this one (the local
-    launcher's start runs `execute` in place) and training is cut short: every check of the run is counted."""
+    foreground's preflight, whose answer the start trains on, or in a launched run's own process. The command checked a
+    launched run itself as well, before `launch`, so its data was loaded twice. Here the run process is this one (the
+    local launcher's start runs `execute` in place) and training is cut short: every check of the run is counted."""
     from typer.testing import CliRunner
 
     from ortlab.cli import app
