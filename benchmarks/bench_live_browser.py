@@ -204,7 +204,8 @@ def _render(ms: list[float]) -> dict:
 
 FOLLOW_CELL = """\
 import json, os, threading, time
-from ortlab.runfolder.rundir import RunDir, process_create_time
+from ortlab.runfolder.processes import process_create_time
+from ortlab.runfolder.rundir import RunDir
 from ortlab.runner import Run
 from ortlab.spec import RunSpec
 from ortlab.train.metricswriter import JsonLinesSink

@@ -8,7 +8,7 @@ untrusted input, and three ordinary habits become holes:
   link to a private key in `model/` makes publishing upload it. Here every component below the folder is opened
   with `O_NOFOLLOW` (relative to the folder's own descriptor, `openat`-style), so a link anywhere below the folder
   raises `UnsafePath` instead of being followed; the folder itself is the caller's to resolve (see
-  `ortlab.runfolder.rundir.run_folder`). Only regular files are read: a FIFO would block a reader forever, a device
+  `ortlab.runfolder.naming.run_folder`). Only regular files are read: a FIFO would block a reader forever, a device
   never ends.
 - `path.read_text()` reads a whole file: a 171 MiB metrics file took a Jupyter server from 103 MB to 1.69 GB.
   Every read here has a limit and raises `TooLarge` past it.

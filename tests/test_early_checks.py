@@ -123,7 +123,7 @@ def _refuse_checks(monkeypatch) -> None:
 
 def test_an_output_folder_that_is_a_file_is_refused_before_the_model_and_data(tmp_path, monkeypatch, capfd):
     from ortlab.cli import app
-    from ortlab.runfolder.rundir import OutputFolderError
+    from ortlab.runfolder.naming import OutputFolderError
     from ortlab.runner import launch, train_spec
     from ortlab.spec import RunSpec
 

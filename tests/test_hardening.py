@@ -19,7 +19,8 @@ from conftest import PYTHON
 
 import ortlab
 from ortlab import envvars
-from ortlab.runfolder.rundir import RunDir, RunStateError, process_create_time
+from ortlab.runfolder.processes import process_create_time
+from ortlab.runfolder.rundir import RunDir, RunStateError
 from ortlab.runner import Run, RunError
 from ortlab.spec import RunSpec, SpecError
 
@@ -143,11 +144,12 @@ def test_chart_labels_and_run_tables_escape_run_ids(tmp_path):
 
 
 def test_a_liveness_check_never_overwrites_a_completed_run(tmp_path, monkeypatch):
+    import ortlab.runfolder.processes as processes
     import ortlab.runfolder.rundir as rundir
 
     run = make_run(tmp_path)
     sleeper = subprocess.Popen(["sleep", "60"])
-    run.update_status(pid=sleeper.pid, create_time=rundir.process_create_time(sleeper.pid))
+    run.update_status(pid=sleeper.pid, create_time=processes.process_create_time(sleeper.pid))
     run.set_status("running")
     sleeper.kill()
     sleeper.wait()
@@ -424,7 +426,7 @@ def test_follow_and_wait_end_on_an_unreadable_status(tmp_path, monkeypatch, dama
 
 
 def test_stop_never_signals_a_process_that_is_not_the_run(tmp_path):
-    from ortlab.runfolder.rundir import process_create_time
+    from ortlab.runfolder.processes import process_create_time
 
     run = make_run(tmp_path)
     bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
@@ -561,7 +563,7 @@ def test_follow_prints_a_nan_loss_instead_of_crashing(tmp_path):
 
 def test_a_worker_is_recognised_by_its_command_line_and_create_time(tmp_path):
     # Before stop signals a process group, the recorded pid must be this folder's worker, started when recorded.
-    from ortlab.runfolder.rundir import process_create_time
+    from ortlab.runfolder.processes import process_create_time
     from ortlab.runner.local import is_run_process as _is_run_process
 
     run = make_run(tmp_path)

@@ -22,7 +22,8 @@ import pytest
 from fake_runs import make_fake_run
 
 from ortlab import safeio
-from ortlab.runfolder.rundir import RunDir, process_create_time
+from ortlab.runfolder.processes import process_create_time
+from ortlab.runfolder.rundir import RunDir
 from ortlab.runner import Run, RunError, runs
 from ortlab.spec import RunSpec, SpecError
 

@@ -28,7 +28,8 @@ from ortlab.cluster import head as cluster_head
 from ortlab.job import channel
 from ortlab.runfolder.compare import row_for
 from ortlab.runfolder.place import bind
-from ortlab.runfolder.rundir import RunDir, process_alive
+from ortlab.runfolder.processes import process_alive
+from ortlab.runfolder.rundir import RunDir
 from ortlab.runner import RunError
 from ortlab.runner import monitor as raymonitor
 from ortlab.spec import RunSpec
@@ -78,7 +79,7 @@ def test_a_running_head_whose_worker_node_ended_is_not_handed_out(tmp_path):
     import subprocess
     import sys
 
-    from ortlab.runfolder.rundir import process_create_time
+    from ortlab.runfolder.processes import process_create_time
 
     ended = subprocess.Popen([sys.executable, "-c", "pass"])
     ended.wait()

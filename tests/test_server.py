@@ -25,8 +25,9 @@ from pytest_jupyter.jupyter_server import *  # noqa: F403 (fixtures, for this mo
 
 import ortlab
 from ortlab.accel import tcmalloc
+from ortlab.runfolder.processes import process_create_time
 from ortlab.runfolder.records import record_schema
-from ortlab.runfolder.rundir import RunDir, process_create_time
+from ortlab.runfolder.rundir import RunDir
 from ortlab.spec import TASKS, HyperSpec, RunSpec
 from ortlab.toggles import form_toggles
 
@@ -599,7 +600,8 @@ import json, sys
 from pathlib import Path
 import ortlab.server, ortlab.server.handlers
 import ortlab
-from ortlab.runfolder.rundir import RunDir, process_create_time
+from ortlab.runfolder.processes import process_create_time
+from ortlab.runfolder.rundir import RunDir
 from ortlab.server.handlers import doctor_summary
 from ortlab.server.runindex import RunIndex, metrics_since
 from ortlab.spec import RunSpec

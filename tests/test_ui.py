@@ -355,7 +355,7 @@ def test_a_displayed_view_updates_its_saved_output_when_the_run_moves_on(tmp_pat
     import IPython.display
     from svg_points import series
 
-    import ortlab.runfolder.rundir as rundir
+    import ortlab.runfolder.processes as processes
     from ortlab.train.metricswriter import JsonLinesSink
     from ortlab.ui import RunMonitor
 
@@ -366,7 +366,7 @@ def test_a_displayed_view_updates_its_saved_output_when_the_run_moves_on(tmp_pat
     monkeypatch.setattr(IPython.display, "update_display", lambda obj, **kw: sent.append(("update", obj, kw)))
 
     folder = RunDir.create(tmp_path / "live", RunSpec(name="live"))
-    folder.update_status(pid=os.getpid(), create_time=rundir.process_create_time(os.getpid()))
+    folder.update_status(pid=os.getpid(), create_time=processes.process_create_time(os.getpid()))
     folder.set_status("running")
     sink = JsonLinesSink(folder.metrics_path)
     step = {"event": "step", "samples_per_s": 10.0, "step_time_s": 0.1, "samples": 8, "tokens": 64}
@@ -409,7 +409,8 @@ def test_an_executed_notebook_keeps_the_finished_run_not_pending(tmp_path):
     cells = [
         "import os\n"
         "from ortlab.runner import Run\n"
-        "from ortlab.runfolder.rundir import RunDir, process_create_time\n"
+        "from ortlab.runfolder.processes import process_create_time\n"
+        "from ortlab.runfolder.rundir import RunDir\n"
         "from ortlab.spec import RunSpec\n"
         "from ortlab.train.metricswriter import JsonLinesSink\n"
         "folder = RunDir.create('run', RunSpec(name='nb'))\n"

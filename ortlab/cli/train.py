@@ -97,7 +97,7 @@ def _train(
     whether this process may train it) and follow it: in this process with the terminal's view (returns the
     result), or launched and followed through its run folder unless `detach` (returns None). `again`: this command
     may be started again, with another allocator (`_allocator`)."""
-    from ortlab.runfolder.rundir import check_output_folder
+    from ortlab.runfolder.naming import check_output_folder
     from ortlab.runner import default_root, launch, launcher_for
     from ortlab.spec import SpecError
 

@@ -65,7 +65,7 @@ from ortlab.cluster.record import (
     write_record,
 )
 from ortlab.envvars import child_cwd, child_env
-from ortlab.runfolder.rundir import process_alive, process_create_time
+from ortlab.runfolder.processes import process_alive, process_create_time
 
 # Nodes on this one machine: each is a raylet and its agents (~300 MiB); more than a few only share the same CPUs.
 MAX_NODES = 8

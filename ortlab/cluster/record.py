@@ -15,7 +15,7 @@ from ortlab import safeio
 from ortlab.cluster import procs
 from ortlab.envvars import cache_dir
 from ortlab.errors import OrtlabError
-from ortlab.runfolder.rundir import process_alive
+from ortlab.runfolder.processes import process_alive
 
 LOCAL = "local"
 # How long a cluster address may take to answer before it is called unreachable.

@@ -92,7 +92,7 @@ def execute(
     once every rank has written its part). `base`: the folder the spec's relative paths were written in, when this
     process runs elsewhere (a launched worker runs in `ortlab.envvars.child_cwd`)."""
     # The run's log stays open while this process runs it, until its final status is written: how readers tell
-    # this process (a notebook kernel too) from one that a forged status.json names (`rundir.run_process`).
+    # this process (a notebook kernel too) from one that a forged status.json names (`processes.run_process`).
     try:
         held: int | None = run.open_log()
     except OSError:

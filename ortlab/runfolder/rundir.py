@@ -18,9 +18,9 @@ died without saying so (kill -9, out of memory, machine reboot), or never starte
 no pid long after launch) and marked failed the first time anyone reads its status: no run stays "running" or
 "pending" forever.
 
-Run names are folder names under the runs root: `check_name` allows a safe alphabet only, and `run_folder` turns
-an id from a user, the CLI or a server into a folder that is inside the root (no `..`, no absolute paths, no
-symlink out of it).
+Run names are folder names under the runs root (`ortlab.runfolder.naming`): `check_name` allows a safe alphabet
+only, and `run_folder` turns an id from a user, the CLI or a server into a folder that is inside the root (no `..`,
+no absolute paths, no symlink out of it).
 
 A run folder is untrusted input (copied from someone, unpacked from an archive, planted under the runs root):
 every file in it is opened through `ortlab.safeio` (no link followed below the folder, bounded reads, writes that
@@ -36,15 +36,15 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import re
 import time
 from collections.abc import Callable, Iterator
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from ortlab import safeio
 from ortlab.errors import OrtlabError
+from ortlab.runfolder.naming import OutputFolderError, check_name, default_name
+from ortlab.runfolder.processes import process_alive, run_process
 from ortlab.runfolder.stream import METRICS_FILE, MetricsStream, summary_of
 from ortlab.runfolder.stream import records as stream_records
 
@@ -71,114 +71,9 @@ DAMAGED = "damaged"
 # spec.yaml is a page of YAML: a file far larger than this is not one.
 SPEC_MAX_BYTES = 1024 * 1024
 
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
-NAME_RULE = "1-100 characters of letters, digits, '.', '_' and '-', starting with a letter or digit"
-TASK_SHORT = {"sequence-classification": "cls", "token-classification": "tok", "causal-lm": "clm", "seq2seq": "s2s"}
-
 
 class RunStateError(OrtlabError, RuntimeError):
     """A status change the run's current state does not allow (the message says which and why)."""
-
-
-class OutputFolderError(OrtlabError, OSError):
-    """The folder runs are created in cannot be one (a file is in the way, no permission): says which and why."""
-
-
-def check_output_folder(root: str | os.PathLike) -> None:
-    """Refuse an output folder that a run folder cannot be created in, before the checks that cost (the data read,
-    the model's tokenizer, the embedded LLM made: 13-20 s) rather than after them: the folder, or where it would be
-    created (its nearest existing parent), must be a folder this user can write in. Creates nothing: a refused
-    launch leaves nothing behind. A look, not a lock: `RunDir.create` still says what goes wrong after it."""
-    fix = "choose another output folder (--output-dir, or output_dir in the spec)"
-    base = Path(os.path.expanduser(os.fspath(root)))
-    here = base
-    while not os.path.lexists(here) and here.parent != here:
-        here = here.parent
-    if not here.is_dir():
-        what = "a file, or a file is in its path" if here.is_file() else "not a folder (a FIFO, a device, a link)"
-        raise OutputFolderError(f"the output folder {base} is {what}: {fix}")
-    if not os.access(here, os.W_OK | os.X_OK):
-        where = "" if here == base else f" (it would be created in {here})"
-        raise OutputFolderError(f"the output folder {base} cannot be written by this user{where}: {fix}")
-
-
-def check_name(name: str, what: str = "run name") -> str:
-    """`name` if it is a safe folder name, else ValueError saying what is allowed."""
-    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
-        raise ValueError(f"{what} {name!r} is not allowed: use {NAME_RULE}")
-    return name
-
-
-def default_name(task: str, model: str, when: datetime | None = None) -> str:
-    """Short and telling: `cls-all-minilm-l6-v2-1123-101500` (task, model, month-day, time)."""
-    base = re.split(r"[\\/]", model.rstrip("/\\"))[-1] or "model"
-    short = re.sub(r"[^a-z0-9._-]+", "-", base.lower()).strip("-._")[:28].strip("-._") or "model"
-    stamp = (when or datetime.now()).strftime("%m%d-%H%M%S")
-    return f"{TASK_SHORT.get(task, 'run')}-{short}-{stamp}"
-
-
-def run_folder(root: str | os.PathLike, run_id: str) -> Path:
-    """The folder of run `run_id` under `root`, guaranteed inside it; ValueError for any id that could escape."""
-    check_name(run_id, "run id")
-    base = Path(root)
-    path = base / run_id
-    if path.is_symlink():
-        raise ValueError(f"run id {run_id!r} is a symbolic link; ortlab only opens real run folders")
-    if path.exists() and path.resolve().parent != base.resolve():
-        raise ValueError(f"run id {run_id!r} resolves outside the runs folder {str(base)!r}")
-    return path
-
-
-def process_alive(pid: int, create_time: float | None = None) -> bool:
-    """Is `pid` a live (not zombie) process, and the same one that was recorded (not a reused pid)?"""
-    import psutil
-
-    try:
-        p = psutil.Process(pid)
-        if p.status() == psutil.STATUS_ZOMBIE:
-            return False
-        return create_time is None or abs(p.create_time() - create_time) < 1.0
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
-
-
-def run_process(path: Path, status: dict[str, Any]) -> str:
-    """Whose is the process a status records: "none" (no pid), "dead" (gone, or its pid reused since), "ours" (a
-    live process of this run), or "foreign" (a live process that is not this run's: a forged or hand-edited pid).
-
-    A live pid with the recorded create time is not proof enough: status.json can name any process. A run's own
-    process shows it: a worker, torchrun or a remote monitor has the folder in its command line, and every run
-    process (an in-process run in a notebook kernel too) holds a file in the folder open (its log or metrics).
-    """
-    import psutil
-
-    pid, created = status.get("pid"), status.get("create_time")
-    if not pid:
-        return "none"
-    if not process_alive(pid, created):
-        return "dead"
-    if created is None:
-        return "foreign"  # ortlab always records the create time: without it the pid cannot be told from another
-    folder = str(path.resolve())
-    try:
-        proc = psutil.Process(pid)
-        if folder in proc.cmdline():
-            return "ours"
-        inside = folder + os.sep
-        return "ours" if any(f.path.startswith(inside) for f in proc.open_files()) else "foreign"
-    except psutil.NoSuchProcess:
-        return "dead"
-    except psutil.Error:
-        return "foreign"  # another user's process (AccessDenied): not this run's
-
-
-def process_create_time(pid: int) -> float | None:
-    import psutil
-
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return None
 
 
 def read_metrics(path: Path, offset: int = 0, max_bytes: int | None = None) -> tuple[list[dict[str, Any]], int]:

@@ -31,14 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from ortlab.runfolder import vouch
+from ortlab.runfolder.naming import check_output_folder, run_folder
 from ortlab.runfolder.rundir import (
     DAMAGED,
     RESUMABLE,
     TERMINAL,
     RunDir,
     RunStateError,
-    check_output_folder,
-    run_folder,
 )
 from ortlab.runfolder.stream import MetricsStream
 from ortlab.runner.launcher import Launcher, RunError

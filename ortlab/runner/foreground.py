@@ -33,7 +33,8 @@ from ortlab import fit
 from ortlab.accel.mix import MixError, mix_of, runtime_for, validate
 from ortlab.lifecycle.execute import execute
 from ortlab.probe import doctor
-from ortlab.runfolder.rundir import RunDir, process_create_time
+from ortlab.runfolder.processes import process_create_time
+from ortlab.runfolder.rundir import RunDir
 from ortlab.runner.launcher import Launcher, RunError
 from ortlab.spec import SpecError
 from ortlab.trackers import not_installed

@@ -32,7 +32,8 @@ from ortlab.accel.tcmalloc import process_env
 from ortlab.adapters import AdapterError, check_installed
 from ortlab.envvars import WITHOUT_HUB_TOKEN, child_cwd, child_env
 from ortlab.probe import cached_report, doctor
-from ortlab.runfolder.rundir import RunDir, process_create_time
+from ortlab.runfolder.processes import process_create_time
+from ortlab.runfolder.rundir import RunDir
 from ortlab.runner.launcher import Launcher, RunError, mix_problems
 from ortlab.runtimes import state_of
 from ortlab.trackers import not_installed
@@ -173,7 +174,7 @@ def is_run_process(run: RunDir, status: dict[str, Any]) -> bool:
     leading its own process group), so that signalling its group reaches the run and nothing else?
 
     A pid from status.json alone is not enough before sending a signal: the process may have ended and the
-    pid been reused by anything, or the file may have been edited (see `rundir.run_process`).
+    pid been reused by anything, or the file may have been edited (see `processes.run_process`).
     """
     import psutil
 

@@ -32,7 +32,8 @@ from ortlab.netutil import LOOPBACK_INTERFACE
 from ortlab.runfolder import vouch
 from ortlab.runfolder.objstore import StoreError
 from ortlab.runfolder.place import bind, bring_home, cluster_probe, probe_storage
-from ortlab.runfolder.rundir import RunDir, RunStateError, pause_step, process_create_time
+from ortlab.runfolder.processes import process_create_time
+from ortlab.runfolder.rundir import RunDir, RunStateError, pause_step
 from ortlab.runner.launcher import Launcher, RunError, mix_problems
 from ortlab.runner.monitor import job_log_tail, recorded_storage, storage_for
 from ortlab.runner.trust import storage_gate

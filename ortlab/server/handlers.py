@@ -5,7 +5,7 @@ cookie; an API request without one is answered 403) and `@authorized` (the serve
 "ortlab"). jupyter_server checks XSRF on every POST that is not token-authenticated, so a page on another site
 cannot make a logged-in browser start or stop runs.
 
-Run ids come from URLs: each goes through `rundir.run_folder`, which refuses `..`, absolute paths, odd characters
+Run ids come from URLs: each goes through `naming.run_folder`, which refuses `..`, absolute paths, odd characters
 and symbolic links out of the runs root; anything that is not a run folder there is a 404. Disk reads and
 launch/resume (`ortlab.server.actions`) run in the executor, so no request holds the event loop.
 
@@ -28,8 +28,9 @@ from tornado.ioloop import IOLoop
 from ortlab import safeio
 from ortlab._version import __version__
 from ortlab.errors import OrtlabError
+from ortlab.runfolder.naming import run_folder
 from ortlab.runfolder.records import record_schema
-from ortlab.runfolder.rundir import DAMAGED, RESUMABLE, RunDir, RunStateError, run_folder
+from ortlab.runfolder.rundir import DAMAGED, RESUMABLE, RunDir, RunStateError
 from ortlab.runner import RunError
 from ortlab.safeio import ascii_int
 from ortlab.server.actions import launch_in, resume_in

@@ -21,7 +21,8 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from ortlab import safeio
 from ortlab.errors import OrtlabError
 from ortlab.mixrules import Mix, MixError, mix_from, rule_problems
-from ortlab.runfolder.rundir import SPEC_MAX_BYTES, RunDir, check_name
+from ortlab.runfolder.naming import check_name
+from ortlab.runfolder.rundir import SPEC_MAX_BYTES, RunDir
 from ortlab.spec.sections import (
     TASKS,
     TRACKERS,

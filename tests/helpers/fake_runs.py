@@ -53,7 +53,8 @@ def make_fake_run(
 ) -> Path:
     """A run folder named `name` in `root`, in `state`, with `steps` step records (and a result if completed)."""
     from ortlab import safeio
-    from ortlab.runfolder.rundir import RunDir, process_create_time
+    from ortlab.runfolder.processes import process_create_time
+    from ortlab.runfolder.rundir import RunDir
     from ortlab.spec import RunSpec
 
     spec = RunSpec.parse(
@@ -91,7 +92,8 @@ def cut_back(source: Path, dest: Path, step: int, last_checkpoint: int) -> Any:
     `ortlab resume` claims a run (status pending, this pid). Returns its `RunDir`."""
     import shutil
 
-    from ortlab.runfolder.rundir import RunDir, process_create_time
+    from ortlab.runfolder.processes import process_create_time
+    from ortlab.runfolder.rundir import RunDir
 
     shutil.copytree(source, dest)
     for gone in ("model", "result.json", f"checkpoints/checkpoint-{last_checkpoint}"):
