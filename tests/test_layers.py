@@ -126,3 +126,28 @@ def test_each_folder_is_one_layer():
     entries = [name.strip() for layer in contract["layers"] for name in re.split(r"[|:]", layer)]
     inside = [e for e in entries if e.count(".") > 1]
     assert inside == [], f"these entries name a module inside a package: put the whole package in one layer: {inside}"
+
+
+# --- modules small enough to hold in one head, and one file name per module (issue #47) ----------------------------
+MAX_MODULE_LINES = 500
+
+
+def _modules() -> list[Path]:
+    return sorted(p for p in (ROOT / "ortlab").rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def test_no_module_is_over_500_lines():
+    long = {
+        str(p.relative_to(ROOT)): n for p in _modules() if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert not long, f"split these modules (at most {MAX_MODULE_LINES} lines each): {long}"
+
+
+def test_no_two_modules_share_a_file_name():
+    """`mix.py` in two packages meant two things, and a reader (or a tracing tool) followed the wrong one.
+    `__init__.py` and `__main__.py` are what Python names them."""
+    seen: dict[str, list[str]] = {}
+    for p in _modules():
+        if p.name not in ("__init__.py", "__main__.py"):
+            seen.setdefault(p.name, []).append(str(p.relative_to(ROOT)))
+    assert not {name: paths for name, paths in seen.items() if len(paths) > 1}

@@ -10,7 +10,7 @@ import tracemalloc
 from test_remote import _monitor
 
 from ortlab.job import channel
-from ortlab.runner import monitor as raymonitor
+from ortlab.runner import joblog
 
 NOISE_LINE = b"x" * 1023 + b"\n"
 
@@ -46,7 +46,7 @@ class _HugeLog:
 
 def test_the_catch_up_reads_only_the_tail_of_a_huge_log(tmp_path, monkeypatch):
     monitor, local = _monitor(tmp_path)
-    monkeypatch.setattr(raymonitor, "CATCH_UP_BYTES", 1 << 20, raising=False)
+    monkeypatch.setattr(joblog, "CATCH_UP_BYTES", 1 << 20)
     records = [
         channel.METRIC_TAG + json.dumps({"seq": i, "record": {"event": "step", "step": i + 1}}) for i in range(3)
     ]
@@ -62,7 +62,7 @@ def test_the_catch_up_reads_only_the_tail_of_a_huge_log(tmp_path, monkeypatch):
     assert status["state"] == "completed", status
     assert [r["step"] for r in local.metrics()] == [1, 2, 3]
     assert peak < 16 << 20, f"{peak / 2**20:.0f} MiB held for a 64 MiB log (the tail kept is 1 MiB)"
-    assert any("submission_id=job-1" in e and f"lines={raymonitor.CATCH_UP_LINES}" in e for e in client.asked)
+    assert any("submission_id=job-1" in e and f"lines={joblog.CATCH_UP_LINES}" in e for e in client.asked)
     assert "caught up from the last 5000 lines of the job's log (at most 1048576 bytes)" in local.log_path.read_text()
 
 
@@ -82,7 +82,7 @@ class _StreamOnly:
 
 def test_without_the_log_api_the_stream_is_read_keeping_only_its_end():
     pieces = ["a cut line's start " * 10 + "\n", "early line\n" * 1000, "last line\n"]
-    text, how = raymonitor.job_log_tail(_StreamOnly(pieces), "job-1", limit=100)
+    text, how = joblog.job_log_tail(_StreamOnly(pieces), "job-1", limit=100)
     assert len(text.encode()) <= 100 and "cut line" not in text and text.startswith("early line\n")
     assert how == "the job's log streamed, its last 100 bytes kept"
 
@@ -98,7 +98,7 @@ def test_an_empty_answer_of_the_log_api_is_asked_again_from_the_stream():
     """The doctor's report on a head just started: the log API found no file and said nothing, and the report was
     "could not run" with no line to show; the stream has the log."""
     report = channel.DOCTOR_TAG + "{}\n"
-    text, how = raymonitor.job_log_tail(_EmptyAnswer(["starting\n", report]), "job-1", lines=10, limit=1 << 20)
+    text, how = joblog.job_log_tail(_EmptyAnswer(["starting\n", report]), "job-1", lines=10, limit=1 << 20)
     assert text == "starting\n" + report and "streamed" in how
 
 
@@ -108,7 +108,7 @@ def test_the_stream_is_read_where_an_event_loop_runs_already():
     import asyncio
 
     async def in_a_kernel() -> tuple[str, str]:
-        return raymonitor.job_log_tail(_EmptyAnswer(["a\n", "b\n"]), "job-1", lines=10, limit=1 << 20)
+        return joblog.job_log_tail(_EmptyAnswer(["a\n", "b\n"]), "job-1", lines=10, limit=1 << 20)
 
     loop = asyncio.new_event_loop()  # (not asyncio.run: it would leave this thread with no event loop set)
     try:

@@ -34,8 +34,9 @@ from ortlab.runfolder.objstore import StoreError
 from ortlab.runfolder.place import bind, bring_home, cluster_probe, probe_storage
 from ortlab.runfolder.processes import process_create_time
 from ortlab.runfolder.rundir import RunDir, RunStateError, pause_step
+from ortlab.runner.joblog import job_log_tail
 from ortlab.runner.launcher import Launcher, RunError, mix_problems
-from ortlab.runner.monitor import job_log_tail, recorded_storage, storage_for
+from ortlab.runner.monitor import recorded_storage, storage_for
 from ortlab.runner.trust import storage_gate
 from ortlab.spec import RunSpec
 from ortlab.wire import DOCTOR_TAG
