@@ -43,6 +43,7 @@ import json
 import math
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -55,6 +56,7 @@ sys.path.insert(0, str(HERE))
 from bench_lora_trl import LORA, TRL_VERSION  # noqa: E402
 from common import (  # noqa: E402
     analyze,
+    bootstrap_ci,
     check_trl_site,
     cpu_name,
     interleave,
@@ -373,6 +375,7 @@ def main() -> None:
             ]
             results[name]["first_step"] = first_steps(log)
     analyze(results, baseline="trl")
+    to_equal(results)
     report = {
         "benchmark": "bench_dpo_trl",
         "method": METHOD,
@@ -405,6 +408,13 @@ def main() -> None:
     name = f"dpo-trl-{date.today().isoformat()}{'-smoke' if opts.smoke else ''}.json"
     path = write_report(report, opts.output, name)
     print_ratio_table(report, unit="pairs/s")
+    ortlab = results["ortlab"]
+    if "ratio_to_trl_equal" in ortlab:
+        lo, hi = ortlab["ratio_to_trl_equal_ci95"]
+        print(
+            f"ortlab vs trl_equal: {ortlab['ratio_to_trl_equal']:.2f} ({lo:.2f}-{hi:.2f}), peak memory "
+            f"{ortlab['peak_mem_ratio_to_trl_equal']:.2f}"
+        )
     print(f"\nfirst step: {json.dumps(report['first_step_check'])}\nwritten to {path}")
 
 
@@ -417,6 +427,19 @@ SETTINGS = {
     "trl_equal": "as trl but PRECISION (ortlab's decision), gradient_checkpointing=False, optim adamw_torch_fused; "
     "still glibc malloc, no warm-up, no weight decay, and TRL's extra metrics",
 }
+
+
+def to_equal(results: dict[str, dict]) -> None:
+    """ortlab's row against TRL at equal settings too: the paired ratio of its slices to trl_equal's of the same
+    rounds (median, bootstrap 95 % interval) and the ratio of the peaks, into ortlab's row."""
+    a, b = results["ortlab"], results["trl_equal"]
+    if "error" in a or "error" in b:
+        return
+    paired = [x / y for x, y in zip(a["slices"], b["slices"], strict=True)]
+    a["ratio_to_trl_equal"] = statistics.median(paired)
+    a["ratio_to_trl_equal_ci95"] = list(bootstrap_ci(paired))
+    if a.get("peak_mem_mb") and b.get("peak_mem_mb"):
+        a["peak_mem_ratio_to_trl_equal"] = a["peak_mem_mb"] / b["peak_mem_mb"]
 
 
 def first_step_check(results: dict[str, dict]) -> dict:

@@ -67,6 +67,12 @@ def test_the_smoke_run_trains_every_row_and_writes_paired_ratios_memory_and_the_
         # reference and the loss is log 2
         assert r["first_step"]["loss"] == pytest.approx(math.log(2), abs=1e-4), (name, r["first_step"])
     assert rows["trl"]["throughput_ratio"] == pytest.approx(1.0)
+    ortlab, equal = rows["ortlab"], rows["trl_equal"]  # ortlab against TRL at equal settings, paired too
+    paired = sorted(x / y for x, y in zip(ortlab["slices"], equal["slices"], strict=True))
+    assert ortlab["ratio_to_trl_equal"] == pytest.approx(sum(paired) / 2)
+    lo, hi = ortlab["ratio_to_trl_equal_ci95"]
+    assert _number(lo) and _number(hi) and lo <= ortlab["ratio_to_trl_equal"] <= hi
+    assert ortlab["peak_mem_ratio_to_trl_equal"] == pytest.approx(ortlab["peak_mem_mb"] / equal["peak_mem_mb"])
     # Each side said its settings: TRL's DPOConfig defaults (bf16 off in the smoke run), trl_equal's, ortlab's.
     assert any("gradient_checkpointing=True optim=adamw_torch loss_type=['sigmoid']" in s for s in rows["trl"]["said"])
     assert any("gradient_checkpointing=False optim=adamw_torch_fused" in s for s in rows["trl_equal"]["said"])
