@@ -312,7 +312,7 @@ def main() -> None:
     p.add_argument(
         "--smoke",
         action="store_true",
-        help="batch 2, length 64, 2 rounds of 1 step, fp32 (no probe): checks the script, not speed",
+        help="batch 2, 24 pairs, 2 rounds of 1 step, fp32 (no probe): checks the script, not speed",
     )
     p.add_argument("--output", default=None, help="result JSON (default: benchmarks/results/dpo-trl-<date>.json)")
     p.add_argument("--note", default=None, help="written into the result, e.g. the machine's load")
@@ -329,7 +329,7 @@ def main() -> None:
         return
     opts.trl_site = check_trl_site(opts.trl_site, "bench_dpo_trl", INSTALL)
     if opts.smoke:
-        opts.batch_size, opts.pairs, opts.rounds, opts.slice, opts.warmup, opts.max_length = 2, 24, 2, 1, 1, 64
+        opts.batch_size, opts.pairs, opts.rounds, opts.slice, opts.warmup = 2, 24, 2, 1, 1
 
     from ortlab.accel import package_version, tcmalloc
     from ortlab.envvars import child_env
