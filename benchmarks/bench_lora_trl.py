@@ -46,7 +46,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from common import analyze, cpu_name, interleave, write_report  # noqa: E402
+from common import analyze, check_trl_site, cpu_name, interleave, print_ratio_table, trl_version, write_report  # noqa: E402
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DATA = "embedded:rotten-tomatoes-chat"
@@ -173,18 +173,6 @@ def trl_child(opts: argparse.Namespace, bf16_default: bool, checkpointing_defaul
 # --- the driver ----------------------------------------------------------------------------------------------
 
 
-def check_trl_site(site: str | None) -> str:
-    """The folder trl was installed into, checked before anything trains: a clear error with the command if not."""
-    if not site or not (Path(site) / "trl" / "__init__.py").is_file():
-        where = f"{site!r} has no trl package" if site else "no --trl-site given"
-        raise SystemExit(
-            f"bench_lora_trl: trl is needed for the TRL rows and is not part of ortlab's environment ({where}). "
-            f"Install it into a folder of its own and name it:\n    {INSTALL}\n    "
-            ".venv/bin/python benchmarks/bench_lora_trl.py --trl-site /tmp/trl-site"
-        )
-    return str(Path(site).resolve())
-
-
 def write_data(folder: Path, examples: int) -> Path:
     """The first `examples` conversations of the embedded chat data, as the one JSONL file both sides read."""
     from ortlab.assets import embedded_dataset
@@ -223,7 +211,7 @@ def main() -> None:
     if opts.child in ("trl", "trl_fp32", "trl_equal"):
         trl_child(opts, bf16_default=opts.child == "trl", checkpointing_default=opts.child != "trl_equal")
         return
-    opts.trl_site = check_trl_site(opts.trl_site)
+    opts.trl_site = check_trl_site(opts.trl_site, "bench_lora_trl", INSTALL)
     if opts.smoke:
         opts.batch_size, opts.examples = 2, 40
         opts.rounds, opts.warmup, opts.no_trl_fp32 = 2, 1, True
@@ -283,36 +271,14 @@ def main() -> None:
         "measure_time_s": measure_time,
         "smoke": opts.smoke,
         "note": opts.note,
-        "packages": {d: package_version(d) for d in ("torch", "transformers", "peft")} | {"trl": trl_version(opts)},
+        "packages": {d: package_version(d) for d in ("torch", "transformers", "peft")}
+        | {"trl": trl_version(opts.trl_site)},
         "results": list(results.values()),
     }
     name = f"lora-trl-{date.today().isoformat()}{'-smoke' if opts.smoke else ''}.json"
     path = write_report(report, opts.output, name)
-    print_table(report)
+    print_ratio_table(report)
     print(f"\nwritten to {path}")
-
-
-def trl_version(opts: argparse.Namespace) -> str | None:
-    """trl's version from its installed metadata in `--trl-site` (read, not imported: the driver stays clean)."""
-    for meta in Path(opts.trl_site).glob("trl-*.dist-info/METADATA"):
-        for line in meta.read_text(errors="replace").splitlines():
-            if line.startswith("Version:"):
-                return line.split(":", 1)[1].strip()
-    return None
-
-
-def print_table(report: dict) -> None:
-    head = ("row", "examples/s", "vs trl", "95% CI", "peak MB", "vs trl")
-    print("\n{:<11} {:>11} {:>7} {:>12} {:>8} {:>8}".format(*head))
-    for r in report["results"]:
-        if "error" in r:
-            print(f"{r['mix']:<11} failed: {str(r['error'])[:100]}")
-            continue
-        ci = "{:.2f}-{:.2f}".format(*r["ratio_ci95"])
-        print(
-            f"{r['mix']:<11} {r['samples_per_s']:>11.2f} {r['throughput_ratio']:>7.2f} {ci:>12} "
-            f"{r.get('peak_mem_mb', 0):>8.0f} {r.get('peak_mem_ratio', 0):>8.2f}"
-        )
 
 
 if __name__ == "__main__":

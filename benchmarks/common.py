@@ -174,3 +174,44 @@ def write_report(report: dict, output: str | Path | None, name: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2))
     return path
+
+
+# --- the TRL comparisons (bench_lora_trl, bench_dpo_trl): trl from a folder of its own, never ortlab's environment
+
+
+def check_trl_site(site: str | None, script: str, install: str) -> str:
+    """The folder trl was installed into, checked before anything trains: a clear error naming the package and the
+    command (`install`, which fills the folder) if it holds no trl. `script` is the benchmark, for the message."""
+    if not site or not (Path(site) / "trl" / "__init__.py").is_file():
+        where = f"{site!r} has no trl package" if site else "no --trl-site given"
+        target = install.split("--target ", 1)[1].split(" ", 1)[0] if "--target " in install else "DIR"
+        raise SystemExit(
+            f"{script}: trl is needed for the TRL rows and is not part of ortlab's environment ({where}). "
+            f"Install it into a folder of its own and name it:\n    {install}\n    "
+            f".venv/bin/python benchmarks/{script}.py --trl-site {target}"
+        )
+    return str(Path(site).resolve())
+
+
+def trl_version(site: str) -> str | None:
+    """trl's version from its installed metadata in `site` (read, not imported: the driver stays clean)."""
+    for meta in Path(site).glob("trl-*.dist-info/METADATA"):
+        for line in meta.read_text(errors="replace").splitlines():
+            if line.startswith("Version:"):
+                return line.split(":", 1)[1].strip()
+    return None
+
+
+def print_ratio_table(report: dict, unit: str = "examples/s", baseline: str = "trl") -> None:
+    """Each row's rate, its paired ratio to `baseline` with the interval, its peak memory and that ratio."""
+    head = ("row", unit, f"vs {baseline}", "95% CI", "peak MB", f"vs {baseline}")
+    print("\n{:<11} {:>11} {:>7} {:>12} {:>8} {:>8}".format(*head))
+    for r in report["results"]:
+        if "error" in r:
+            print(f"{r['mix']:<11} failed: {str(r['error'])[:100]}")
+            continue
+        ci = "{:.2f}-{:.2f}".format(*r["ratio_ci95"])
+        print(
+            f"{r['mix']:<11} {r['samples_per_s']:>11.2f} {r['throughput_ratio']:>7.2f} {ci:>12} "
+            f"{r.get('peak_mem_mb', 0):>8.0f} {r.get('peak_mem_ratio', 0):>8.2f}"
+        )
