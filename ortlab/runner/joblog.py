@@ -1,5 +1,5 @@
-"""Driver side: the tail of a Ray job's log, read without holding the whole log: the catch-up after a job ends (the monitor)
-and the doctor job's report (`rayjob`) read it here."""
+"""Driver side: the tail of a Ray job's log, read without holding the whole log: the catch-up after a job ends
+(the monitor) and the doctor job's report (`rayjob`) read it here."""
 
 from __future__ import annotations
 
