@@ -273,7 +273,7 @@ def test_storage_kinds_are_told_apart_only_in_the_place_module():
     kinds = r"\b(Store|StoredRun|RunDir|SharedFolder|ObjectStorage)\b"
     patterns = [rf"isinstance\([^)]*{kinds}", r"\bis_uri\(", r"\.store\b(?!\()", r"\bfolder_of\("]
     # An argument's form, not a storage's kind: RunSpec.from_run takes a RunDir, a Run or a path.
-    allowed = {("spec.py", 'run = run if isinstance(run, RunDir) else RunDir(getattr(run, "path", run))')}
+    allowed = {("spec/__init__.py", 'run = run if isinstance(run, RunDir) else RunDir(getattr(run, "path", run))')}
     found = []
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root).as_posix()
