@@ -258,7 +258,7 @@ def _probe() -> tuple[bool, str, dict]:
 if __name__ == "__main__":
     # `python -m ortlab.accel.ort build-extensions` is what scripts/dev runs; `ortlab build-ort-extensions` too.
     if sys.argv[1:] == ["build-extensions"]:
-        print("[ortlab] ORTModule extensions: " + ("built" if build_extensions() else "already built"))
+        print("[ortlab] ORTModule extensions: " + ("ready" if build_extensions() else "already built"))
     else:
         print("usage: python -m ortlab.accel.ort build-extensions", file=sys.stderr)
         sys.exit(2)

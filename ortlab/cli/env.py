@@ -103,12 +103,13 @@ def doctor_command(
 def build_ort_extensions(
     force: Annotated[bool, typer.Option(help="rebuild even if they look up to date")] = False,
 ) -> None:
-    """Compile ORTModule's two CPU torch extensions into the installed onnxruntime-training (~3 min)."""
+    """Compile ORTModule's two CPU torch extensions into the installed onnxruntime-training (~3 min; seconds when
+    ortlab's cache holds a build for the same torch, ORT, Python, compiler and sources)."""
     from ortlab.accel.ort import build_extensions
 
     with reported(RuntimeError, code=1):
         built = build_extensions(force=force)
-    typer.echo("ORTModule extensions built" if built else "ORTModule extensions already built: nothing to do")
+    typer.echo("ORTModule extensions ready" if built else "ORTModule extensions already built: nothing to do")
 
 
 def bundle_command(
