@@ -61,6 +61,7 @@ from common import (  # noqa: E402
     cpu_name,
     interleave,
     print_ratio_table,
+    trl_row_inputs,
     trl_version,
     write_report,
 )
@@ -196,20 +197,12 @@ def ortlab_child(opts: argparse.Namespace) -> None:
 
 
 def trl_child(opts: argparse.Namespace) -> None:
-    sys.path.insert(0, opts.trl_site)  # this process only: the ortlab row and the driver never import trl
-    import trl
-    from datasets import load_dataset
     from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import DPOConfig, DPOTrainer
 
-    from ortlab.tasks import resolve_model
     from ortlab.tune import slice_callback
 
-    path = resolve_model(MODEL)  # the embedded copy ortlab's row loads too (made by the driver beforehand)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path)
-    dataset = load_dataset("json", data_files=opts.data_file, split="train")
+    trl, tokenizer, model, dataset = trl_row_inputs(opts.trl_site, MODEL, opts.data_file)
+
     job = {  # the job's own settings; everything else is DPOConfig's default
         "output_dir": opts.out,
         "per_device_train_batch_size": opts.batch_size,
@@ -227,7 +220,7 @@ def trl_child(opts: argparse.Namespace) -> None:
         job |= {"bf16": opts.precision == "bf16", "gradient_checkpointing": False, "optim": "adamw_torch_fused"}
     elif opts.smoke:
         job["bf16"] = False  # the smoke run is fp32 throughout
-    config = DPOConfig(**job)
+    config = trl.DPOConfig(**job)
     lora = LoraConfig(
         r=LORA["rank"],
         lora_alpha=LORA["alpha"],
@@ -235,7 +228,7 @@ def trl_child(opts: argparse.Namespace) -> None:
         target_modules=LORA["target_modules"],
         task_type="CAUSAL_LM",
     )
-    trainer = first_step_recorder(DPOTrainer)(
+    trainer = first_step_recorder(trl.DPOTrainer)(
         model=model, args=config, train_dataset=dataset, processing_class=tokenizer, peft_config=lora
     )
     print(

@@ -46,7 +46,16 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from common import analyze, check_trl_site, cpu_name, interleave, print_ratio_table, trl_version, write_report  # noqa: E402
+from common import (  # noqa: E402
+    analyze,
+    check_trl_site,
+    cpu_name,
+    interleave,
+    print_ratio_table,
+    trl_row_inputs,
+    trl_version,
+    write_report,
+)
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DATA = "embedded:rotten-tomatoes-chat"
@@ -117,20 +126,12 @@ def ortlab_child(opts: argparse.Namespace) -> None:
 
 
 def trl_child(opts: argparse.Namespace, bf16_default: bool, checkpointing_default: bool = True) -> None:
-    sys.path.insert(0, opts.trl_site)  # this process only: the ortlab row and the driver never import trl
-    import trl
-    from datasets import load_dataset
     from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import SFTConfig, SFTTrainer
 
-    from ortlab.tasks import resolve_model
     from ortlab.tune import slice_callback
 
-    path = resolve_model(MODEL)  # the embedded copy ortlab's row loads too (made by the driver beforehand)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path)
-    dataset = load_dataset("json", data_files=opts.data_file, split="train")
+    trl, tokenizer, model, dataset = trl_row_inputs(opts.trl_site, MODEL, opts.data_file)
+
     job = {  # the job's own settings; everything else is SFTConfig's default
         "output_dir": opts.out,
         "per_device_train_batch_size": opts.batch_size,
@@ -146,7 +147,7 @@ def trl_child(opts: argparse.Namespace, bf16_default: bool, checkpointing_defaul
         job["bf16"] = False
     if not checkpointing_default:
         job["gradient_checkpointing"] = False
-    config = SFTConfig(**job)
+    config = trl.SFTConfig(**job)
     lora = LoraConfig(
         r=LORA["rank"],
         lora_alpha=LORA["alpha"],
@@ -154,7 +155,9 @@ def trl_child(opts: argparse.Namespace, bf16_default: bool, checkpointing_defaul
         target_modules=LORA["target_modules"],
         task_type="CAUSAL_LM",
     )
-    trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer, peft_config=lora)
+    trainer = trl.SFTTrainer(
+        model=model, args=config, train_dataset=dataset, processing_class=tokenizer, peft_config=lora
+    )
     print(
         f"[trl {trl.__version__}] bf16={config.bf16} gradient_checkpointing={config.gradient_checkpointing} "
         f"packing={config.packing} padding_free={config.padding_free}",

@@ -22,7 +22,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ortlab.tune import Stepper
@@ -191,6 +191,24 @@ def check_trl_site(site: str | None, script: str, install: str) -> str:
             f".venv/bin/python benchmarks/{script}.py --trl-site {target}"
         )
     return str(Path(site).resolve())
+
+
+def trl_row_inputs(site: str, model: str, data_file: str) -> tuple[Any, Any, Any, Any]:
+    """In a TRL row's own process (bench_lora_trl, bench_dpo_trl): trl from its folder, put on this process's path
+    only (the ortlab row and the driver never import trl), and the job's model, tokenizer and JSONL rows, the
+    embedded copy of the model that ortlab's row loads too (made by the driver beforehand). Returns (trl, tokenizer,
+    model, dataset)."""
+    sys.path.insert(0, site)
+    import trl
+    from datasets import load_dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ortlab.tasks import resolve_model
+
+    path = resolve_model(model)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    loaded = AutoModelForCausalLM.from_pretrained(path)
+    return trl, tokenizer, loaded, load_dataset("json", data_files=data_file, split="train")
 
 
 def trl_version(site: str) -> str | None:
