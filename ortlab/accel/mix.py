@@ -136,11 +136,12 @@ def _cuda_available() -> bool:
 def resolve(accel: Any, choice: dict[str, Any] | None = None) -> Any:
     """`accel` (an AccelSpec) with 'auto' replaced by `choice` (measured, `ortlab.tune`) where it has a value, else
     by this machine's conservative default: what measurements showed never loses to plain PyTorch. No ORT (0.7-0.9x
-    eager on a 2-core CPU), fp32 (bf16 is 0.8x or 1.6x depending on the CPU), fused AdamW where available (1.0x on
-    one CPU, 1.2x on another, faster on CUDA; the same update up to rounding), TF32 where the GPU has it, tcmalloc
-    where this process started with it (its launcher decided: `ortlab.accel.tcmalloc`)."""
+    eager on a 2-core CPU); fp32 on a CPU (bf16 is 0.8x or 1.6x depending on the CPU) and 16 bits on a CUDA device
+    (bf16 on Ampere and newer, fp16 on Volta and Turing: `precision.cuda_default_precision`); fused AdamW where
+    available (1.0x on one CPU, 1.2x on another, faster on CUDA; the same update up to rounding); TF32 where the GPU
+    has it; tcmalloc where this process started with it (its launcher decided: `ortlab.accel.tcmalloc`)."""
 
-    default = {"ort": False, "precision": "fp32"}
+    default = {"ort": False, "precision": precision.cuda_precision_default() or "fp32"}
     if accel.fused_adam == "auto" and "fused_adam" not in (choice or {}):
         default["fused_adam"] = fused_adam.availability().available
     if accel.tf32 == "auto" and "tf32" not in (choice or {}):

@@ -118,6 +118,34 @@ def tf32_availability(probe: bool = False) -> Availability:
     )
 
 
+FP16_TENSOR_CORES = (7, 0)  # Volta: the first NVIDIA GPUs with fp16 tensor cores (T4 is Turing, 7.5)
+
+
+def cuda_default_precision(capability: tuple[int, int], bf16_supported: bool) -> str:
+    """What 'auto' trains in on a CUDA device when nothing was measured for the run: bf16 where the GPU has it
+    (Ampere and newer: A100, L4, A10G, H100; fp32's range, no loss scaling), else fp16 with loss scaling where it has
+    fp16 tensor cores (V100, T4: 8x the fp32 matmul peak on a T4, 65 vs 8.1 TFLOP/s), else fp32 (Pascal and older,
+    whose 16-bit matmuls are no faster). Unlike on a CPU, where bf16 is 0.8x or 1.6x fp32 depending on the model
+    (so only a measurement may choose it), every tensor-core GPU trains a transformer faster in 16 bits; a
+    measurement (`accel.tune`) still overrides this."""
+    if bf16_supported and tuple(capability) >= TF32_CAPABILITY:
+        return "bf16"
+    if tuple(capability) >= FP16_TENSOR_CORES:
+        return "fp16"
+    return "fp32"
+
+
+def cuda_precision_default() -> str | None:
+    """`cuda_default_precision` for the first visible CUDA device, or None where torch sees none."""
+    if package_version("torch") is None:
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return cuda_default_precision(tuple(torch.cuda.get_device_capability(0)), bool(torch.cuda.is_bf16_supported()))
+
+
 def tf32_state() -> dict[str, object]:
     """What torch will really do with fp32 matmuls now (observed, not configured). torch >= 2.9 also has the
     `fp32_precision` settings ("tf32" / "ieee"), which the older flags mirror; both are read where they exist."""
