@@ -182,3 +182,15 @@ def wait_gone(process: subprocess.Popen | None, timeout: float = 10.0) -> bool:
     while process is not None and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
     return process is None or process.poll() is not None
+
+
+def save_chat(run_path: str | os.PathLike, session: str, record: dict[str, Any]) -> Path:
+    """Append one exchange to `<run>/chats/<session>.jsonl` (created without following links inside the run folder:
+    a planted `chats` link cannot make ortlab write elsewhere). Returns the file's path."""
+    from ortlab import safeio
+
+    rel = f"chats/{session}.jsonl"
+    fd = safeio.open_in(run_path, rel, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    with os.fdopen(fd, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    return Path(run_path) / rel
