@@ -1,5 +1,7 @@
-"""Talk to a run's model: an engine that streams a chat reply token by token, served over an OpenAI-compatible
-endpoint on loopback (`ortlab serve RUN`), and the client side the notebook's chat playground uses.
+"""Talk to a run's model: a streaming chat engine, an OpenAI-compatible endpoint on loopback, the playground's server.
+
+The engine streams a chat reply token by token; `ortlab serve RUN` serves it over OpenAI's chat completions API; the
+notebook's chat playground starts it in a child process and reads it with the client here.
 
     ortlab.serve.engine     `Engine`: the chat template as in training, a backend (PyTorch now, ONNX later), sampling
     ortlab.serve.endpoint   the Starlette app: /v1/models, /v1/chat/completions (streamed or whole), token, limits
