@@ -277,3 +277,33 @@ def test_only_a_completed_causal_lm_run_can_chat(tmp_path):
     (classifier / "model" / "config.json").write_text("{}")
     with pytest.raises(EngineError, match="chat needs a causal LM"):
         Engine.for_run(classifier)
+
+
+def test_an_onnx_generator_plugs_in_as_a_backend(chat_lora_run, tmp_path, monkeypatch):
+    """The seam for the ONNX export with a KV cache: any `OnnxGenerator(folder).stream(ids, max_new_tokens)` in
+    ortlab.export answers through the same engine (template, decoding, end of turn) as the PyTorch model."""
+    import ortlab.export
+    from ortlab.serve.engine import Engine
+    from ortlab.tasks import load_tokenizer
+
+    tokenizer = load_tokenizer(str(chat_lora_run / "model"))
+    said = tokenizer("fresh, really", add_special_tokens=False)["input_ids"]
+    asked = []
+
+    class FakeGenerator:
+        def __init__(self, folder):
+            asked.append(folder)
+
+        def stream(self, ids, max_new_tokens):
+            asked.append((list(ids), max_new_tokens))
+            yield from [*said, tokenizer.convert_tokens_to_ids("<|im_end|>"), *said]
+
+    monkeypatch.delattr(ortlab.export, "OnnxGenerator", raising=False)
+    with pytest.raises(EngineError, match="no ONNX generator"):
+        Engine.for_run(chat_lora_run, onnx=tmp_path)
+    monkeypatch.setattr(ortlab.export, "OnnxGenerator", FakeGenerator, raising=False)
+    engine = Engine.for_run(chat_lora_run, onnx=tmp_path)
+    reply = engine.generate(ASK, Settings(max_new_tokens=9))
+    assert "".join(reply) == "fresh, really" and reply.finish_reason == "stop"  # ends at <|im_end|>
+    assert engine.model_id == "chat-lora:onnx" and engine.describe()["backend"] == "onnx"
+    assert asked == [tmp_path, (engine.prompt_ids(ASK), 9)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -14,6 +15,9 @@ def serve(
     root: RootOption = None,
     port: Annotated[int, typer.Option(help="the port on 127.0.0.1 (0: any free one)")] = 8000,
     base: Annotated[bool, typer.Option("--base", help="serve the model the run started from instead")] = False,
+    onnx: Annotated[
+        Path | None, typer.Option(help="serve the run's ONNX export with a KV cache in this folder (greedy)")
+    ] = None,
 ) -> None:
     """Serve a run's model at http://127.0.0.1:PORT/v1 (OpenAI's chat completions, streamed or whole).
 
@@ -25,8 +29,10 @@ def serve(
     run = run_named(run_id, root)
     token, given = token_from_env()
     with reported():
+        if base and onnx:
+            raise typer.BadParameter("--base and --onnx name two models: pick one")
         typer.echo(f"loading {'the base model of ' if base else ''}run {run.id} ...", err=True)
-        engine = Engine.for_run(run.dir, base=base)
+        engine = Engine.for_run(run.dir, base=base, onnx=onnx)
 
         def announce(info: dict[str, Any]) -> None:
             shown = f"(from ${TOKEN_ENV})" if given else token

@@ -38,10 +38,18 @@ class ChatServerError(OrtlabError, RuntimeError):
 
 
 class ChatServer:
-    """`python -m ortlab.serve` for one model of a run (`base=True`: the model it started from)."""
+    """`python -m ortlab.serve` for one model of a run (`base=True`: the model it started from; `onnx`: its ONNX
+    export with a KV cache, in that folder)."""
 
-    def __init__(self, run_path: str | os.PathLike, base: bool = False, python: str | None = None):
+    def __init__(
+        self,
+        run_path: str | os.PathLike,
+        base: bool = False,
+        python: str | None = None,
+        onnx: str | os.PathLike | None = None,
+    ):
         self.run_path, self.base = Path(run_path).resolve(), base
+        self.onnx = None if onnx is None else Path(onnx).resolve()
         self.python = python or sys.executable
         self.token = secrets.token_urlsafe(32)
         self.info: dict[str, Any] = {}
@@ -61,6 +69,8 @@ class ChatServer:
         cmd = [self.python, "-m", "ortlab.serve", str(self.run_path), "--port", "0", "--parent", str(os.getpid())]
         if self.base:
             cmd.append("--base")
+        if self.onnx is not None:
+            cmd += ["--onnx", str(self.onnx)]
         env = {**os.environ, TOKEN_ENV: self.token, "PYTHONUNBUFFERED": "1"}
         self.process = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True

@@ -210,9 +210,10 @@ class Engine:
         return Generation(self, self.prompt_ids(messages), settings or Settings(), stop or threading.Event())
 
     @classmethod
-    def for_run(cls, run: Any, base: bool = False) -> Engine:
+    def for_run(cls, run: Any, base: bool = False, onnx: str | Path | None = None) -> Engine:
         """The model a finished causal-LM run trained (LoRA: merged into its base), or with `base=True` the model it
-        started from; both with the run's own tokenizer, so the prompt is laid out as in training."""
+        started from, or with `onnx` its export in that folder (ONNX with a KV cache); all with the run's own
+        tokenizer, so the prompt is laid out as in training."""
         from ortlab.spec import RunSpec
         from ortlab.tasks import load_model, load_tokenizer, resolve_model
 
@@ -232,6 +233,8 @@ class Engine:
         if spec.task != "causal-lm":
             raise EngineError(f"run {folder.id} trained a {spec.task} model; chat needs a causal LM (task causal-lm)")
         tokenizer = load_tokenizer(str(folder.model_dir))
+        if onnx is not None:
+            return cls(tokenizer, OnnxBackend(onnx_generator(onnx)), f"{folder.id}:onnx")
         if base:
             model = load_model(resolve_model(spec.model.name), "causal-lm", [])
             return cls(tokenizer, TorchBackend(model), f"{folder.id}:base")
@@ -253,13 +256,15 @@ class Engine:
         path = resolve_model(name)
         return cls(load_tokenizer(path), TorchBackend(load_model(path, "causal-lm", [])), name)
 
-    @classmethod
-    def for_onnx(cls, folder: str | Path, tokenizer_path: str | Path, model_id: str) -> Engine:
-        """An exported ONNX generator with KV cache (`ortlab.export`'s `OnnxGenerator`, once it is there)."""
-        from ortlab import export
-        from ortlab.tasks import load_tokenizer
 
-        make = getattr(export, "OnnxGenerator", None)
-        if make is None:
-            raise EngineError("this ortlab has no ONNX generator with a KV cache yet (ortlab.export.OnnxGenerator)")
-        return cls(load_tokenizer(str(tokenizer_path)), OnnxBackend(make(folder)), model_id)
+def onnx_generator(folder: str | Path) -> Any:
+    """`ortlab.export`'s ONNX generator with a KV cache for the export in `folder`, or EngineError when this ortlab
+    has none yet (the seam is here; the generator comes with the KV-cache export)."""
+    from ortlab import export
+
+    make = getattr(export, "OnnxGenerator", None)
+    if make is None:
+        raise EngineError("this ortlab has no ONNX generator with a KV cache yet (ortlab.export.OnnxGenerator)")
+    if not Path(folder).is_dir():
+        raise EngineError(f"{folder}: no such folder; export the run first, then name its ONNX folder")
+    return make(folder)

@@ -75,9 +75,11 @@ class Side:
 class Playground(widgets.VBox):
     """Two models answering the same prompts. `run`: a Run (or its folder); `other`: None (the run's base model),
     another Run, a run folder, or a run id in the same runs folder. `python`: the interpreter the servers run in
-    (default: the kernel's; a runtime's Python works, so the models need not load with the kernel's torch)."""
+    (default: the kernel's; a runtime's Python works, so the models need not load with the kernel's torch).
+    `onnx`: the folder of the run's ONNX export with a KV cache, answering on the left instead of the PyTorch model
+    (hear what you ship; greedy, whatever the temperature says)."""
 
-    def __init__(self, run: Any, other: Any = None, python: str | None = None, **kwargs: Any):
+    def __init__(self, run: Any, other: Any = None, python: str | None = None, onnx: Any = None, **kwargs: Any):
         self.run_path = Path(getattr(run, "path", run))
         if other is None:
             right = Side("base model", ChatServer(self.run_path, base=True, python=python))
@@ -86,7 +88,10 @@ class Playground(widgets.VBox):
             if not other_path.is_dir() and "/" not in str(other) and os.sep not in str(other):
                 other_path = run_folder(self.run_path.parent, str(other))
             right = Side(f"run {other_path.name}", ChatServer(other_path, python=python))
-        self.sides = [Side(f"run {self.run_path.name}", ChatServer(self.run_path, python=python)), right]
+        left = Side(
+            f"run {self.run_path.name}" + (" (ONNX)" if onnx else ""), ChatServer(self.run_path, False, python, onnx)
+        )
+        self.sides = [left, right]
         self.session = time.strftime("chat-%Y%m%d-%H%M%S")
         self.saved: Path | None = None
         self._lock = threading.Lock()
