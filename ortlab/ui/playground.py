@@ -45,7 +45,8 @@ class Side:
         self.cancelled = threading.Event()
         self.thread: threading.Thread | None = None
         self.answering = False
-        self.pane = widgets.HTML(layout=widgets.Layout(width="50%", border="1px solid #ddd", padding="4px"))
+        box = {"width": "50%", "max_height": "480px", "overflow": "auto", "border": "1px solid #ddd", "padding": "4px"}
+        self.pane = widgets.HTML(layout=widgets.Layout(**box))
         self.pane.add_class("ortlab-chat-pane")
 
     def start(self) -> None:
