@@ -78,6 +78,18 @@ def test_stop_strings_cut_the_reply_and_are_not_shown(chat_lora_run):
     assert "".join(cut) == text[: text.find(stop)] and cut.finish_reason == "stop"
 
 
+def test_a_conversation_that_cannot_fit_the_model_is_refused_before_a_token(chat_lora_run):
+    from ortlab.serve.engine import Engine
+
+    engine = Engine.for_run(chat_lora_run)
+    assert engine.backend.context == 4096
+    long = [{"role": "user", "content": "fresh rotten " * 400}]
+    assert len(engine.prompt_ids(long)) + MAX_NEW_TOKENS > 4096
+    with pytest.raises(EngineError, match="exceed the model's 4096 positions"):
+        engine.generate(long, Settings(max_new_tokens=MAX_NEW_TOKENS))
+    assert engine.generate(long, Settings(max_new_tokens=8)).prompt_tokens < 4096 - 8  # fewer tokens: it fits
+
+
 def test_sampling_rules():
     import torch
 

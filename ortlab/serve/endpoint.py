@@ -164,11 +164,14 @@ def build_app(engine: Engine, token: str) -> Any:
             return _error(str(e), e.status, param=e.param)
         ident = f"chatcmpl-{uuid.uuid4().hex}"
         stop = threading.Event()
+        try:  # the template and the length are checked before anything is sent: a refusal is a 400, not a cut stream
+            generation = engine.generate(messages, settings, stop)
+        except EngineError as e:
+            return _error(str(e), 400, param="messages")
         if stream:
-            return StreamingResponse(_events(ident, messages, settings, stop), media_type="text/event-stream")
+            return StreamingResponse(_events(ident, generation), media_type="text/event-stream")
         try:
             async with turn:
-                generation = engine.generate(messages, settings, stop)
                 await anyio.to_thread.run_sync(lambda: list(generation))
         finally:
             stop.set()
@@ -189,7 +192,7 @@ def build_app(engine: Engine, token: str) -> Any:
             }
         )
 
-    async def _events(ident: str, messages: list, settings: Settings, stop: threading.Event) -> Any:
+    async def _events(ident: str, generation: Any) -> Any:
         def chunk(delta: dict, finish: str | None = None) -> str:
             body = {
                 "id": ident,
@@ -202,7 +205,6 @@ def build_app(engine: Engine, token: str) -> Any:
 
         try:
             async with turn:
-                generation = engine.generate(messages, settings, stop)
                 pieces = iter(generation)
                 yield chunk({"role": "assistant", "content": ""})
                 while (piece := await anyio.to_thread.run_sync(next, pieces, None)) is not None:
@@ -210,7 +212,7 @@ def build_app(engine: Engine, token: str) -> Any:
                 yield chunk({}, generation.finish_reason)
                 yield "data: [DONE]\n\n"
         finally:
-            stop.set()  # the client hung up (cancelled here), or the reply is complete: no more tokens
+            generation.stop.set()  # the client hung up (cancelled here), or the reply is complete: no more tokens
 
     return Starlette(
         routes=[Route("/v1/models", models), Route("/v1/chat/completions", completions, methods=["POST"])],

@@ -69,6 +69,8 @@ class TorchBackend:
 
     def __init__(self, model: Any):
         self.model = model.eval()
+        # how many positions the model knows (prompt and reply together); None: it does not say
+        self.context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
 
     def stream(self, ids: list[int], settings: Settings, stop: threading.Event) -> Iterator[int]:
         import torch
@@ -206,8 +208,20 @@ class Engine:
     def generate(
         self, messages: list[dict[str, str]], settings: Settings | None = None, stop: threading.Event | None = None
     ) -> Generation:
-        """A reply to `messages` (iterate it for text pieces); setting `stop` ends it before the next token."""
-        return Generation(self, self.prompt_ids(messages), settings or Settings(), stop or threading.Event())
+        """A reply to `messages` (iterate it for text pieces); setting `stop` ends it before the next token.
+        EngineError when the template cannot render them, or the prompt and reply would not fit the model."""
+        settings = settings or Settings()
+        try:
+            ids = self.prompt_ids(messages)
+        except Exception as e:  # jinja's TemplateError, or the template's own raise_exception
+            raise EngineError(f"the chat template cannot render these messages: {e}") from None
+        context = getattr(self.backend, "context", None)
+        if isinstance(context, int) and len(ids) + settings.max_new_tokens > context:
+            raise EngineError(
+                f"the prompt ({len(ids)} tokens) and max_tokens ({settings.max_new_tokens}) exceed the model's "
+                f"{context} positions: shorten the conversation or ask for fewer tokens"
+            )
+        return Generation(self, ids, settings, stop or threading.Event())
 
     @classmethod
     def for_run(cls, run: Any, base: bool = False, onnx: str | Path | None = None) -> Engine:
