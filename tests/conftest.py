@@ -120,6 +120,39 @@ def tiny_chat_llama(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def chat_lora_run(tiny_chat_llama, tmp_path_factory) -> Path:
+    """A completed LoRA run (4 steps) of the tiny chat Llama on a few conversations: its folder. The chat server,
+    the endpoint and the playground talk to it (and to its base model)."""
+    import json
+    import shutil
+
+    from ortlab.runner import train_spec
+    from ortlab.spec import RunSpec
+
+    folder = tmp_path_factory.mktemp("chat-lora")
+    # The tiny chat Llama knows 256 positions; its copy here knows 4096 (rotary positions: no weight changes), so
+    # that a 2048-token reply fits and Stop can be tested on a reply that is still going.
+    model = shutil.copytree(tiny_chat_llama, folder / "base")
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 4096}))
+    turns = [(f"Is review {i} fresh?", "fresh" if i % 2 else "rotten") for i in range(48)]
+    rows = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]} for q, a in turns]
+    (folder / "chat.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    spec = {
+        "name": "chat-lora",
+        "task": "causal-lm",
+        "model": {"name": str(model)},
+        "output_dir": str(folder / "runs"),
+        "data": {"source": str(folder / "chat.jsonl"), "eval_fraction": 0.25},
+        "hyper": {"max_steps": 4, "batch_size": 4, "learning_rate": 3e-3, "max_length": 64},
+        "accel": {"ort": False, "fused_adam": False, "precision": "fp32", "tune": "off"},
+        "adapter": {"kind": "lora", "rank": 4, "alpha": 8, "dropout": 0.0},
+    }
+    train_spec(RunSpec.parse(spec), progress=False, log=lambda _: None)
+    return folder / "runs" / "chat-lora"
+
+
+@pytest.fixture(scope="session")
 def ray_session(tmp_path_factory):
     """The session's local Ray cluster folder: one cluster for the session (a head and one worker node on this
     machine, 1 CPU each, so a two-worker Ray Train run spans both nodes), started through `ortlab.cluster.start` on

@@ -76,7 +76,8 @@ def test_cli_refuses_escaping_ids_for_every_command(tmp_path):
     make_run(root, "inside")
     make_run(tmp_path, "outside")
     cli = str(Path(PYTHON).parent / "ortlab")
-    for command in (["follow"], ["stop"], ["resume"], ["export"], ["push", "--to-folder", str(tmp_path / "p")]):
+    commands = (["follow"], ["stop"], ["resume"], ["export"], ["serve"], ["push", "--to-folder", str(tmp_path / "p")])
+    for command in commands:
         proc = subprocess.run(
             [cli, *command[:1], "../outside", *command[1:], "--root", str(root)],
             capture_output=True,

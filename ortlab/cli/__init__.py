@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from ortlab.cli import common, env, runs, train
+from ortlab.cli import common, env, runs, serve, train
 from ortlab.cli.common import PLAIN_HELP
 from ortlab.cli.options import SpecHelp
 
@@ -57,6 +57,7 @@ app.command()(runs.resume)
 app.command("compare")(runs.compare_runs)
 app.command()(runs.export)
 app.command()(runs.push)
+app.command()(serve.serve)
 app.command()(train.notebook)
 app.command()(train.spec)
 app.add_typer(env.runtime_app, name="runtime")

@@ -233,6 +233,14 @@ class Run:
 
         return export_onnx(self.dir, **kwargs)
 
+    def chat(self, other: Run | str | os.PathLike | None = None, **kwargs: Any):
+        """A chat playground in the notebook: this run's model beside its base model (or beside `other`: a Run, a
+        run folder or an id in the same runs folder), the same prompts to both, streamed; each model in a child
+        process, so the kernel stays free (see ortlab.ui.playground). Needs `ortlab[ui,serve]`."""
+        from ortlab.ui.playground import Playground  # the one face the handle opens (pyproject: ignore_imports)
+
+        return Playground(self, other, **kwargs)
+
     def push_to_hub(self, repo_id: str, **kwargs: Any):
         """Publish model, tokenizer, ONNX files and a model card (see ortlab.publish)."""
         from ortlab.publish import push_to_hub

@@ -1,4 +1,6 @@
-"""Notebook views (ipywidgets + plotly): the Workbench and live run charts. Needs `pip install 'ortlab[ui]'`."""
+"""Notebook views (ipywidgets + plotly): the Workbench, live run charts and the chat playground.
+
+Needs `pip install 'ortlab[ui]'` (the playground also `ortlab[serve]`)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ except ImportError as e:  # name the missing piece and the fix, not just the mod
     ) from e
 
 from ortlab.ui.charts import RunMonitor
+from ortlab.ui.playground import Playground
 from ortlab.ui.workbench import Workbench
 
-__all__ = ["RunMonitor", "Workbench"]
+__all__ = ["Playground", "RunMonitor", "Workbench"]
