@@ -130,7 +130,7 @@ class RunSpec(_Strict):
             )
         if self.task_record.blocks and self.data.label_column:
             raise ValueError("data.label_column: a causal LM learns from the text alone; remove label_column")
-        if not self.task_record.pairs and self.preference.model_fields_set:
+        if not self.task_record.pairs and self.preference != PreferenceSpec():
             raise ValueError(f"preference: the loss settings are for task preference; remove them for {self.task}")
         self._columns_fit_the_task()
         return self

@@ -1,7 +1,7 @@
 """Tasks: what a run trains, one module per task (`sequence_classification`, `token_classification`, `causal_lm`,
-`seq2seq`, `preference`), each a `Task` record (`ortlab.tasks.task`) that the spec, the data checks, the trainer's
-assembly, the scores, the exports and the forms ask instead of comparing the task's name with a string; and the
-model heads and how a model for a task is found and loaded (`ortlab.tasks.heads`).
+`seq2seq_lm`, and `alignment` for task preference), each a `Task` record (`ortlab.tasks.task`) that the spec, the
+data checks, the trainer's assembly, the scores, the exports and the forms ask instead of comparing the task's name
+with a string; and the model heads and how a model for a task is found and loaded (`ortlab.tasks.heads`).
 
 Standard library only at import (transformers inside the functions that load): it sits below the spec."""
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from ortlab.tasks import causal_lm, preference, seq2seq, sequence_classification, token_classification
+from ortlab.tasks import alignment, causal_lm, seq2seq_lm, sequence_classification, token_classification
 from ortlab.tasks.task import Task
 
 TASKS: dict[str, Task] = {
-    m.TASK.name: m.TASK for m in (sequence_classification, token_classification, causal_lm, seq2seq, preference)
+    m.TASK.name: m.TASK for m in (sequence_classification, token_classification, causal_lm, seq2seq_lm, alignment)
 }
 NAMES: tuple[str, ...] = tuple(TASKS)
 
