@@ -19,21 +19,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from ortlab.tasks import TASK_FEATURES, ModelError, get_feature
+from ortlab.tasks import TASK_FEATURES, TASKS, ModelError, get_feature, get_task
 
 # The four attention projections of Llama-style decoders (Llama, Mistral, Qwen2/3, SmolLM, Gemma, OLMo, ...) and
 # of BART-style encoder-decoders. LoRA on all four learns more per parameter than q/v alone (QLoRA's finding,
 # since made the default of most fine-tuning tools) at 2x the adapter's size, still ~1% of the model.
 ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
-# peft's task types for ortlab's tasks: they decide which PeftModel class wraps the model, and so which head
-# modules stay trainable (peft keeps `classifier`/`score` in modules_to_save for the classification types).
-PEFT_TASK_TYPES = {
-    "sequence-classification": "SEQ_CLS",
-    "token-classification": "TOKEN_CLS",
-    "causal-lm": "CAUSAL_LM",
-    "seq2seq": "SEQ_2_SEQ_LM",
-}
+# peft's task types for ortlab's tasks (each record's `peft_task_type`): they decide which PeftModel class wraps the
+# model, and so which head modules stay trainable (peft keeps `classifier`/`score` in modules_to_save for the
+# classification types).
+PEFT_TASK_TYPES = {name: t.peft_task_type for name, t in TASKS.items()}
 
 # Task heads a classification model creates new (random) at load: they must train in full beside the adapter.
 HEAD_NAMES = ("classifier", "score")
@@ -90,7 +86,7 @@ def check_target_modules(model: Any, target_modules: list[str] | None, task: str
     if target_modules is None:
         return find_target_modules(model)
     present = set(linear_names(model))
-    heads = set(HEAD_NAMES) & present if task in ("sequence-classification", "token-classification") else set()
+    heads = set(HEAD_NAMES) & present if get_task(task).labels else set()
     body = sorted(present - heads)
     missing = [m for m in target_modules if m not in present]
     if missing:
@@ -147,7 +143,7 @@ def apply_lora(model: Any, adapter: Any, task: str) -> Any:
 
     targets = check_target_modules(model, adapter.target_modules, task)
     present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-    classifies = task in ("sequence-classification", "token-classification")
+    classifies = get_task(task).labels is not None
     heads = [h for h in HEAD_NAMES if h in present] if classifies else []
     config = LoraConfig(
         task_type=PEFT_TASK_TYPES[task],

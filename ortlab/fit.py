@@ -68,7 +68,7 @@ def check_fit(model_path: str, spec: Any, prepared: Prepared, log: Callable[[str
     tokenizer = _tokenizer(model_path, spec.model.revision)
     _check_files(model_path, tokenizer)
     _check_vocabulary(model_path, tokenizer, config, log)
-    needs_padding = spec.task != "causal-lm" or prepared.chat
+    needs_padding = not spec.task_record.blocks or prepared.chat
     if needs_padding and tokenizer.pad_token is None:
         raise ModelError(
             f"model.name: the tokenizer of {spec.model.name!r} has no pad token and no end-of-sequence token to pad "
@@ -77,7 +77,7 @@ def check_fit(model_path: str, spec: Any, prepared: Prepared, log: Callable[[str
         )
     _check_unknown(spec.model.name, tokenizer, prepared, log)
     prepared.max_length = _max_length(config, spec, log)
-    if spec.task == "causal-lm" and not prepared.chat:
+    if spec.task_record.blocks and not prepared.chat:
         _check_blocks(tokenizer, prepared, prepared.max_length)
     return tokenizer
 
@@ -209,7 +209,7 @@ def _max_length(config: Any, spec: Any, log: Callable[[str], None]) -> int:
     lengths = {
         "hyper.max_length": hyper.max_length,
         "hyper.max_target_length": hyper.max_target_length,
-        "generation.max_length": spec.generation.max_length if spec.task == "seq2seq" else None,
+        "generation.max_length": spec.generation.max_length if spec.task_record.generates else None,
     }
     for name, value in lengths.items():
         if value is None or value <= most:
@@ -292,6 +292,10 @@ def check_model_and_data(spec: RunSpec, log: Callable[[str], None] = print):
     located = resolve_model(spec.model.name, build=False)  # a folder checked, or a Hub id that exists: no download
     check_model_fits_task(located, spec.task)
     prepared = load_and_check(spec.data, spec.task, spec.seed)
+    if prepared.pairs is not None:  # task preference: the shape fits the loss (every row was checked already)
+        from ortlab.data.pairdata import check_loss_fits
+
+        check_loss_fits(prepared.pairs, spec.preference.loss)
     columns = (
         f"chat: messages={prepared.messages_column!r}"
         if prepared.messages_column
@@ -299,6 +303,8 @@ def check_model_and_data(spec: RunSpec, log: Callable[[str], None] = print):
         if prepared.prompt_column
         else f"source={prepared.text_column!r} -> target={prepared.target_column!r}"
         if prepared.target_column
+        else f"{prepared.pairs.shape} pairs: {prepared.pairs.found}"
+        if prepared.pairs is not None
         else f"text={prepared.text_column!r}"
         + (f", label={prepared.label_column!r} ({prepared.num_labels} classes)" if prepared.label_column else "")
     )
@@ -327,7 +333,9 @@ def check_model_and_data(spec: RunSpec, log: Callable[[str], None] = print):
     model_path = resolve_model(spec.model.name)  # the embedded LLM is made here, once, now that the data is good
     check_model_fits_task(model_path, spec.task)  # again: the embedded LLM's config exists only now
     tokenizer = check_fit(model_path, spec, prepared, log)
-    if prepared.chat:  # the tokenizer alone (no weights) says whether the conversations can be laid out
+    if (
+        prepared.chat or prepared.pairs is not None
+    ):  # the tokenizer alone (no weights) says whether the conversations can be laid out
         from ortlab.chat import ChatDataError, require_template
         from ortlab.data import DataError
 
@@ -335,7 +343,8 @@ def check_model_and_data(spec: RunSpec, log: Callable[[str], None] = print):
             require_template(tokenizer, spec.model.name)
         except ChatDataError as e:
             raise DataError(str(e)) from None
-        check_answers(tokenizer, prepared, prepared.max_length or spec.hyper.max_length)
+        if prepared.chat:
+            check_answers(tokenizer, prepared, prepared.max_length or spec.hyper.max_length)
     if spec.adapter.kind == "lora":
         from ortlab.adapters import check_model
 

@@ -120,23 +120,35 @@ def seq2seq_metrics(tokenizer: Any, generated: bool) -> Callable[[Any], dict[str
 def compute_metrics_for(
     task: str, label_names: list[str], tokenizer: Any = None, generated: bool = False
 ) -> Callable[[Any], dict[str, float]] | None:
-    """The Trainer `compute_metrics` for a task (None for causal LM: perplexity comes from the eval loss)."""
-    if task == "seq2seq":
-        return seq2seq_metrics(tokenizer, generated)
-    if task == "sequence-classification":
-        return lambda p: classification(p.predictions, p.label_ids, len(label_names))
-    if task == "token-classification":
+    """The Trainer `compute_metrics` for a task: its record's `metrics` (None for causal LM: perplexity comes from
+    the eval loss; for preference: its trainer scores the pairs itself)."""
+    from ortlab.tasks import get_task
 
-        def token(p: Any) -> dict[str, float]:
-            preds, golds = [], []
-            for pred_row, gold_row in zip(p.predictions, p.label_ids, strict=True):
-                keep = [(int(a), int(b)) for a, b in zip(pred_row, gold_row, strict=True) if b != -100]
-                preds.append([label_names[a] if 0 <= a < len(label_names) else "O" for a, _ in keep])
-                golds.append([label_names[b] for _, b in keep])
-            return entities(preds, golds)
+    record = get_task(task)
+    return record.part("metrics")(label_names, tokenizer, generated) if record.metrics else None
 
-        return token
-    return None
+
+# --- each task's compute_metrics factory (its record's `metrics`): `(label_names, tokenizer, generated)` -----------
+
+
+def sequence_metrics(label_names: list[str], tokenizer: Any = None, generated: bool = False) -> Callable:
+    return lambda p: classification(p.predictions, p.label_ids, len(label_names))
+
+
+def token_metrics(label_names: list[str], tokenizer: Any = None, generated: bool = False) -> Callable:
+    def token(p: Any) -> dict[str, float]:
+        preds, golds = [], []
+        for pred_row, gold_row in zip(p.predictions, p.label_ids, strict=True):
+            keep = [(int(a), int(b)) for a, b in zip(pred_row, gold_row, strict=True) if b != -100]
+            preds.append([label_names[a] if 0 <= a < len(label_names) else "O" for a, _ in keep])
+            golds.append([label_names[b] for _, b in keep])
+        return entities(preds, golds)
+
+    return token
+
+
+def seq2seq_task_metrics(label_names: list[str], tokenizer: Any = None, generated: bool = False) -> Callable:
+    return seq2seq_metrics(tokenizer, generated)
 
 
 def eval_scores(metrics: dict[str, Any]) -> dict[str, float]:

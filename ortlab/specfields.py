@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ortlab.spec import RunSpec
+from ortlab.tasks import TASKS
 from ortlab.toggles import form_toggles
 
 
@@ -42,9 +43,15 @@ def defaults() -> dict[str, Any]:
 
 
 def form() -> dict[str, Any]:
-    """What a form needs to draw the spec (the server's `GET ortlab/api/spec`): the schema, the defaults, and
-    the acceleration toggles with the fields they set (`ortlab.toggles`: the sidebar keeps no copy of them)."""
-    return {"schema": schema(), "defaults": defaults(), "toggles": [t.to_dict() for t in form_toggles()]}
+    """What a form needs to draw the spec (the server's `GET ortlab/api/spec`): the schema, the defaults, the
+    acceleration toggles with the fields they set (`ortlab.toggles`: the sidebar keeps no copy of them), and each
+    task with the spec fields its form shows (`ortlab.tasks.Task.form`)."""
+    return {
+        "schema": schema(),
+        "defaults": defaults(),
+        "toggles": [t.to_dict() for t in form_toggles()],
+        "tasks": [t.to_dict() for t in TASKS.values()],
+    }
 
 
 class SpecFields:

@@ -22,6 +22,7 @@ from ortlab.data.columns import (
 from ortlab.data.load import load_raw, read_error
 from ortlab.data.prepared import ROW_COLUMN, DataError, Prepared
 from ortlab.safeio import ascii_int
+from ortlab.tasks import get_task
 
 if TYPE_CHECKING:  # pragma: no cover
     from datasets import Dataset
@@ -67,15 +68,16 @@ def check_columns(raw: dict[str, Dataset], spec: DataSpec, task: str) -> tuple[s
     features = train.features
     columns = list(features)
     guess = propose_mapping(train)
+    record = get_task(task)
     text = spec.text_column or guess["text_column"]
-    label = None if task == "causal-lm" else (spec.label_column or guess["label_column"])
+    label = None if not record.labels else (spec.label_column or guess["label_column"])
     pair = spec.text_pair_column
     for role, col in (("text_column", text), ("text_pair_column", pair), ("label_column", label)):
         if col is not None and col not in columns:
             raise DataError(f"data.{role}: no column {col!r}; the data has columns {columns}")
     if text is None:
         raise DataError(f"data.text_column: found no text column among {columns}; set data.text_column")
-    if task == "token-classification":
+    if record.words:
         if not is_string_list(features[text]):
             raise DataError(
                 f"data.text_column: token classification needs a column of word lists, but {text!r} holds "
@@ -87,7 +89,7 @@ def check_columns(raw: dict[str, Dataset], spec: DataSpec, task: str) -> tuple[s
         )
     if pair is not None and not is_string(features[pair]):
         raise DataError(f"data.text_pair_column: column {pair!r} is not text (it holds {features[pair]})")
-    if task != "causal-lm" and label is None:
+    if record.labels and label is None:
         raise DataError(f"data.label_column: found no label column among {columns}; set data.label_column")
     if spec.eval_split is not None and spec.eval_split not in raw:
         raise DataError(f"data.eval_split: no split {spec.eval_split!r}; the data has {sorted(raw)}")
@@ -152,7 +154,7 @@ def label_names(train: Dataset, label: str, task: str, values: list | None = Non
         return list(names)
     # The distinct values decide everything below: 400,000 rows of two labels are two values.
     values = distinct_values(train, label) if values is None else values
-    if task == "token-classification":
+    if get_task(task).labels == "word":
         if not all(isinstance(v, list) for v in values):
             raise DataError(f"data.label_column: token classification needs a list of tags per row in {label!r}")
         flat = {str(t) for row in values for t in row}
@@ -188,11 +190,16 @@ SHUFFLE_BUFFER = 10_000  # streamed data: rows a seeded shuffle draws from (data
 def load_and_check(spec: DataSpec, task: str, seed: int) -> Prepared:
     """Load the data, check it against the task, split and cap it. No model, no tokenizer needed."""
     raw, files = load_raw(spec)
+    record = get_task(task)
+    if record.pairs:
+        from ortlab.data.pairdata import check_pairs
+
+        return check_pairs(raw, files, spec, seed)
     if any(not hasattr(ds, "__len__") for ds in raw.values()):
         return _check_stream(raw, files, spec, task, seed)
     target = None
     chat = None
-    if task == "causal-lm":
+    if record.chat:
         if spec.train_split not in raw:
             raise DataError(f"data.train_split: no split {spec.train_split!r}; the data has {sorted(raw)}")
         if spec.eval_split is not None and spec.eval_split not in raw:
@@ -205,11 +212,11 @@ def load_and_check(spec: DataSpec, task: str, seed: int) -> Prepared:
         )
     if chat is not None:
         text, pair, label = None, None, None
-    elif task == "seq2seq":
+    elif record.target:
         (text, target), pair, label = check_seq2seq(raw, spec), None, None
     else:
         text, pair, label = check_columns(raw, spec, task)
-    lazy = spec.lazy and chat is None and task != "causal-lm"  # causal-lm: ortlab.data.lazylm.plan decides
+    lazy = spec.lazy and chat is None and not record.blocks  # causal-lm: ortlab.data.lazylm.plan decides
     distinct = None  # the training split's distinct labels, when read on the way (label_names reads them if not)
     if spec.lazy:  # before any split or shuffle: the position a late failure names is the row's place in its source
         import numpy as np
@@ -219,7 +226,7 @@ def load_and_check(spec: DataSpec, task: str, seed: int) -> Prepared:
     train = raw[spec.train_split]
     splits = [(spec.train_split, train)] + ([(spec.eval_split, raw[spec.eval_split])] if spec.eval_split else [])
     if chat is None:
-        read = {"source": text, "target": target} if task == "seq2seq" else {"text": text, "text_pair": pair}
+        read = {"source": text, "target": target} if record.target else {"text": text, "text_pair": pair}
         for split, ds in splits:
             _check_values(ds, split, task, **read, label=label)
     if spec.eval_split is not None:
@@ -296,12 +303,13 @@ def _check_stream(raw: dict, files: list[str], spec: DataSpec, task: str, seed: 
             f"{n_eval} held out for evaluation; set data.streaming: false for a small dataset"
         )
     checked = {spec.train_split: head, **({spec.eval_split: evaluation} if spec.eval_split else {})}
-    target, chat = None, check_chat(checked, spec) if task == "causal-lm" else None
+    record = get_task(task)
+    target, chat = None, check_chat(checked, spec) if record.chat else None
     if spec.packing and chat is None:
         raise DataError("data.packing: packing is for chat data; raw text is already cut into full blocks")
     if chat is not None:  # the head's and the eval rows' conversations checked; later rows as training reads them
         text, pair, label, read = None, None, None, {}
-    elif task == "seq2seq":
+    elif record.target:
         (text, target), pair, label = check_seq2seq(checked, spec), None, None
         read = {"source": text, "target": target}
     else:
@@ -350,7 +358,7 @@ def _check_values(ds: Dataset, split: str, task: str, **columns: str | None) -> 
         # a chunk at a time (`column_chunks`), so memory stays flat however long the column is.
         total = nulls = empty = 0
         first = None
-        count_empty = not (role == "label" or (role == "text" and task == "causal-lm"))
+        count_empty = not (role == "label" or (role == "text" and get_task(task).blocks))
         for start, values in column_chunks(ds, col):
             total += len(values)
             if values.null_count:
@@ -391,7 +399,7 @@ def _check_labels_known(ds: Dataset, label: str, task: str, names: list[str], wh
     feature = ds.features[label]
     class_names = getattr(feature, "names", None) or getattr(getattr(feature, "feature", None), "names", None)
     values = distinct_values(ds, label)  # a chunk at a time: an eval split may be large too
-    flat = [t for row in values for t in row] if task == "token-classification" else values
+    flat = [t for row in values for t in row] if get_task(task).labels == "word" else values
     if class_names:  # ClassLabel: integer ids into the names
         unknown = sorted({v for v in flat if v is not None and not (0 <= int(v) < len(names)) and v != -100})
     else:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from ortlab.chat import ChatDataError
 from ortlab.data.lazylm import JOIN_ROWS, Dropped, chat_rows, lazy_train, named_rows, packed, text_blocks
 from ortlab.data.prepared import DataError, Prepared
+from ortlab.tasks import get_task
 
 if TYPE_CHECKING:  # pragma: no cover
     from datasets import Dataset
@@ -22,51 +23,11 @@ def tokenize(
     cuts the source and `max_target_length` (default: `max_length`) the target."""
     if prepared.chat:
         return _tokenize_chat(prepared, tokenizer, max_length)
-    index = {name: i for i, name in enumerate(prepared.label_names)}
-    text, pair, label = prepared.text_column, prepared.text_pair_column, prepared.label_column
-
-    def to_id(value: Any) -> int:
-        return index[str(value)] if not isinstance(value, int) or str(value) in index else value
-
-    if task == "sequence-classification":
-
-        def fn(batch: dict) -> dict:
-            args = (batch[text], batch[pair]) if pair else (batch[text],)
-            out = tokenizer(*args, truncation=True, max_length=max_length)
-            out["labels"] = [to_id(v) for v in batch[label]]
-            return out
-
-    elif task == "token-classification":
-
-        def fn(batch: dict) -> dict:
-            out = tokenizer(batch[text], is_split_into_words=True, truncation=True, max_length=max_length)
-            all_labels = []
-            for i, tags in enumerate(batch[label]):
-                previous, row = None, []
-                for word in out.word_ids(i):
-                    # Label the first sub-token of each word; -100 (ignored) for the rest and special tokens.
-                    row.append(-100 if word is None or word == previous else to_id(tags[word]))
-                    previous = word
-                all_labels.append(row)
-            out["labels"] = all_labels
-            return out
-
-    elif task == "seq2seq":
-        target = prepared.target_column
-
-        def fn(batch: dict) -> dict:
-            out = tokenizer(batch[text], truncation=True, max_length=max_length)
-            # text_target: tokenizers with a separate target vocabulary (Marian) switch to it for the labels
-            labels = tokenizer(text_target=batch[target], truncation=True, max_length=max_target_length or max_length)
-            out["labels"] = labels["input_ids"]
-            return out
-
-    else:  # causal-lm: concatenate and cut into blocks of max_length
-        fn = text_blocks(tokenizer, text, max_length)
-        if prepared.lazy:  # ortlab.data.lazylm.plan: max_steps set (or a stream): blocks cut as training reads
-            return lazy_train(prepared, tokenizer, max_length), _eager(prepared.eval, fn, "eval")
-
-    if prepared.lazy and task != "causal-lm":  # one row in, one row out: tokenized as the trainer reads it
+    record = get_task(task)
+    fn = record.part("rows")(prepared, tokenizer, max_length, max_target_length)
+    if prepared.lazy and record.blocks:  # ortlab.data.lazylm.plan: max_steps set (or a stream): cut as read
+        return lazy_train(prepared, tokenizer, max_length), _eager(prepared.eval, fn, "eval")
+    if prepared.lazy:  # one row in, one row out: tokenized as the trainer reads it
         columns = prepared.head.column_names if prepared.head is not None else None  # a stream's columns
         return lazy_rows(prepared.train, fn, "train", columns), lazy_rows(prepared.eval, fn, "eval")
 
@@ -77,6 +38,75 @@ def tokenize(
             "lower hyper.max_length or add text)"
         )
     return train, evaluation
+
+
+# --- each task's row tokenizer (its record's `rows`): `(prepared, tokenizer, max_length, max_target_length)` -----
+
+
+def _label_ids(prepared: Prepared) -> Callable[[Any], int]:
+    index = {name: i for i, name in enumerate(prepared.label_names)}
+
+    def to_id(value: Any) -> int:
+        return index[str(value)] if not isinstance(value, int) or str(value) in index else value
+
+    return to_id
+
+
+def sequence_rows(prepared: Prepared, tokenizer: Any, max_length: int, max_target_length: int | None = None) -> Any:
+    """A text (or pair) and its label."""
+    text, pair, label, to_id = (
+        prepared.text_column,
+        prepared.text_pair_column,
+        prepared.label_column,
+        _label_ids(prepared),
+    )
+
+    def fn(batch: dict) -> dict:
+        args = (batch[text], batch[pair]) if pair else (batch[text],)
+        out = tokenizer(*args, truncation=True, max_length=max_length)
+        out["labels"] = [to_id(v) for v in batch[label]]
+        return out
+
+    return fn
+
+
+def token_rows(prepared: Prepared, tokenizer: Any, max_length: int, max_target_length: int | None = None) -> Any:
+    """Word lists and a tag per word: the first sub-token of each word carries its tag."""
+    text, label, to_id = prepared.text_column, prepared.label_column, _label_ids(prepared)
+
+    def fn(batch: dict) -> dict:
+        out = tokenizer(batch[text], is_split_into_words=True, truncation=True, max_length=max_length)
+        all_labels = []
+        for i, tags in enumerate(batch[label]):
+            previous, row = None, []
+            for word in out.word_ids(i):
+                # Label the first sub-token of each word; -100 (ignored) for the rest and special tokens.
+                row.append(-100 if word is None or word == previous else to_id(tags[word]))
+                previous = word
+            all_labels.append(row)
+        out["labels"] = all_labels
+        return out
+
+    return fn
+
+
+def seq2seq_rows(prepared: Prepared, tokenizer: Any, max_length: int, max_target_length: int | None = None) -> Any:
+    """A source text and its target's ids as labels."""
+    text, target = prepared.text_column, prepared.target_column
+
+    def fn(batch: dict) -> dict:
+        out = tokenizer(batch[text], truncation=True, max_length=max_length)
+        # text_target: tokenizers with a separate target vocabulary (Marian) switch to it for the labels
+        labels = tokenizer(text_target=batch[target], truncation=True, max_length=max_target_length or max_length)
+        out["labels"] = labels["input_ids"]
+        return out
+
+    return fn
+
+
+def block_rows(prepared: Prepared, tokenizer: Any, max_length: int, max_target_length: int | None = None) -> Any:
+    """Causal LM text: concatenated and cut into blocks of max_length."""
+    return text_blocks(tokenizer, prepared.text_column, max_length)
 
 
 def _eager(ds: Dataset, fn: Callable[[dict], dict], what: str) -> Dataset:
@@ -143,12 +173,7 @@ def collator(
     """The batch collator of `task` (chat data: its own). `pad_to_multiple_of` pads each batch's length up to a
     multiple (torch.compile runs use 8: fewer distinct shapes for Dynamo to compile for, and lengths that tensor
     cores tile evenly)."""
-    from transformers import (
-        DataCollatorForSeq2Seq,
-        DataCollatorForTokenClassification,
-        DataCollatorWithPadding,
-        default_data_collator,
-    )
+    from transformers import DataCollatorForSeq2Seq
 
     if prepared is not None and prepared.chat:
         if prepared.packing:
@@ -157,14 +182,43 @@ def collator(
             return PackedCollator(tokenizer.pad_token_id)
         # Examples of different lengths: ids padded with the pad token, labels with -100 (out of the loss).
         return DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100, pad_to_multiple_of=pad_to_multiple_of)
-    if task == "seq2seq":
-        # Labels padded with -100 (left out of the loss); with the model, decoder_input_ids are built from the
-        # labels here, as the model would shift them itself.
-        return DataCollatorForSeq2Seq(
-            tokenizer, model=model, label_pad_token_id=-100, pad_to_multiple_of=pad_to_multiple_of
-        )
-    if task == "sequence-classification":
-        return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad_to_multiple_of)
-    if task == "token-classification":
-        return DataCollatorForTokenClassification(tokenizer, pad_to_multiple_of=pad_to_multiple_of)
+    return get_task(task).part("collate")(tokenizer, model, prepared, pad_to_multiple_of)
+
+
+# --- each task's collator (its record's `collate`): `(tokenizer, model, prepared, pad_to_multiple_of)` ------------
+
+
+def seq2seq_collator(
+    tokenizer: Any, model: Any = None, prepared: Any = None, pad_to_multiple_of: int | None = None
+) -> Any:
+    """Labels padded with -100 (left out of the loss); with the model, decoder_input_ids are built from the labels
+    here, as the model would shift them itself."""
+    from transformers import DataCollatorForSeq2Seq
+
+    return DataCollatorForSeq2Seq(
+        tokenizer, model=model, label_pad_token_id=-100, pad_to_multiple_of=pad_to_multiple_of
+    )
+
+
+def padding_collator(
+    tokenizer: Any, model: Any = None, prepared: Any = None, pad_to_multiple_of: int | None = None
+) -> Any:
+    from transformers import DataCollatorWithPadding
+
+    return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad_to_multiple_of)
+
+
+def token_collator(
+    tokenizer: Any, model: Any = None, prepared: Any = None, pad_to_multiple_of: int | None = None
+) -> Any:
+    from transformers import DataCollatorForTokenClassification
+
+    return DataCollatorForTokenClassification(tokenizer, pad_to_multiple_of=pad_to_multiple_of)
+
+
+def block_collator(
+    tokenizer: Any, model: Any = None, prepared: Any = None, pad_to_multiple_of: int | None = None
+) -> Any:
+    from transformers import default_data_collator
+
     return default_data_collator  # causal LM blocks all have the same length

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ortlab.chat import IGNORE, check_messages, encode, from_pair, pack
 from ortlab.data.prepared import ROW_COLUMN, DataError, Prepared
+from ortlab.tasks import get_task
 
 if TYPE_CHECKING:  # pragma: no cover
     from datasets import Dataset, IterableDataset
@@ -145,7 +146,7 @@ def packed(max_length: int) -> Callable[[dict], dict]:
 def plan(prepared: Prepared, task: str, lazy: bool, max_steps: int | None, seed: int, shuffle: bool) -> str | None:
     """Whether a causal-lm run's training rows are prepared as training reads them (`prepared.lazy`); returns why
     not, for the log, when data.lazy asked for it and the run counts epochs."""
-    if task != "causal-lm" or prepared.streamed:
+    if not get_task(task).blocks or prepared.streamed:
         return None
     prepared.seed, prepared.shuffle = seed, shuffle
     if lazy and max_steps:

@@ -18,7 +18,7 @@ import html
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ortlab.chat import IGNORE, assistant_spans
+from ortlab.chat import IGNORE, ChatDataError, assistant_spans
 from ortlab.data.pairchecks import check_prompt_lengths, check_rows
 from ortlab.data.pairs import PairsMapping, normalize_row
 
@@ -116,6 +116,23 @@ def tokenize_pairs(
     )
     check_prompt_lengths(tokenized, max_length, where)
     return tokenized
+
+
+def tokenize_prepared(
+    prepared: Any, tokenizer: Any, task: str, max_length: int, max_target_length: int | None = None
+) -> tuple[Dataset, Dataset]:
+    """Both splits of checked preference data (`ortlab.data.pairdata.check_pairs`) encoded: task preference's
+    `tokenize` (the signature of `ortlab.data.inputs.tokenize`). A prompt that fills max_length fails here, naming
+    its rows, before training."""
+    from ortlab.data.prepared import DataError
+
+    try:
+        return (
+            tokenize_pairs(prepared.train, prepared.pairs, tokenizer, max_length, "data (train split)"),
+            tokenize_pairs(prepared.eval, prepared.pairs, tokenizer, max_length, "data (eval split)"),
+        )
+    except ChatDataError as e:
+        raise DataError(str(e)) from None
 
 
 # --- one rendered example, for the preview ---------------------------------------------------------------------

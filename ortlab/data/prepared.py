@@ -45,6 +45,7 @@ class Prepared:
     shuffle: bool = True
     dropped: Any = None  # lazylm.Dropped: chat examples read and dropped (every assistant token cut off)
 
+    pairs: Any = None  # task preference: the shape found and its columns (`ortlab.data.pairs.PairsMapping`)
     head: Dataset | None = None  # streamed data: the first training rows, read for the checks (train is a stream)
 
     @property

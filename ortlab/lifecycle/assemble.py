@@ -17,13 +17,13 @@ from typing import Any
 from ortlab.accel.mix import resolve
 from ortlab.adapters import apply_lora, parameter_counts
 from ortlab.chat import generations_callback, prompts_for
-from ortlab.data import Prepared, collator, tokenize
+from ortlab.data import Prepared, collator
 from ortlab.data.shards import for_process
 from ortlab.fit import fitted
 from ortlab.runfolder.rundir import RunDir
 from ortlab.scores import argmax_logits, compute_metrics_for
 from ortlab.spec import RunSpec
-from ortlab.tasks import TASK_FEATURES, get_feature, load_model, load_tokenizer
+from ortlab.tasks import load_model, load_tokenizer
 from ortlab.toggles import mix_arguments
 from ortlab.trackers import run_config
 
@@ -67,6 +67,7 @@ def load_model_and_data(spec: RunSpec, model_path: str, prepared: Prepared, log:
     note = _new_head_note(model_path, spec, prepared.label_names)
     if note:
         log(note)
+    tokenize = spec.task_record.part("tokenize")  # ortlab.data.inputs.tokenize, or the task's own
     train_ds, eval_ds = tokenize(prepared, tokenizer, spec.task, spec.hyper.max_length, spec.hyper.max_target_length)
     if prepared.chat and prepared.lazy:
         log(f"chat data: train rows templated{' and packed' if prepared.packing else ''} as read, {len(eval_ds)} eval")
@@ -95,18 +96,12 @@ def build_trainer(
     """The trainer of `loaded`, writing into `run`, with the accelerations left at 'auto' as `choice` says, and
     `callbacks` (stopping, a view's progress, a launcher's own), and the callback that answers the spec's prompts at
     each evaluation when there are any. Its metrics stream continues after the steps the run folder already holds."""
-    spec, prepared = loaded.spec, loaded.prepared
-    generated = spec.task == "seq2seq" and spec.generation.predict_with_generate
+    spec, prepared, task = loaded.spec, loaded.prepared, loaded.spec.task_record
+    generated = task.generates and spec.generation.predict_with_generate
     # Only ids are needed to score; generated ids already are ids, and a causal LM is scored by its loss.
-    argmax = spec.task != "causal-lm" and not generated
+    argmax = task.argmax and not generated
     generations = _generations(spec, run, prepared, log)
-    from ortlab.train.trainer import ORTTrainer
-
-    trainer_class = ORTTrainer
-    if spec.task == "seq2seq":
-        from ortlab.train.seq2seq import ORTSeq2SeqTrainer
-
-        trainer_class = ORTSeq2SeqTrainer
+    trainer_class = task.part("trainer")  # ORTTrainer, or the task's own subclass of it
     args = training_arguments(spec, run, progress, choice)
     # Lazy rows keep their raw columns until the transform gives the model's inputs: none to remove.
     args.remove_unused_columns = not prepared.lazy
@@ -123,7 +118,7 @@ def build_trainer(
         processing_class=loaded.tokenizer,
         compute_metrics=compute_metrics_for(spec.task, prepared.label_names, loaded.tokenizer, generated),
         preprocess_logits_for_metrics=argmax_logits if argmax else None,
-        feature=TASK_FEATURES[spec.task],
+        feature=task.feature.name,
         on_metrics=on_metrics,
         # The generations callback answers at on_evaluate only: after the view's own on_evaluate (its eval bar
         # closes before the answers are printed), and apart from every other callback's events.
@@ -132,6 +127,7 @@ def build_trainer(
     # Steps already in the stream (a killed run, or a restarted worker group, trains again from an earlier
     # checkpoint) are not written twice: every view counts each step once.
     trainer.step_metrics.recorded_through = run.last_step()
+    trainer.perplexity = task.perplexity
     if generations is not None:
         generations.trainer = trainer
         generations.sink = trainer.metrics_sink if trainer.is_world_process_zero() else (lambda record: None)
@@ -140,19 +136,23 @@ def build_trainer(
 
 def training_arguments(spec: RunSpec, run: RunDir, progress: bool, choice: dict[str, Any] | None = None):
     """TrainingArguments for `spec`; the accelerations left at 'auto' take `choice` (a measurement) if given."""
-    from ortlab.train.args import ORTTrainingArguments
-
-    a, h = resolve(spec.accel, choice), spec.hyper
-    arguments_class, extra = ORTTrainingArguments, {}
-    if spec.task == "seq2seq":
-        from ortlab.train.seq2seq import ORTSeq2SeqTrainingArguments
-
+    a, h, task = resolve(spec.accel, choice), spec.hyper, spec.task_record
+    arguments_class, extra = task.part("arguments"), {}  # ORTTrainingArguments, or the task's own
+    if task.generates:
         g = spec.generation
-        arguments_class = ORTSeq2SeqTrainingArguments
         extra = {
             "predict_with_generate": g.predict_with_generate,
             "generation_max_length": g.max_length or h.max_target_length or h.max_length,
             "generation_num_beams": g.num_beams,
+        }
+    if task.pairs:
+        p = spec.preference
+        extra = {
+            "preference_loss": p.loss,
+            "beta": p.beta,
+            "label_smoothing": p.label_smoothing,
+            "reference": p.reference,
+            "max_length": h.max_length,
         }
     return arguments_class(
         **extra,
@@ -226,7 +226,11 @@ def _generations(spec: RunSpec, run: RunDir, prepared: Prepared, log: Callable[[
     """The callback that answers a few fixed prompts at each evaluation (causal-lm: chat data or the user's
     prompts), or None when this run has nothing to ask."""
     g = spec.generation
-    if spec.task != "causal-lm" or not (g.prompts or prepared.chat) or not (g.num_prompts or g.score_examples):
+    if (
+        not spec.task_record.answers_prompts
+        or not (g.prompts or prepared.chat)
+        or not (g.num_prompts or g.score_examples)
+    ):
         return None
     n = max(g.num_prompts, 0 if g.prompts else g.score_examples)
     asked, references = prompts_for(g.prompts, prepared.conversations("eval", n) if prepared.chat else [], n)
@@ -245,7 +249,7 @@ def _new_head_note(model_path: str, spec: RunSpec, label_names: list[str]) -> st
     from transformers import AutoConfig
 
     saved = AutoConfig.from_pretrained(model_path, revision=spec.model.revision)
-    suffix = get_feature(TASK_FEATURES[spec.task]).head_suffix
+    suffix = spec.task_record.feature.head_suffix
     has_head = any(a.endswith(suffix) for a in (saved.architectures or []))
     if has_head and len(getattr(saved, "id2label", {}) or {}) == len(label_names):
         return None

@@ -162,7 +162,7 @@ def _train(
     choice = _yield_to_packing(loaded, choice, log)
     trainer = build_trainer(loaded, run, choice, watch.bars(), watch.sink(), watch.trainer_callbacks(stop), log)
     spec = loaded.spec
-    score = add_perplexity if spec.task == "causal-lm" else dict
+    score = add_perplexity if spec.task_record.perplexity else dict
     emit = trainer.metrics_sink if trainer.is_world_process_zero() else (lambda record: None)
     checkpoint = run.last_checkpoint() if resume else None
     if resume and checkpoint is None:
@@ -281,7 +281,7 @@ def _lookup_rows(loaded: Loaded) -> Any:
     """The rows the acceleration lookup draws batches from: the training split, or for causal-lm data prepared as
     read (no length, no shuffled access) its first prepared rows, enough for the lookup's batches."""
     spec = loaded.spec
-    if not (loaded.prepared.lazy and spec.task == "causal-lm"):
+    if not (loaded.prepared.lazy and spec.task_record.blocks):
         return loaded.train_ds
     if not spec.accel.auto_fields() or spec.accel.tune == "off" or spec.target.processes > 1:
         return None  # `decide` reads no rows then: none are prepared for it
@@ -331,5 +331,5 @@ def _save_merged(trainer: Any, tokenizer: Any, run: RunDir, log: Callable[[str],
 
 def _headline(metrics: dict[str, float]) -> str:
     keys = ("eval_accuracy", "eval_f1", "eval_exact_match", "eval_token_f1", "eval_token_accuracy")
-    keys += ("eval_perplexity", "eval_loss")
+    keys += ("eval_perplexity", "eval_rewards/accuracies", "eval_rewards/margins", "eval_loss")
     return ", ".join(f"{k[5:]} {metrics[k]:.4f}" for k in keys if k in metrics)

@@ -37,12 +37,7 @@ def model_card(run: Any, merged: bool = False) -> str:
     applied = [k for k, v in result.get("accelerations", {}).items() if v.get("applied")]
     requested_not = [k for k, v in result.get("accelerations", {}).items() if v.get("requested") and not v["applied"]]
     summary = result.get("summary", {})
-    pipeline = {
-        "sequence-classification": "text-classification",
-        "token-classification": "token-classification",
-        "causal-lm": "text-generation",
-        "seq2seq": "text2text-generation",
-    }[spec.task]
+    pipeline = spec.task_record.pipeline_tag
     data = spec.data.source
     adapter = result.get("adapter") if _is_adapter_run(run) else None
     library = "peft" if adapter and not merged else "transformers"

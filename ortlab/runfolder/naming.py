@@ -17,7 +17,6 @@ from ortlab.errors import OrtlabError
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 NAME_RULE = "1-100 characters of letters, digits, '.', '_' and '-', starting with a letter or digit"
-TASK_SHORT = {"sequence-classification": "cls", "token-classification": "tok", "causal-lm": "clm", "seq2seq": "s2s"}
 
 
 class OutputFolderError(OrtlabError, OSError):
@@ -49,12 +48,13 @@ def check_name(name: str, what: str = "run name") -> str:
     return name
 
 
-def default_name(task: str, model: str, when: datetime | None = None) -> str:
-    """Short and telling: `cls-all-minilm-l6-v2-1123-101500` (task, model, month-day, time)."""
+def default_name(short: str, model: str, when: datetime | None = None) -> str:
+    """Short and telling: `cls-all-minilm-l6-v2-1123-101500` (the task's short name (`ortlab.tasks.Task.short`),
+    model, month-day, time)."""
     base = re.split(r"[\\/]", model.rstrip("/\\"))[-1] or "model"
-    short = re.sub(r"[^a-z0-9._-]+", "-", base.lower()).strip("-._")[:28].strip("-._") or "model"
+    base = re.sub(r"[^a-z0-9._-]+", "-", base.lower()).strip("-._")[:28].strip("-._") or "model"
     stamp = (when or datetime.now()).strftime("%m%d-%H%M%S")
-    return f"{TASK_SHORT.get(task, 'run')}-{short}-{stamp}"
+    return f"{short or 'run'}-{base}-{stamp}"
 
 
 def run_folder(root: str | os.PathLike, run_id: str) -> Path:

@@ -121,7 +121,11 @@ class RunDir:
     @classmethod
     def create(cls, root: str | os.PathLike, spec: Any, name: str | None = None) -> RunDir:
         """A new, uniquely named run folder inside `root`, holding the spec and a `pending` status."""
-        name = check_name(name or spec.name or default_name(spec.task, spec.model.name))
+        name = check_name(
+            name
+            or spec.name
+            or default_name(getattr(getattr(spec, "task_record", None), "short", "run"), spec.model.name)
+        )
         base = Path(root)
         fix = "choose another output folder (--output-dir, or output_dir in the spec)"
         try:

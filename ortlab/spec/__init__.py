@@ -32,12 +32,14 @@ from ortlab.spec.sections import (
     GenerationSpec,
     HyperSpec,
     ModelSpec,
+    PreferenceSpec,
     TargetSpec,
     Task,
     _Strict,
     bounded_repr,
     cut,
 )
+from ortlab.tasks import get_task
 from ortlab.toggles import FIELDS, off_value
 
 # The sections are defined in `ortlab.spec.sections`; everyone imports them from here.
@@ -50,6 +52,7 @@ __all__ = [
     "GenerationSpec",
     "HyperSpec",
     "ModelSpec",
+    "PreferenceSpec",
     "RunSpec",
     "SpecError",
     "TargetSpec",
@@ -84,6 +87,9 @@ class RunSpec(_Strict):
         default_factory=AdapterSpec, description="Train an adapter (LoRA) instead of every weight."
     )
     target: TargetSpec = Field(default_factory=TargetSpec)
+    preference: PreferenceSpec = Field(
+        default_factory=PreferenceSpec, description="Task preference: the loss (DPO, IPO, ORPO, KTO) and its settings."
+    )
     report_to: list[str] = Field(
         default_factory=list,
         description="Experiment trackers to log to besides ortlab's own metrics (trackio, tensorboard, mlflow, "
@@ -122,8 +128,10 @@ class RunSpec(_Strict):
                 "where PyTorch's recomputation does not apply); set accel.ort to false or 'auto', or "
                 "gradient_checkpointing to false"
             )
-        if self.task == "causal-lm" and self.data.label_column:
+        if self.task_record.blocks and self.data.label_column:
             raise ValueError("data.label_column: a causal LM learns from the text alone; remove label_column")
+        if not self.task_record.pairs and self.preference != PreferenceSpec():
+            raise ValueError(f"preference: the loss settings are for task preference; remove them for {self.task}")
         self._columns_fit_the_task()
         return self
 
@@ -134,16 +142,21 @@ class RunSpec(_Strict):
         asked = {f: off_value(f) if getattr(self.accel, f) == "auto" else getattr(self.accel, f) for f in FIELDS}
         return mix_from(asked, processes=self.target.processes, lora=self.adapter.kind == "lora")
 
+    @property
+    def task_record(self) -> Any:
+        """The task's record (`ortlab.tasks.Task`): what varies with the task, asked instead of its name."""
+        return get_task(self.task)
+
     def _columns_fit_the_task(self) -> None:
         """seq2seq maps a source column to a target column; the other tasks a text to a label. A field of the other
         kind is a mistake (it would be ignored): say which field to use instead."""
-        d = self.data
+        d, task = self.data, self.task_record
         chat = [n for n in ("messages_column", "prompt_column", "response_column") if getattr(d, n) is not None]
-        if chat and self.task != "causal-lm":
+        if chat and not task.chat:
             raise ValueError(
                 f"data.{chat[0]}: chat and instruction columns are for task causal-lm (set task: causal-lm)"
             )
-        if d.packing and self.task != "causal-lm":
+        if d.packing and not task.chat:
             raise ValueError("data.packing: packing is for causal-lm chat data; remove it")
         if d.packing and self.accel.ort is True:
             raise ValueError(
@@ -156,17 +169,17 @@ class RunSpec(_Strict):
             raise ValueError("data.prompt_column: prompt_column and response_column go together; set both")
         if chat and d.text_column is not None:
             raise ValueError(f"data.text_column: chat data is read from data.{chat[0]}; remove text_column")
-        if self.task != "seq2seq" and self.generation.seq2seq_fields_set():
+        if not task.generates and self.generation.seq2seq_fields_set():
             raise ValueError(
                 "generation: only task seq2seq generates with predict_with_generate, max_length and num_beams; remove "
                 f"them for {self.task} (causal-lm has prompts, num_prompts, score_examples, max_new_tokens)"
             )
-        if self.task not in ("causal-lm",) and self.generation.causal_fields_set():
+        if not task.answers_prompts and self.generation.causal_fields_set():
             raise ValueError(
                 f"generation: prompts, num_prompts, score_examples and max_new_tokens are causal-lm settings; remove "
                 f"them for {self.task}"
             )
-        if self.task == "seq2seq":
+        if task.target:
             for name, use in (("text_column", "source_column"), ("label_column", "target_column")):
                 if getattr(d, name) is not None:
                     raise ValueError(
@@ -181,6 +194,12 @@ class RunSpec(_Strict):
                     "model learns to produce one column from another"
                 )
             return
+        named = [n for n in ("text_column", "text_pair_column", "label_column") if getattr(d, n) is not None]
+        if task.pairs and named:
+            raise ValueError(
+                f"data.{named[0]}: task preference finds its columns itself (prompt/chosen/rejected, chosen/rejected "
+                f"conversations, or prompt/completion/label); remove {named[0]}"
+            )
         for name in ("source_column", "target_column"):
             if getattr(d, name) is not None:
                 raise ValueError(

@@ -12,10 +12,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from ortlab.addresses import credentials_problem, storage_folder, storage_problem, storage_scheme
 from ortlab.assets import EMBEDDED_MODEL_ID
+from ortlab.tasks import NAMES
 from ortlab.toggles import FIELDS, TOGGLES, TUNED_FIELDS, off_value
 
-Task = Literal["sequence-classification", "token-classification", "causal-lm", "seq2seq"]
-TASKS: tuple[str, ...] = ("sequence-classification", "token-classification", "causal-lm", "seq2seq")
+# The task names, from the task records (`ortlab.tasks`): a task added there is offered by the schema, and so by
+# every form and the CLI.
+Task = Literal[NAMES]  # type: ignore[valid-type]
+TASKS: tuple[str, ...] = NAMES
 
 
 # Characters no name holds (a path, a column, a Hub id, an address): C0 controls and DEL. A NUL reached the os calls
@@ -399,3 +402,32 @@ def bounded_repr(value: Any) -> str:
     """`repr(value)` cut to about 80 characters at every level, built without the whole: a value from a file may be
     a million-character string or a deep structure, and `repr(x)[:80]` would build all of it first."""
     return _REPR.repr(value)
+
+
+class PreferenceSpec(_Strict):
+    """Task preference: the loss and its settings (`ortlab.train.preferencetrainer.PreferenceTrainingArguments`)."""
+
+    loss: Literal["dpo", "ipo", "orpo", "kto"] = Field(
+        "dpo",
+        description="dpo (sigmoid), ipo, orpo (no reference model) or kto (answers labelled good or bad, unpaired).",
+    )
+    beta: float = Field(
+        0.1,
+        gt=0,
+        description="DPO/KTO: how far the model may move from the reference (higher: less); IPO: its tau; ORPO: the "
+        "weight of the odds-ratio term.",
+    )
+    label_smoothing: float = Field(
+        0.0, ge=0, lt=0.5, description="DPO only (cDPO): the probability that a preference label is flipped."
+    )
+    reference: Literal["auto", "adapter", "precomputed", "copy"] = Field(
+        "auto",
+        description="The reference model: auto (with LoRA the base with the adapter off, else log-probabilities "
+        "precomputed once; a frozen copy for KTO), adapter, precomputed or copy.",
+    )
+
+    @model_validator(mode="after")
+    def _smoothing_is_dpo(self) -> PreferenceSpec:
+        if self.label_smoothing and self.loss != "dpo":
+            raise ValueError(f"preference.label_smoothing: cDPO applies to loss dpo, not {self.loss}; remove it")
+        return self

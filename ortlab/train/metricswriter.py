@@ -278,7 +278,7 @@ class StepMetricsCallback(TrainerCallback):
             # The one place evaluations are written: `trainer.eval_phase` ("before"/"after", set by whoever
             # evaluates around training) or "during" for evaluations inside the training loop.
             phase = getattr(self.trainer, "eval_phase", None) or "during"
-            if "eval_loss" in logs and getattr(self.trainer, "feature", None) == "causal-lm":
+            if "eval_loss" in logs and getattr(self.trainer, "perplexity", False):
                 from ortlab.scores import add_perplexity
 
                 logs = add_perplexity(dict(logs))

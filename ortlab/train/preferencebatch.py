@@ -157,3 +157,15 @@ class UnpairedCollator:
             if key in rows[0]:
                 batch[key] = torch.tensor([float(r[key]) for r in rows])
         return batch
+
+
+def collator_for(tokenizer: Any, model: Any = None, prepared: Any = None, pad_to_multiple_of: int | None = None) -> Any:
+    """Task preference's collator (its record's `collate`): KTO's for answers labelled good or bad, else pairs'.
+    The rows are already cut to max_length (`ortlab.data.pairtokens`)."""
+    from ortlab.data.pairs import KTO
+
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    shape = getattr(getattr(prepared, "pairs", None), "shape", None)
+    if shape == KTO:
+        return UnpairedCollator(pad, pad_to_multiple_of=pad_to_multiple_of)
+    return PairCollator(pad, pad_to_multiple_of=pad_to_multiple_of)

@@ -34,6 +34,7 @@ from typing import Any
 from transformers import Trainer, TrainingArguments
 
 from ortlab.accel import Applied, fused_adam, ort
+from ortlab.tasks import TASKS
 from ortlab.train import compat
 from ortlab.train.applied import ACCELERATIONS_FILE, AccelerationNotApplied, RecomputeProbe, VerifiesAccelerations
 from ortlab.train.args import ORT_FUSED, ORTTrainingArguments
@@ -77,6 +78,8 @@ class ORTTrainer(VerifiesAccelerations, OwnShardLoader, Trainer):
         args = _as_ort_args(args, self._args_class)
         kwargs = compat.translate_trainer_kwargs(kwargs)
         self.feature = feature
+        # Whether evaluations report exp(eval loss): a language model's head (a run sets its task's `perplexity`).
+        self.perplexity = any(t.perplexity and t.feature.name == feature for t in TASKS.values())
         self._model_changes: dict[str, str] = {}
         # Trainer.__init__ sets config.use_cache = args.use_cache (False) for good, and ORT needs it off too; the
         # saved model gets the user's value back (a causal LM must keep generating with its KV cache).

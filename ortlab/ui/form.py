@@ -13,19 +13,32 @@ from ortlab.discover import inspect_dataset, search_models
 from ortlab.errors import OrtlabError
 from ortlab.spec import TRACKERS, RunSpec
 from ortlab.specfields import SpecFields, get_path, set_path
+from ortlab.tasks import get_task
 from ortlab.toggles import field_values
 from ortlab.ui.summary import table_html
 
 WIDE = widgets.Layout(width="420px")
 # Labels such as "learning rate" are wider than ipywidgets' default label column: size it to fit them whole.
 LABEL = {"description_width": "100px"}
-# The two column fields: a text and its label, or (seq2seq) a source and the target text to produce from it.
-COLUMN_LABELS = {"seq2seq": ("source col", "target col")}
+# The two column fields: a text and its label, or (a task with a target: seq2seq) a source and the target text to
+# produce from it; a task that finds its columns itself (preference) shows neither.
 TEXT_LABEL_COLUMNS = ("text col", "label col")
-COLUMN_FIELDS = {"seq2seq": ("data.source_column", "data.target_column")}
+SOURCE_TARGET_COLUMNS = ("source col", "target col")
 TEXT_LABEL_FIELDS = ("data.text_column", "data.label_column")
-# causal-lm chat data: a messages column, or a prompt and a response column (TRL's formats), and packing.
+SOURCE_TARGET_FIELDS = ("data.source_column", "data.target_column")
+# chat data (a task that takes it: causal-lm): a messages column, or a prompt and a response column (TRL's
+# formats), and packing.
 CHAT_FIELDS = ("data.messages_column", "data.prompt_column", "data.response_column", "data.packing")
+# task preference: the loss and its settings
+PREFERENCE_FIELDS = ("preference.loss", "preference.beta", "preference.reference")
+
+
+def column_fields(task: str) -> tuple[str, ...]:
+    """The two column fields the task's record reads (`ortlab.tasks.Task.columns`), or () when it finds its own."""
+    record = get_task(task)
+    if record.target:
+        return SOURCE_TARGET_FIELDS
+    return TEXT_LABEL_FIELDS if "text_column" in record.columns else ()
 
 
 class SpecForm:
@@ -65,16 +78,33 @@ class SpecForm:
         self.data_preview = widgets.HTML()
         self.task = self._field(widgets.Dropdown, "task", options=list(self.fields.choices("task")), description="task")
         # One pair of column fields for every task; for seq2seq they name the source and the target column.
-        first, second = COLUMN_FIELDS.get(start.task, TEXT_LABEL_FIELDS)
+        first, second = column_fields(start.task) or TEXT_LABEL_FIELDS
         self.text_column = widgets.Text(value=get_path(self._base, first) or "", placeholder="auto")
         self.label_column = widgets.Text(value=get_path(self._base, second) or "", placeholder="auto")
-        self._label_columns()
         self.messages_column, self.prompt_column, self.response_column = (
             self._field(widgets.Text, f"data.{what}_column", placeholder="auto", description=what)
             for what in ("messages", "prompt", "response")
         )
         self.packing = self._field(widgets.Checkbox, "data.packing", description="packing", indent=False)
         self.chat_box = widgets.HBox([self.messages_column, self.prompt_column, self.response_column, self.packing])
+        self.preference_box = widgets.HBox(
+            [
+                self._field(
+                    widgets.Dropdown,
+                    "preference.loss",
+                    options=self.fields.choices("preference.loss"),
+                    description="loss",
+                ),
+                self._field(widgets.FloatText, "preference.beta", description="beta"),
+                self._field(
+                    widgets.Dropdown,
+                    "preference.reference",
+                    options=self.fields.choices("preference.reference"),
+                    description="reference",
+                ),
+            ]
+        )
+        self._label_columns()
 
         # hyperparameters and target
         self.learning_rate = self._field(widgets.FloatText, "hyper.learning_rate", description="learning rate")
@@ -160,36 +190,37 @@ class SpecForm:
 
     def _label_columns(self) -> None:
         """Name the two column fields for the chosen task, with the descriptions of the fields they edit."""
-        first, second = COLUMN_LABELS.get(self.task.value, TEXT_LABEL_COLUMNS)
+        record, columns = get_task(self.task.value), column_fields(self.task.value)
+        first, second = SOURCE_TARGET_COLUMNS if record.target else TEXT_LABEL_COLUMNS
         self.text_column.description, self.label_column.description = first, second
-        first_path, second_path = COLUMN_FIELDS.get(self.task.value, TEXT_LABEL_FIELDS)
+        first_path, second_path = columns or TEXT_LABEL_FIELDS
         self.text_column.tooltip = self.fields.tip(first_path)
         self.label_column.tooltip = self.fields.tip(second_path)
-        if hasattr(self, "chat_box"):
-            self.chat_box.layout.display = None if self.task.value == "causal-lm" else "none"
+        self.text_column.layout.display = self.label_column.layout.display = None if columns else "none"
+        self.chat_box.layout.display = None if record.chat else "none"
+        self.preference_box.layout.display = None if record.pairs else "none"
 
     def spec_dict(self) -> dict[str, Any]:
         """The spec the widgets say: the starting spec, with each widget's value written to the field it edits
         (by path, converted as the field's schema wants: an empty optional text is None). The fields of the other
         tasks (columns, chat data) are cleared: a spec keeps only what its task reads."""
         spec = {**self._base}
-        seq2seq = self.task.value == "seq2seq"
-        causal = self.task.value == "causal-lm"
-        columns = COLUMN_FIELDS.get(self.task.value, TEXT_LABEL_FIELDS)
+        record, columns = get_task(self.task.value), column_fields(self.task.value)
+        own = {*CHAT_FIELDS, *PREFERENCE_FIELDS}
         values = {
-            **{p: w.value for p, w in self.by_path.items() if p not in CHAT_FIELDS},
-            columns[0]: self.text_column.value,
-            columns[1]: self.label_column.value,
+            **{p: w.value for p, w in self.by_path.items() if p not in own},
+            **dict(zip(columns, (self.text_column.value, self.label_column.value), strict=False)),
         }
-        for other in {*TEXT_LABEL_FIELDS, *COLUMN_FIELDS["seq2seq"]} - set(columns):
+        for other in {*TEXT_LABEL_FIELDS, *SOURCE_TARGET_FIELDS} - set(columns):
             values[other] = None
-        for path in CHAT_FIELDS:
-            values[path] = self.by_path[path].value if causal else self.fields.field(path).default
+        for fields, used in ((CHAT_FIELDS, record.chat), (PREFERENCE_FIELDS, record.pairs)):
+            for path in fields:
+                values[path] = self.by_path[path].value if used else self.fields.field(path).default
         for path, value in values.items():
             set_path(spec, path, None if value is None else self.fields.value(path, value))
-        if not seq2seq:  # a seq2seq start's generation settings do not follow into another task
+        if not record.generates:  # a seq2seq start's generation settings do not follow into another task
             set_path(spec, "hyper.max_target_length", None)
-            kept = ("prompts", "num_prompts", "score_examples", "max_new_tokens") if causal else ()
+            kept = ("prompts", "num_prompts", "score_examples", "max_new_tokens") if record.answers_prompts else ()
             spec["generation"] = {k: v for k, v in self._base["generation"].items() if k in kept}
         # The fields the acceleration toggles set (`ortlab.toggles`); the other accel fields keep the start's values.
         for path, value in field_values(name for name, box in self.toggles.items() if box.value).items():
@@ -251,7 +282,7 @@ class SpecForm:
             return
         p = info.proposal
         self.task.value = p["task"] or self.task.value
-        seq2seq = p["task"] == "seq2seq"
+        seq2seq = get_task(self.task.value).target
         self.text_column.value = (p["source_column"] if seq2seq else p["text_column"]) or ""
         self.label_column.value = (p["target_column"] if seq2seq else p["label_column"]) or ""
         for field in ("messages_column", "prompt_column", "response_column"):

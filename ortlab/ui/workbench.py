@@ -42,6 +42,7 @@ class Workbench(SpecForm, MixPanel, RunsPanel, widgets.VBox):
                 self.data_preview,
                 widgets.HBox([self.task, self.text_column, self.label_column]),
                 self.chat_box,
+                self.preference_box,
                 widgets.HBox([widgets.HTML("<b>acceleration mix</b>"), self.check_button, self.check_note]),
                 *accel_rows,
                 widgets.HBox([self.tune_button, self.tune_note]),

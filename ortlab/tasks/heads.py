@@ -1,4 +1,4 @@
-"""Tasks (Optimum called them `feature`s): which model head a run trains, and how to load it.
+"""Model heads (Optimum called them `feature`s): which head a run trains, and how to find and load its model.
 
 In ortlab a feature names the task head of the model: `ORTTrainer(..., feature="sequence-classification")`
 checks that the model really has that head (a mismatch fails before training, not after an hour), and the
@@ -7,32 +7,22 @@ feature is recorded with the run so that export and the model card know what the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from ortlab.assets import embedded_model_path
 from ortlab.errors import OrtlabError
 from ortlab.hub import HubUnavailable, hub_repo_exists
+from ortlab.tasks.registry import TASKS, get_task
+from ortlab.tasks.task import Feature
 
-
-@dataclass(frozen=True)
-class Feature:
-    name: str
-    auto_class: str  # the transformers Auto class that loads this head
-    head_suffix: tuple[str, ...]  # model class names of this head end with one, e.g. BertForSequenceClassification
-
-
+# The heads of ortlab's tasks (each task's record names its own), and two more that ORTTrainer checks for a model a
+# user brings (`ORTTrainer(..., feature="masked-lm")`).
 FEATURES = {
     f.name: f
     for f in (
-        Feature("sequence-classification", "AutoModelForSequenceClassification", ("ForSequenceClassification",)),
-        Feature("token-classification", "AutoModelForTokenClassification", ("ForTokenClassification",)),
-        Feature("causal-lm", "AutoModelForCausalLM", ("ForCausalLM", "LMHeadModel")),
+        *(t.feature for t in TASKS.values()),
         Feature("masked-lm", "AutoModelForMaskedLM", ("ForMaskedLM",)),
         Feature("question-answering", "AutoModelForQuestionAnswering", ("ForQuestionAnswering",)),
-        # encoder-decoder LMs: T5ForConditionalGeneration, BartForConditionalGeneration, MarianMTModel, ...
-        # (ortlab.train.compat checks this one by config.is_encoder_decoder: the class names vary too much)
-        Feature("seq2seq-lm", "AutoModelForSeq2SeqLM", ("ForConditionalGeneration", "MTModel")),
     )
 }
 
@@ -127,21 +117,11 @@ def resolve_model(name: str, build: bool = True) -> str:
     return name
 
 
-TASK_FEATURES = {
-    "sequence-classification": "sequence-classification",
-    "token-classification": "token-classification",
-    "causal-lm": "causal-lm",
-    "seq2seq": "seq2seq-lm",
-}
-
+# ortlab task -> the name of its head (kept for callers of the old table; each task's record has it: `.feature`)
+TASK_FEATURES = {name: t.feature.name for name, t in TASKS.items()}
 
 # transformers' tables of model types per head (transformers.models.auto.modeling_auto), by ortlab task
-HEAD_TABLES = {
-    "sequence-classification": "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
-    "token-classification": "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
-    "causal-lm": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
-    "seq2seq": "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
-}
+HEAD_TABLES = {name: t.head_table for name, t in TASKS.items() if t.head_table is not None}
 
 
 def check_model_fits_task(path: str, task: str) -> None:
@@ -157,7 +137,7 @@ def check_model_fits_task(path: str, task: str) -> None:
         return
     config = json.loads(config_file.read_text(encoding="utf-8"))  # valid: resolve_model checked it
     model_type = config.get("model_type")
-    if task != "seq2seq":
+    if get_task(task).head_table is not None:
         import transformers.models.auto.modeling_auto as tables
 
         fitting = [t for t, table in HEAD_TABLES.items() if model_type in getattr(tables, table)]
@@ -170,7 +150,7 @@ def check_model_fits_task(path: str, task: str) -> None:
         return
     if not config.get("is_encoder_decoder", False):
         raise ModelError(
-            f"model.name: task seq2seq needs an encoder-decoder model (T5, BART, Marian, mT5, Pegasus, ...), but "
+            f"model.name: task {task} needs an encoder-decoder model (T5, BART, Marian, mT5, Pegasus, ...), but "
             f"{path!r} is a {config.get('model_type')!r} model without a decoder of its own; choose an encoder-decoder "
             "model, or a task this model has a head for (sequence-classification, token-classification, causal-lm)"
         )
@@ -197,7 +177,7 @@ def load_model(
     loaded ("Cannot handle batch sizes > 1 if no padding token is defined")."""
     import transformers
 
-    feature = get_feature(TASK_FEATURES[task])
+    feature = get_task(task).feature
     auto = getattr(transformers, feature.auto_class)
     kw: dict = {"revision": revision}
     if pad_token_id is not None and label_names:

@@ -1,0 +1,90 @@
+"""Task preference through the normal run path: the spec's `preference` section, the data checked before any model,
+`train_spec` training with PreferenceTrainer, and the pair scores before and after in result.json."""
+
+from __future__ import annotations
+
+import importlib
+import json
+
+import pytest
+
+from ortlab.assets import EMBEDDED_LLM_ID
+from ortlab.spec import RunSpec, SpecError
+from ortlab.tasks import TASKS, get_task
+
+
+def test_every_task_is_one_record_the_schema_offers():
+    schema = RunSpec.json_schema() if hasattr(RunSpec, "json_schema") else RunSpec.model_json_schema()
+    offered = json.dumps(schema)
+    for name, task in TASKS.items():
+        assert f'"{name}"' in offered
+        assert task.feature.auto_class.startswith("AutoModelFor")
+        for path in (task.rows, task.collate, task.tokenize, task.trainer, task.arguments, task.metrics):
+            if path:  # every behaviour named by path resolves (a renamed function fails here, not in a run)
+                module, _, attr = path.partition(":")
+                assert hasattr(importlib.import_module(module), attr), path
+    assert get_task("preference").pairs and not get_task("causal-lm").pairs
+
+
+def test_preference_settings_belong_to_task_preference():
+    spec = RunSpec.parse({"task": "preference", "preference": {"loss": "orpo", "beta": 0.5}})
+    assert spec.preference.loss == "orpo" and RunSpec.from_yaml(spec.to_yaml()) == spec
+    with pytest.raises(SpecError, match="preference"):
+        RunSpec.parse({"task": "causal-lm", "preference": {"beta": 0.5}})
+    with pytest.raises(SpecError, match="label_smoothing"):
+        RunSpec.parse({"task": "preference", "preference": {"loss": "ipo", "label_smoothing": 0.1}})
+    with pytest.raises(SpecError, match="finds its columns"):
+        RunSpec.parse({"task": "preference", "data": {"label_column": "x"}})
+
+
+def test_bad_pairs_fail_before_any_model_loads(tmp_path, monkeypatch):
+    from helpers.hostile import refuse_model_loads
+
+    from ortlab.data import DataError
+    from ortlab.fit import check_model_and_data
+
+    refuse_model_loads(monkeypatch)
+    rows = [{"prompt": f"q{i}", "chosen": f"a{i}", "rejected": f"b{i}"} for i in range(8)]
+    rows[5]["rejected"] = rows[5]["chosen"]
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    spec = RunSpec.parse({"task": "preference", "model": {"name": EMBEDDED_LLM_ID}, "data": {"source": str(path)}})
+    with pytest.raises(DataError, match=r"row 5"):
+        check_model_and_data(spec, log=lambda s: None)
+    kto = RunSpec.parse(
+        {"task": "preference", "model": {"name": EMBEDDED_LLM_ID}, "data": {"source": "embedded:rotten-tomatoes-pairs"}}
+    )
+    kto = kto.model_copy(update={"preference": kto.preference.model_copy(update={"loss": "kto"})})
+    with pytest.raises(DataError, match="kto trains on answers labelled"):
+        check_model_and_data(kto, log=lambda s: None)
+
+
+@pytest.mark.slow
+def test_dpo_with_lora_on_smollm2_records_pair_scores(tmp_path):
+    from ortlab.runner import train_spec
+
+    spec = RunSpec.parse(
+        {
+            "task": "preference",
+            "model": {"name": EMBEDDED_LLM_ID},
+            "data": {"source": "embedded:rotten-tomatoes-pairs", "max_train_samples": 20, "max_eval_samples": 8},
+            "hyper": {"max_steps": 5, "batch_size": 4, "eval_batch_size": 8, "max_length": 96, "learning_rate": 5e-4},
+            "preference": {"loss": "dpo", "beta": 0.1},
+            "accel": {"ort": False, "fused_adam": False, "precision": "fp32", "tune": "off"},
+            "adapter": {"kind": "lora", "rank": 4, "alpha": 8, "dropout": 0.0},
+            "output_dir": str(tmp_path),
+        }
+    )
+    result = train_spec(spec, progress=False, log=lambda s: None)
+    assert result["task"] == "preference"
+    for phase in ("eval_before", "eval_after"):
+        scores = result[phase]
+        assert 0.0 <= scores["eval_rewards/accuracies"] <= 1.0, scores
+        assert "eval_rewards/margins" in scores and "eval_perplexity" not in scores
+    # Before training the adapter is zero: the policy is the reference, every reward and margin 0.
+    assert result["eval_before"]["eval_rewards/margins"] == pytest.approx(0.0, abs=1e-6)
+    assert result["eval_after"]["eval_rewards/margins"] != pytest.approx(0.0, abs=1e-6)
+    assert result["summary"]["steps"] == 5
+    with open(f"{result['run_dir']}/metrics.jsonl") as f:
+        steps = [r for r in map(json.loads, f) if r.get("event") == "step"]
+    assert steps and all("rewards/margins" in r for r in steps)
