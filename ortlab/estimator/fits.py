@@ -98,6 +98,8 @@ def check(spec: Any, device: str | None = None) -> Estimate | None:
         est = estimate(spec, device=device)
     except EstimateError:
         return None
+    except Exception:  # an estimator's bug must never stop a launch: the run's own checks still apply
+        return None
     if est.available_mb is not None and est.peak.low > est.available_mb:
         raise DoesNotFit(refusal(spec, est, device))
     return est
