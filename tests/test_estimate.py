@@ -346,3 +346,37 @@ def test_a_run_records_its_prediction_against_what_it_measured(tiny_bert, tmp_pa
     again = estimate(spec, device="cpu")
     assert again.term("runtime").basis == "measured here"
     assert again.peak.value == pytest.approx(memory["measured"], rel=0.02)  # one run: its own residual
+
+
+# --- budget ---------------------------------------------------------------------------------------------------
+
+
+def test_a_budget_chooses_what_to_change_and_says_why(tiny_llama, cache):
+    from ortlab.estimator.budget import BudgetError, fit_budget
+
+    spec = RunSpec.parse(
+        {
+            "task": "causal-lm",
+            "model": {"name": str(tiny_llama)},
+            "data": {"source": "embedded:hamlet"},
+            "hyper": {"batch_size": 64, "max_length": 128},
+        }
+    )
+    full = estimate(spec, device="cpu")
+    runtime = full.term("runtime").value
+    # a memory budget between the smallest run and this one: checkpointing first, then the batch (same effective)
+    limit_gb = (runtime + (full.peak.value - runtime) / 3) * 2**20 / 1e9
+    fitted = fit_budget(spec, memory_gb=limit_gb, device="cpu")
+    assert fitted.estimate.peak.value <= limit_gb * 1e9 / 2**20
+    assert fitted.spec.hyper.gradient_checkpointing and fitted.choices[0].startswith("gradient checkpointing")
+    hyper = fitted.spec.hyper
+    assert hyper.batch_size * hyper.gradient_accumulation_steps == 64  # the same effective batch
+    # a time budget: max_steps so that the whole run takes at most the minutes given
+    minutes = (full.total.value - full.steps * full.step.value + 5 * full.step.value) / 60
+    timed = fit_budget(spec, minutes=minutes, device="cpu")
+    assert timed.spec.hyper.max_steps == 5 and timed.estimate.total.value <= minutes * 60 + 1e-6
+    assert "max_steps 5" in timed.choices[0]
+    with pytest.raises(BudgetError, match="closest budget is"):
+        fit_budget(spec, minutes=0.01, device="cpu")
+    with pytest.raises(BudgetError, match=r"needs \d+\.\d+ GB"):
+        fit_budget(spec, memory_gb=0.1, device="cpu")

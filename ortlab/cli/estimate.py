@@ -39,22 +39,44 @@ def estimate_cmd(
     price_per_hour: Annotated[
         float | None, typer.Option(help="the machine's price per hour, for the run's cost")
     ] = None,
+    budget_minutes: Annotated[
+        float | None, typer.Option(help="fit the run to this many minutes (chooses max_steps)")
+    ] = None,
+    budget_memory_gb: Annotated[
+        float | None,
+        typer.Option(help="fit the run to this peak memory per process (checkpointing, batch, max_length)"),
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print the estimate as JSON")] = False,
 ) -> None:
     """Predict a run's peak memory per process, time per step and in all, and cost, before launching it (about a
     second: no model weights load). Every term with its range and what it rests on."""
-    given = overrides({k: v for k, v in locals().items() if k not in ("device", "price_per_hour", "json_out")})
+    own = ("device", "price_per_hour", "json_out", "budget_minutes", "budget_memory_gb")
+    given = overrides({k: v for k, v in locals().items() if k not in own})
     from ortlab.estimator import estimate
 
+    chosen: list[str] = []
     with reported():
         spec = build_spec(spec_file, given)
+        if budget_minutes is not None or budget_memory_gb is not None:
+            from ortlab.estimator.budget import fit_budget
+
+            fitted = fit_budget(spec, minutes=budget_minutes, memory_gb=budget_memory_gb, device=device)
+            spec, chosen = fitted.spec, fitted.choices
         est = estimate(spec, device=device, price_per_hour=price_per_hour)
     if json_out:
         import json
 
-        print(json.dumps(est.to_dict(), indent=2))
+        fitted_hyper = spec.hyper.model_dump(mode="json") if chosen else None
+        print(json.dumps({**est.to_dict(), "budget": {"choices": chosen, "hyper": fitted_hyper}}, indent=2))
         return
     typer.echo(est.table())
+    if budget_minutes is not None or budget_memory_gb is not None:
+        typer.echo("")
+        typer.echo("fitted to the budget:" if chosen else "fits the budget as it is")
+        import textwrap
+
+        for line in chosen:
+            typer.echo(textwrap.fill(line, 80, initial_indent="  - ", subsequent_indent="    "))
     if est.fits is False:
         from ortlab.estimator.fits import refusal
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,13 +106,16 @@ def sample_lengths(spec: Any, tokenizer_folder: Path | None, batch: int, max_len
     """The padded lengths of `spec`'s batches of `batch` rows at `max_length`, from a sample of its data."""
     data = spec.data
     if spec.task == "causal-lm" and not (data.messages_column or data.prompt_column):
+        blocks = f"raw text trains on full blocks of {max_length}"
         try:
             path, fmt = _source(data.source, data.format)
             chat = fmt == "json" and "messages" in (_rows(path, fmt, 1) or [{}])[0]
-            if not chat:
-                return Lengths(float(max_length), max_length, f"raw text trains on full blocks of {max_length}")
+            if not chat:  # the number of blocks: the sample's tokens per row, times the rows
+                raw, total = _tokenized(data, tokenizer_folder)
+                rows = math.ceil((total or 0) * (sum(raw) / len(raw)) / max_length) if raw and total else None
+                return Lengths(float(max_length), max_length, blocks, rows)
         except Exception:
-            return Lengths(float(max_length), max_length, f"raw text trains on full blocks of {max_length}")
+            return Lengths(float(max_length), max_length, blocks)
     if data.packing:
         return Lengths(float(max_length), max_length, f"packed rows fill blocks of {max_length}")
     try:
@@ -125,12 +129,11 @@ def sample_lengths(spec: Any, tokenizer_folder: Path | None, batch: int, max_len
     rng = random.Random(0)
     b = min(batch, len(lengths))
     mean = sum(max(rng.sample(lengths, b)) for _ in range(BATCHES)) / BATCHES
-    rows_n = total if max_train_rows(spec) is None else min(total or 0, max_train_rows(spec) or 0) or total
     return Lengths(
         mean,
         max(lengths),
         f"{len(lengths)} rows tokenized: mean {sum(lengths) / len(lengths):.0f}, longest {max(lengths)} tokens",
-        rows_n,
+        total,
     )
 
 
@@ -163,7 +166,3 @@ def _tokenized(data: Any, tokenizer_folder: Path | None) -> tuple[list[int], int
         _CACHE.clear()
     _CACHE[key] = (lengths, total)
     return lengths, total
-
-
-def max_train_rows(spec: Any) -> int | None:
-    return spec.data.max_train_samples
