@@ -264,7 +264,7 @@ def estimate(
     lora = spec.adapter.kind == "lora"
     classes = 2 if spec.task == "sequence-classification" else 0
     trainable = m.lora_trainable(spec.adapter.target_modules, spec.adapter.rank, classes) if lora else m.params
-    fused = spec.accel.fused_adam is True or (spec.accel.fused_adam == "auto" and kind == "cuda")
+    fused = spec.accel.fused_adam in (True, "auto")  # 'auto' resolves to fused where torch has it (2.4+: CPU too)
     setup = Setup(
         device=kind,
         precision=precision,

@@ -44,10 +44,13 @@ LAYOUT = {
     "encoder-decoder": (12, 2),
 }
 LOGIT_COPIES = 3
-# The peak RSS of a CPU training process before the model's own memory: Python, torch, transformers, datasets, the
-# tokenizer, the data. Measured on this project's machine (benchmarks/bench_estimate.py, `runtime_mb` of its rows:
-# 1,349 MB peak for a MiniLM run of 245 MB of model terms -> ~1,100 MB); a run here replaces it by its own residual.
-CPU_RUNTIME_MB = 1100.0
+# The peak RSS of a CPU training process before the model's own memory (Python, torch, transformers, datasets, the
+# tokenizer, the data), and how much more than the saved activations the backward pass holds on a CPU (the
+# activations' gradients, and freed blocks glibc keeps): fitted on the MiniLM rows of benchmarks/bench_estimate.py
+# (2026-11-28: peak RSS = 700 MB + model terms + 1.5 x activations, within 6 % on five of six rows; the SmolLM2 rows
+# were not used, so they test it). A run here replaces the runtime by its own residual.
+CPU_RUNTIME_MB = 700.0
+CPU_BACKWARD = 1.5
 CUDA_CONTEXT_MB = 600.0  # the CUDA context and cuBLAS workspace, outside the allocator's count (H200, torch 2.x)
 
 
@@ -88,6 +91,8 @@ def activation_bytes(m: ModelFacts, s: Setup, scale: float = 1.0) -> tuple[float
     else:
         kept = tokens * m.layers * per_token_layer * elem
     kept += tokens * m.hidden * elem * 2  # embeddings' output and the final norm
+    if s.device == "cpu":
+        kept *= CPU_BACKWARD
     logits = LOGIT_COPIES * tokens * m.vocab * 4.0 if s.lm_head else 0.0
     return kept * scale, logits
 
