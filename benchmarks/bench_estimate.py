@@ -245,6 +245,15 @@ def main() -> None:
         },
         "what": "predicted (ortlab.estimator, CPU) against measured (real ortlab runs): peak memory, steady step time",
         "seconds": round(time.monotonic() - started, 1),
+        "rows_seconds": round(sum(r.get("seconds") or 0 for r in rows.values()), 1),  # measuring (kept rows too)
+        "notes": [
+            "the default CPU runtime (700 MB) and backward factor (1.5) were fitted on the MiniLM rows without "
+            "checkpointing (in-sample); the SmolLM2 and checkpointed rows test them",
+            "step time: 'wall' is what the run measured on this shared machine (load average 11-17 on 2 cores), "
+            "'cpu' the CPU seconds per steady step over the threads (what the step takes with the cores to itself); "
+            "rows without 'cpu' were measured before it was recorded",
+            "SmolLM2 rows have one steady step each (a step took a minute under the load)",
+        ],
         "estimate_seconds": timing,
         "summary": summary,
         "rows": rows,

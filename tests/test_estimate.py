@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -382,3 +383,36 @@ def test_a_budget_chooses_what_to_change_and_says_why(tiny_llama, cache):
         fit_budget(spec, minutes=0.01, device="cpu")
     with pytest.raises(BudgetError, match=r"needs \d+\.\d+ GB"):
         fit_budget(spec, memory_gb=0.1, device="cpu")
+
+
+def test_the_benchmark_never_calibrates_a_row_with_its_own_measurement(load_benchmark, tmp_path, cache, monkeypatch):
+    """bench_estimate's leave-one-out, from kept measurements (nothing trains): a row's `loo` prediction moves with
+    the other rows' measurements and never with its own."""
+    bench = load_benchmark("bench_estimate")
+    monkeypatch.setenv("ORTLAB_ESTIMATE_RECORD", "0")  # (main sets it: monkeypatch puts the old value back)
+    names = ["minilm-b8-l32", "minilm-b32-l128"]
+
+    def analyse(first_peak: float) -> dict:
+        rows = {
+            name: {
+                "spec": bench.GRID[name],
+                "summary": {"peak_mem_mb": peak, "steady_step_time_s": step},
+                "cpu_step_s": step / 2,
+                "seconds": 1.0,
+            }
+            for name, peak, step in ((names[0], first_peak, 2.0), (names[1], 1700.0, 8.0))
+        }
+        kept, out = tmp_path / "rows.json", tmp_path / "out.json"
+        kept.write_text(json.dumps(rows))
+        argv = ["bench_estimate.py", "--reuse", "--measured", str(kept), "--out", str(out), "--only", *names]
+        monkeypatch.setattr(sys, "argv", argv)
+        bench.main()
+        return json.loads(out.read_text())
+
+    one, two = analyse(1100.0), analyse(1300.0)
+    first, second = names
+    own = [r["rows"][first]["loo"]["wall"]["peak_mem_mb"]["predicted"] for r in (one, two)]
+    other = [r["rows"][second]["loo"]["wall"]["peak_mem_mb"]["predicted"] for r in (one, two)]
+    assert own[0] == own[1] and other[0] != other[1]
+    assert one["summary"]["wall"]["default"]["peak_mem_mb"]["rows"] == 2
+    assert set(one["summary"]) == {"wall", "cpu"}
