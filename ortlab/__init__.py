@@ -29,12 +29,15 @@ _LAZY = {
     "runs": "ortlab.runner",
     "attach": "ortlab.runner",
     "Workbench": "ortlab.ui",
+    "estimate": "ortlab.estimator",
+    "Estimate": "ortlab.estimator",
 }
 
 __all__ = [
     "AccelerationNotApplied",
     "Availability",
     "DoctorReport",
+    "Estimate",
     "MixError",
     "ORTOptimizerNames",
     "ORTSeq2SeqTrainer",
@@ -47,6 +50,7 @@ __all__ = [
     "__version__",
     "attach",
     "doctor",
+    "estimate",
     "launch",
     "runs",
 ]
@@ -54,6 +58,7 @@ __all__ = [
 if TYPE_CHECKING:  # pragma: no cover
     from ortlab.accel import Availability
     from ortlab.accel.mix import MixError
+    from ortlab.estimator import Estimate, estimate
     from ortlab.probe import DoctorReport, doctor
     from ortlab.runner import Run, attach, launch, runs
     from ortlab.spec import RunSpec

@@ -41,6 +41,7 @@ ROUTES = [
     ("POST", "runs/live/resume"),
     ("GET", "doctor"),
     ("GET", "spec"),
+    ("POST", "estimate"),
 ]
 
 
@@ -618,6 +619,25 @@ print(json.dumps({{"rows": len(rows), "torch": "torch" in sys.modules, "spec": d
     out = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"rows": 3, "torch": False, "spec": True}
+
+
+def test_the_estimate_route_answers_before_launch(api, runs_root, tiny_bert):
+    """The sidebar and the workbench ask for the estimate as the form changes: the same `ortlab.estimator` answer
+    as `ortlab estimate`, or 400 with why not; nothing is launched."""
+    spec = {"model": {"name": str(tiny_bert)}, "hyper": {"batch_size": 8}}
+    code, body, _ = api("POST", "estimate", {"spec": spec, "device": "cpu", "price_per_hour": 1.5})
+    assert code == 200, body
+    assert body["peak_mem_mb"]["value"] > 0 and body["step_time_s"]["value"] > 0 and body["cost"] > 0
+    assert "weights" in [t["name"] for t in body["memory"]] and "peak" in body["table"]
+    code, body, _ = api("POST", "estimate", {"spec": spec, "device": "H100 SXM"})
+    assert code == 200 and body["device"] == "H100 SXM", body
+    code, body, _ = api("POST", "estimate", {"spec": spec, "device": "Voodoo"})
+    assert code == 400 and "not in ortlab's table" in body["message"], body
+    code, body, _ = api("POST", "estimate", {"spec": {"hyper": {"batch_size": 0}}})
+    assert code == 400 and body["problems"], body
+    code, body, _ = api("POST", "estimate", ["not", "an", "object"])
+    assert code == 400, body
+    assert list(runs_root.iterdir()) == []
 
 
 def test_the_spec_route_gives_the_new_run_form_every_task(api):

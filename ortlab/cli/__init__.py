@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from ortlab.cli import common, env, runs, serve, train
+from ortlab.cli import common, env, estimate, runs, serve, train
 from ortlab.cli.common import PLAIN_HELP
 from ortlab.cli.options import SpecHelp
 
@@ -50,6 +50,7 @@ app.command("build-ort-extensions")(env.build_ort_extensions)
 app.command("bundle")(env.bundle_command)
 app.command(cls=SpecHelp)(train.train)
 app.command("tune", cls=SpecHelp)(train.tune_cmd)
+app.command("estimate", cls=SpecHelp)(estimate.estimate_cmd)
 app.command("runs")(runs.list_runs)
 app.command()(runs.follow)
 app.command("stop")(runs.stop_run)

@@ -26,6 +26,7 @@ from ortlab.accel.mix import resolve
 from ortlab.adapters import adapter_summary, merge
 from ortlab.data import DataError
 from ortlab.data.load import read_error
+from ortlab.estimator.checked import after_run, before_run
 from ortlab.fit import check_model_and_data
 from ortlab.lifecycle.assemble import Loaded, build_trainer, load_model_and_data
 from ortlab.runfolder import events
@@ -125,6 +126,7 @@ def _execute(
                 world_size=int(os.environ.get("WORLD_SIZE", "1")),
                 step=run.last_step(),
             )
+        predicted = before_run(spec) if rank == 0 else None  # from the spec alone, before the model loads
         model_path, prepared = checked or check_model_and_data(spec, watch.log)
         with offline(spec.report_to, run.path):
             result = _train(spec, run, model_path, prepared, resume, stop, watch)
@@ -142,6 +144,8 @@ def _execute(
             run.set_status("stopped", step=result["step"], checkpoint=result["checkpoint"])
         else:
             result["wall_time_s"] = time.monotonic() - started
+            world = int(os.environ.get("WORLD_SIZE", "1"))
+            result["estimate"] = after_run(predicted, spec, result, world)  # predicted against measured
             safeio.write_json(run.path, run.result_path.name, result)
             run.set_status("completed", step=result["summary"]["steps"])
     return result

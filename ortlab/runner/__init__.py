@@ -315,7 +315,18 @@ def preflight(spec: Any, launcher: Launcher | None = None) -> dict[str, Any] | N
 
     `spec` is one whose target.python and target.cluster the user named: `launch`'s, or a resumed folder's after
     `trust.trusted_target` (a named interpreter is started here, and a cluster is sent the user's Ray token).
-    `launcher`: the one the run goes to, when the caller chose it (`launch(spec, launcher=...)`)."""
+    `launcher`: the one the run goes to, when the caller chose it (`launch(spec, launcher=...)`).
+
+    First, for a run on this machine, its predicted peak memory against the machine's (`ortlab.estimator.fits`,
+    about a second: no weights, a sample of the data): a run that cannot fit is refused with the numbers and the
+    remedies, before the foreground launcher's preflight loads the data and long before any model loads."""
+    if not spec.target.cluster:  # (a cluster's nodes are not this machine: their memory is not known here)
+        from ortlab.estimator.fits import DoesNotFit, check
+
+        try:
+            check(spec)
+        except DoesNotFit as e:
+            raise RunError(f"this run cannot start here:\n{e}") from None
     return (launcher or launcher_for(spec)).preflight(spec)
 
 

@@ -20,6 +20,20 @@ def launch_in(root: Path, spec: dict[str, Any], cwd: Path) -> dict[str, Any]:
     return {"id": run.id, "path": str(run.path)}
 
 
+def estimate_in(spec: dict[str, Any], device: Any, price: Any, cwd: Path) -> dict[str, Any]:
+    """The estimate of `spec` (`ortlab.estimator`), its relative paths read from the server's root folder as a
+    launch reads them, with its table: SpecError or EstimateError say why not."""
+    from ortlab.estimator import EstimateError, estimate
+    from ortlab.spec import RunSpec
+
+    if device is not None and not isinstance(device, str):
+        raise EstimateError("device: a device name (cpu, T4, A100 80GB, H100 SXM, ...)")
+    if price is not None and (isinstance(price, bool) or not isinstance(price, (int, float)) or price < 0):
+        raise EstimateError("price_per_hour: a number, zero or more")
+    est = estimate(RunSpec.parse(spec).anchored(cwd), device=device, price_per_hour=price)
+    return {**est.to_dict(), "table": est.table()}
+
+
 def resume_in(root: Path, run_id: str, cwd: Path) -> dict[str, Any]:
     """Resume the run `run_id` under `root`: {"id", "state"}. RunError or SpecError say why not."""
     run = attach(run_id, root=root).resume(cwd=str(cwd))

@@ -33,7 +33,7 @@ from ortlab.runfolder.records import record_schema
 from ortlab.runfolder.rundir import DAMAGED, RESUMABLE, RunDir, RunStateError
 from ortlab.runner import RunError
 from ortlab.safeio import ascii_int
-from ortlab.server.actions import launch_in, resume_in
+from ortlab.server.actions import estimate_in, launch_in, resume_in
 from ortlab.server.runindex import metrics_since, parse_max_points
 from ortlab.spec import SpecError
 from ortlab.specfields import form
@@ -231,6 +231,26 @@ class SpecHandler(OrtlabHandler):
         self.reply(200, {**await self.io(form), "records": record_schema()})
 
 
+class EstimateHandler(OrtlabHandler):
+    @web.authenticated
+    @authorized
+    async def post(self) -> None:
+        """The estimate of a RunSpec before Launch (`ortlab.estimator`: memory, time, cost; about a second, no
+        weights): body {"spec": {...}, "device": optional GPU name, "price_per_hour": optional}. 400 with the
+        problems of a spec that does not parse, or why it cannot be estimated."""
+
+        data = await self.json_body()
+        if not isinstance(data, dict) or not isinstance(data.get("spec", {}), dict):
+            problems = ['an estimate request is a JSON object: {"spec": {...}, "device": ..., "price_per_hour": ...}']
+            return self.reply(400, {"message": "invalid estimate request", "problems": problems})
+        args = (data.get("spec", {}), data.get("device"), data.get("price_per_hour"), self.ortlab.cwd)
+        try:
+            answer = await self.io(estimate_in, *args)
+        except SpecError as e:
+            return self.reply(400, {"message": "invalid run spec", "problems": e.problems})
+        self.reply(200, answer)
+
+
 def doctor_summary() -> dict[str, Any]:
     from ortlab.probe import cached_report
 
@@ -261,4 +281,5 @@ def handlers() -> list[tuple[str, type[OrtlabHandler]]]:
         (f"{API}/runs/{ID}/resume", ResumeHandler),
         (f"{API}/doctor", DoctorHandler),
         (f"{API}/spec", SpecHandler),
+        (f"{API}/estimate", EstimateHandler),
     ]

@@ -1,0 +1,280 @@
+"""Predicted against measured: `ortlab.estimator` over a grid of real ortlab runs on this machine.
+
+    .venv/bin/python benchmarks/bench_estimate.py                  # the grid (~5-8 min on the 2-core machine)
+    .venv/bin/python benchmarks/bench_estimate.py --smoke --out /tmp/e.json   # two MiniLM rows (the machinery)
+
+Each row is a real `ortlab.runner.train_spec` run (the trainer, its metrics, its result.json) of a few steps. To
+keep the grid within minutes, the heavy imports happen once in this process and every row runs in a child forked
+from it (a fresh process would pay ~8 s of imports per row; the child's peak RSS counts from the same imported
+state, as a fresh run's does once its imports are done). Measured per row: the run's peak memory (peak RSS on CPU,
+as its result.json reports it) and its steady step time (`summary.steady_step_time_s`: the steps after the first
+two). Predicted per row, twice:
+
+- `default`: `estimate(spec, calibrated=False)`: formulas and the constants shipped in ortlab, nothing learned here;
+- `loo`: leave-one-out calibration: the estimator calibrated from the OTHER rows of this grid (runtime memory from
+  every other row, efficiency from the other rows of the same model family), as it is once runs here recorded
+  theirs. A row never calibrates its own prediction.
+
+Reported: per row both predictions and their errors; per mode the median and worst absolute error for memory and
+step time. The machine is shared (other work runs at the same time), so step times carry that noise; the load
+average is recorded at the start and end. Results go to benchmarks/results/estimate-<date>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from common import cpu_name, write_report  # noqa: E402
+
+LLM = "HuggingFaceTB/SmolLM2-135M-Instruct"
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def minilm(batch: int, length: int, **extra: dict) -> dict:
+    spec = {
+        "model": {"name": MINILM},
+        "data": {"source": "embedded:rotten-tomatoes", "max_train_samples": 400, "max_eval_samples": 16},
+        "hyper": {"batch_size": batch, "max_length": length, "max_steps": 6, "eval_batch_size": 16},
+        "accel": {"precision": "fp32", "tune": "off", "tcmalloc": False},
+    }
+    for section, values in extra.items():
+        spec.setdefault(section, {}).update(values)
+    return spec
+
+
+def smollm(lora: bool, checkpointing: bool, batch: int = 2) -> dict:
+    """SmolLM2-135M on Hamlet's raw text: every row a full block of max_length tokens (no padding to guess)."""
+    return {
+        "task": "causal-lm",
+        "model": {"name": LLM},
+        "data": {"source": "embedded:hamlet", "max_train_samples": 400, "max_eval_samples": 4},
+        "hyper": {
+            "batch_size": batch,
+            "max_length": 64,
+            "max_steps": 3,  # (the first two are warm-up: one steady step; a SmolLM2 step here took a minute)
+            "eval_batch_size": 4,
+            "gradient_checkpointing": checkpointing,
+        },
+        "generation": {"num_prompts": 0},
+        "adapter": {"kind": "lora" if lora else "none"},
+        "accel": {"precision": "fp32", "tune": "off", "tcmalloc": False},
+    }
+
+
+GRID = {
+    "minilm-b8-l32": minilm(8, 32),
+    "minilm-b8-l128": minilm(8, 128),
+    "minilm-b32-l32": minilm(32, 32),
+    "minilm-b32-l128": minilm(32, 128),
+    "minilm-b16-l64-ckpt": minilm(16, 64, hyper={"gradient_checkpointing": True}),
+    "minilm-b16-l64-fused": minilm(16, 64, accel={"fused_adam": True}),
+    "smollm-lora": smollm(True, False),
+    "smollm-lora-ckpt": smollm(True, True),
+    "smollm-full": smollm(False, False),
+    "smollm-full-ckpt": smollm(False, True),
+}
+SMOKE = ("minilm-b8-l32", "minilm-b32-l128")
+
+
+def run_row(name: str, spec: dict, out: Path, timeout_s: float) -> dict:
+    """Fork a child that trains `spec` and writes what it measured; wait for it (at most `timeout_s`)."""
+    report = out / f"{name}.json"
+    started = time.monotonic()
+    pid = os.fork()
+    if pid == 0:  # the child: train, write, leave without running the parent's cleanup
+        code = 1
+        try:
+            from ortlab.runner import train_spec
+            from ortlab.spec import RunSpec
+
+            run_spec = RunSpec.parse({**spec, "output_dir": str(out / "runs"), "name": name})
+            cpu: dict[int, float] = {}  # step -> this process's CPU seconds (all threads) when it ended
+
+            def on_metrics(record: dict) -> None:
+                if record.get("event") == "step":
+                    cpu[record["step"]] = time.process_time()
+
+            result = train_spec(run_spec, progress=False, log=lambda line: None, on_metrics=on_metrics)
+            summary = result["summary"]
+            import torch
+
+            steps = sorted(cpu)[summary.get("warmup_steps", 2) - 1 :]  # from the end of the last warm-up step
+            threads = torch.get_num_threads()
+            cpu_step = (cpu[steps[-1]] - cpu[steps[0]]) / (len(steps) - 1) / threads if len(steps) > 1 else None
+            report.write_text(
+                json.dumps(
+                    {
+                        "summary": summary,
+                        "wall_time_s": result.get("wall_time_s"),
+                        "cpu_step_s": cpu_step,  # CPU seconds per steady step / threads: the step on an idle machine
+                        "threads": threads,
+                        "load": os.getloadavg(),
+                    }
+                )
+            )
+            code = 0
+        except BaseException as e:  # reported by the parent as the row's error
+            report.write_text(json.dumps({"error": f"{type(e).__name__}: {e}"[:600]}))
+        finally:
+            os._exit(code)
+    deadline = started + timeout_s
+    while True:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            return {"error": f"timed out after {timeout_s:.0f} s"}
+        time.sleep(0.5)
+    data = json.loads(report.read_text()) if report.is_file() else {"error": "the child wrote nothing"}
+    data["seconds"] = round(time.monotonic() - started, 1)
+    return data
+
+
+def loo_entries(rows: dict[str, dict], leave: str) -> dict:
+    """Calibration entries from every row but `leave`: what the estimator would have learned from them."""
+    from ortlab.estimator import calibration
+
+    entries: dict[str, dict[str, list[float]]] = {}
+    left = rows[leave]["learned_key"]
+    for name, row in rows.items():
+        if name == leave or "learned" not in row:
+            continue
+        key = row["learned_key"]
+        for quantity, value in row["learned"].items():
+            if quantity == "efficiency" and key != left:
+                continue  # efficiency is per model family
+            entries.setdefault(left, {}).setdefault(quantity, []).append(value)
+    for values in entries.values():
+        for quantity in values:
+            values[quantity] = values[quantity][-calibration.KEEP :]
+    return entries
+
+
+def errors(rows: dict[str, dict], mode: str, clock: str) -> dict:
+    """Median and worst absolute relative error of `mode`'s predictions (default, loo) over `rows`."""
+    out = {}
+    for what in ("peak_mem_mb", "step_time_s"):
+        found = [r.get(mode, {}).get(clock, {}).get(what, {}).get("error") for r in rows.values()]
+        errs = [abs(e) for e in found if e is not None]
+        out[what] = {
+            "median_abs_error": statistics.median(errs) if errs else None,
+            "worst_abs_error": max(errs) if errs else None,
+            "rows": len(errs),
+        }
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="two MiniLM rows: the machinery, not the numbers")
+    parser.add_argument("--out", help="where to write the JSON (default benchmarks/results/estimate-<date>.json)")
+    parser.add_argument("--only", nargs="*", help="rows of the grid to run")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per row")
+    parser.add_argument("--measured", default="/tmp/bench-estimate-rows.json", help="where the measurements are kept")
+    parser.add_argument("--reuse", action="store_true", help="reuse the kept measurements of rows already run")
+    args = parser.parse_args()
+    names = list(SMOKE) if args.smoke else (args.only or list(GRID))
+    os.environ["ORTLAB_ESTIMATE_RECORD"] = "0"  # the rows must not calibrate this machine's estimator
+    started = time.monotonic()
+    load_before = os.getloadavg()
+    import ortlab.lifecycle.execute  # (the heavy imports, once, before the children fork)
+    import ortlab.runner.foreground  # noqa: F401
+
+    # The measurements are kept as they come (`--measured`): the predictions can be made again from them without
+    # training again (`--reuse`), e.g. after a change of the estimator's constants.
+    kept = Path(args.measured)
+    rows: dict[str, dict] = json.loads(kept.read_text()) if args.reuse and kept.is_file() else {}
+    with tempfile.TemporaryDirectory(prefix="bench-estimate-") as tmp:
+        for name in names:
+            if "summary" in rows.get(name, {}) and rows[name]["spec"] == GRID[name]:
+                continue
+            print(f"[estimate] {name} ...", flush=True)
+            rows[name] = {"spec": GRID[name], **run_row(name, GRID[name], Path(tmp), args.timeout)}
+            if "error" in rows[name]:
+                print(f"[estimate] {name} failed: {rows[name]['error']}", file=sys.stderr, flush=True)
+            kept.write_text(json.dumps(rows, indent=1))
+    rows = {name: dict(rows[name]) for name in names if name in rows}
+    from ortlab.estimator import estimate
+
+    timing: dict[str, float] = {}
+    for name, row in rows.items():
+        if "summary" in row:
+            t = time.perf_counter()
+            est = estimate(row["spec"], device="cpu", calibrated=False)
+            timing[name] = round(time.perf_counter() - t, 3)
+            row["terms"] = {"memory": [t.to_dict() for t in est.memory], "step": [t.to_dict() for t in est.step_terms]}
+    # Step time two ways: the wall clock (what a user waits, on this shared machine) and the CPU seconds per step
+    # over the threads (what the step would take with the cores to itself). Each with its own leave-one-out.
+    steps = {"wall": lambda r: r["summary"].get("steady_step_time_s"), "cpu": lambda r: r.get("cpu_step_s")}
+    summary: dict[str, dict] = {}
+    for clock, step_of in steps.items():
+        measured = {n: r for n, r in rows.items() if "summary" in r and step_of(r)}
+        learned: dict[str, dict] = {}
+        for name, row in measured.items():
+            est = estimate(row["spec"], device="cpu", calibrated=False)
+            row.setdefault("default", {})[clock] = est.compared(row["summary"].get("peak_mem_mb"), step_of(row))
+            learned[name] = {
+                "learned": est.learned(row["summary"].get("peak_mem_mb"), step_of(row)),
+                "learned_key": est.model["calibration_key"],
+            }
+            row.setdefault("learned", {})[clock] = learned[name]["learned"]
+        for name, row in measured.items():
+            est = estimate(row["spec"], device="cpu", calibrated=loo_entries(learned, name))
+            row.setdefault("loo", {})[clock] = est.compared(row["summary"].get("peak_mem_mb"), step_of(row))
+        summary[clock] = {mode: errors(measured, mode, clock) for mode in ("default", "loo")}
+    report = {
+        "date": date.today().isoformat(),
+        "machine": {
+            "cpu": cpu_name(),
+            "cores": os.cpu_count(),
+            "load_before": load_before,
+            "load_after": os.getloadavg(),
+        },
+        "what": "predicted (ortlab.estimator, CPU) against measured (real ortlab runs): peak memory, steady step time",
+        "seconds": round(time.monotonic() - started, 1),
+        "rows_seconds": round(sum(r.get("seconds") or 0 for r in rows.values()), 1),  # measuring (kept rows too)
+        "notes": [
+            "the default CPU runtime (700 MB) and backward factor (1.5) were fitted on the MiniLM rows without "
+            "checkpointing (in-sample); the SmolLM2 and checkpointed rows test them",
+            "step time: 'wall' is what the run measured on this shared machine (load average 11-17 on 2 cores), "
+            "'cpu' the CPU seconds per steady step over the threads (what the step takes with the cores to itself); "
+            "rows without 'cpu' were measured before it was recorded",
+            "SmolLM2 rows have one steady step each (a step took a minute under the load)",
+        ],
+        "estimate_seconds": timing,
+        "summary": summary,
+        "rows": rows,
+    }
+    path = write_report(report, args.out, f"estimate-{report['date']}.json")
+    print(f"[estimate] wrote {path}")
+    for clock, modes in summary.items():
+        for mode, errs in modes.items():
+            for what, e in errs.items():
+                median, worst = e["median_abs_error"], e["worst_abs_error"]
+                print(f"[estimate] {clock} {mode:8s} {what:12s} median {median}, worst {worst}")
+    for name, row in rows.items():
+        for clock in row.get("loo", {}):
+            d, loo = row["default"][clock], row["loo"][clock]
+            mem, step = d["peak_mem_mb"], d["step_time_s"]
+            print(
+                f"  {name:22s} {clock:4s} mem {mem['measured']:6.0f} pred {mem['predicted']:6.0f}"
+                f"/{loo['peak_mem_mb']['predicted']:6.0f}  step {step['measured']:6.2f} pred "
+                f"{step['predicted']:6.2f}/{loo['step_time_s']['predicted']:6.2f}"
+            )
+
+
+if __name__ == "__main__":
+    main()

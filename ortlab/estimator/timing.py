@@ -1,0 +1,130 @@
+"""Time per step and for the whole run: FLOPs over the device's peak times an efficiency, plus what is not matmul.
+
+    step  = FLOPs of the step / (peak FLOP/s x efficiency) + the optimizer's pass over its state
+    run   = startup + steps x step + evaluations (before and after training)
+
+FLOPs per sample are `ortlab.flops.flops_per_sample` (PaLM's count: 6N per token for full training, 4N + 2N_trainable
+with frozen weights, plus the attention's 12 x layers x hidden x seq^2), at the mean padded length of a batch
+(`ortlab.estimator.lengths`); gradient checkpointing adds one more forward (2N per token). The peak is the matmul
+peak measured on this machine (`ortlab.peak`, read from its cache: nothing is measured here), or the datasheet's for
+a GPU on paper (`ortlab.estimator.gpus`). The efficiency (model FLOP/s achieved over peak: MFU) is the one part that
+cannot be derived: small matrices, Python and the framework's overheads set it. It defaults to a value measured on
+this project's machines per model family and device (EFFICIENCY), and is replaced by the median of the runs on this
+machine once there are some (`ortlab.estimator.calibration`).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import platform
+from pathlib import Path
+
+from ortlab.cpuinfo import cpu_facts
+from ortlab.envvars import cache_dir
+from ortlab.estimator.terms import ASSUMED, CALIBRATED, FORMULA, MEASURED, Term, term
+from ortlab.flops import ModelShape, flops_per_sample
+
+# Default efficiency (MFU) by (device, family) before any run here: CPU values from benchmarks/bench_estimate.py on
+# this project's 2-core machine (shared: other work ran), GPU values the usual range of small-model fine-tuning in
+# bf16 (0.2-0.5), assumed until a GPU run here calibrates them.
+EFFICIENCY = {
+    ("cpu", "encoder"): 0.25,
+    ("cpu", "decoder-gated"): 0.35,
+    ("cpu", "decoder"): 0.3,
+    ("cpu", "encoder-decoder"): 0.25,
+}
+GPU_EFFICIENCY = 0.35
+CPU_PEAK_DEFAULT = 50e9  # FLOP/s when no peak was ever measured here (`ortlab doctor` measures it)
+CPU_BANDWIDTH = 5e9  # bytes/s the optimizer streams its state at (assumed: a busy server core pair)
+GPU_BANDWIDTH = 1.5e12
+ADAMW_BYTES = 28  # per trainable parameter and step: read weight, grad, 2 moments (16), write weight, 2 moments (12)
+# A step's cost that no FLOP count sees: the trainer's Python, the collator, kernel launches (a GPU runs a small
+# model's kernels faster than Python issues them), per step and per layer of every micro-batch (assumed).
+STEP_OVERHEAD_S = {"cpu": 0.02, "cuda": 0.01}
+STEP_OVERHEAD_PER_LAYER_S = {"cpu": 0.002, "cuda": 0.0015}
+STARTUP_S = {"cpu": 25.0, "cuda": 40.0}  # imports, model and data loading before the first step (assumed)
+
+
+def cpu_peak(precision: str) -> tuple[float, str, str]:
+    """(FLOP/s, basis, note) of this CPU's matmul peak in `precision`, from `ortlab.peak`'s cache (no torch
+    import: the cache's fingerprint is matched on what can be read without it)."""
+    facts = cpu_facts()
+    try:
+        version = importlib.metadata.version("torch").split("+")[0]
+    except importlib.metadata.PackageNotFoundError:
+        version = "?"
+    threads = facts.get("cores") or os.cpu_count()
+    best: tuple[float, int] | None = None
+    folder = cache_dir() / "peak"
+    for file in sorted(folder.glob("*.json"))[:64] if folder.is_dir() else []:
+        try:
+            if file.stat().st_size > 64 * 1024:
+                continue
+            data = json.loads(Path(file).read_text(encoding="utf-8"))
+            fp, peak = data["fingerprint"], data["peak"]
+            if fp.get("cpu") != facts or fp.get("python") != platform.python_version() or fp.get("device") != "cpu":
+                continue
+            if str(fp.get("torch", "")).split("+")[0] != version or peak.get("precision") != precision:
+                continue
+            flops = float(peak["flops"])
+            rank = (int(fp.get("threads") == threads), flops)
+            if flops > 0 and (best is None or rank > (int(best[1] == threads), best[0])):
+                best = (flops, int(fp.get("threads") or 0))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+    if best is None:
+        return CPU_PEAK_DEFAULT, ASSUMED, "no measured peak here yet: `ortlab doctor` measures it"
+    return best[0], MEASURED, f"{precision} matmul peak, {best[1]} threads ({best[0] / 1e9:.0f} GFLOP/s)"
+
+
+def step_terms(
+    shape: ModelShape,
+    seq_mean: float,
+    micro_batches: int,
+    batch: int,
+    trainable: int,
+    checkpointing: bool,
+    peak: float,
+    efficiency: float,
+    efficiency_basis: str,
+    device: str,
+    processes: int,
+) -> tuple[list[Term], float]:
+    """(the terms of one optimizer step in seconds, its model FLOPs for the MFU)."""
+    per_sample = flops_per_sample(shape, round(seq_mean))
+    model_flops = per_sample * batch * micro_batches
+    recompute = 2 * shape.matmul_params * seq_mean * batch * micro_batches if checkpointing else 0.0
+    compute = (model_flops + recompute) / (peak * efficiency)
+    spread = {MEASURED: 0.15, CALIBRATED: 0.3, ASSUMED: 0.5}.get(efficiency_basis, 0.3)
+    terms = [
+        term(
+            "compute",
+            compute,
+            spread,
+            efficiency_basis,
+            f"{(model_flops + recompute) / 1e9:,.0f} GFLOP at {efficiency:.0%} of {peak / 1e9:,.0f} GFLOP/s",
+        )
+    ]
+    bandwidth = GPU_BANDWIDTH if device == "cuda" else CPU_BANDWIDTH
+    terms.append(term("optimizer", trainable * ADAMW_BYTES / bandwidth, 0.5, ASSUMED, "AdamW's pass over its state"))
+    per_step = STEP_OVERHEAD_S[device] + STEP_OVERHEAD_PER_LAYER_S[device] * shape.layers * micro_batches
+    terms.append(term("framework", per_step, 0.5, ASSUMED, "Python, kernel launches, collation"))
+    if processes > 1:
+        terms.append(term("gradient all-reduce", trainable * 4 * 2 / bandwidth, 0.7, ASSUMED, "ring all-reduce"))
+    return terms, model_flops
+
+
+def eval_seconds(shape: ModelShape, seq_mean: float, rows: int, peak: float, efficiency: float) -> float:
+    """One evaluation over `rows` rows: a forward pass (2N per token)."""
+    return rows * 2 * shape.matmul_params * seq_mean / (peak * efficiency)
+
+
+def startup_term(device: str, calibrated: float | None) -> Term:
+    if calibrated is not None:
+        return term("startup", calibrated, 0.2, MEASURED, "imports, model and data loading (runs here)")
+    return term("startup", STARTUP_S[device], 0.5, ASSUMED, "imports, model and data loading")
+
+
+__all__ = ["FORMULA", "cpu_peak", "eval_seconds", "startup_term", "step_terms"]
