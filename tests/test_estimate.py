@@ -52,7 +52,7 @@ def test_parameter_count_is_the_loaded_models(tiny_bert, tiny_llama):
     llama = AutoModelForCausalLM.from_pretrained(tiny_llama)
     facts = read_model(str(tiny_llama))
     assert facts.params == sum(p.numel() for p in llama.parameters())  # the tied head counted once
-    assert facts.tied and facts.matmul_params("causal-lm") == facts.params - facts.embedding_params + facts.vocab * 64
+    assert facts.tied and facts.matmul_params(lm_head=True) == facts.params - facts.embedding_params + facts.vocab * 64
 
 
 def _saved_bytes(model, inputs) -> int:

@@ -26,6 +26,7 @@ from ortlab.estimator.model import ModelFactsError, model_folder, read_model
 from ortlab.estimator.terms import ASSUMED, CALIBRATED, FORMULA, MEASURED, Term, term, total
 from ortlab.estimator.timing import EFFICIENCY, GPU_EFFICIENCY, cpu_peak, eval_seconds, startup_term, step_terms
 from ortlab.flops import ModelShape
+from ortlab.tasks import get_task
 
 __all__ = ["Estimate", "EstimateError", "Term", "as_spec", "estimate", "local_gpu_name"]
 
@@ -262,7 +263,8 @@ def estimate(
     ckey = calibration.key("cpu" if card is None else card.name, m.family, precision)
 
     lora = spec.adapter.kind == "lora"
-    classes = 2 if spec.task == "sequence-classification" else 0
+    task = get_task(spec.task)
+    classes = 2 if task.labels == "row" else 0
     trainable = m.lora_trainable(spec.adapter.target_modules, spec.adapter.rank, classes) if lora else m.params
     fused = spec.accel.fused_adam in (True, "auto")  # 'auto' resolves to fused where torch has it (2.4+: CPU too)
     setup = Setup(
@@ -276,7 +278,7 @@ def estimate(
         optimizer=optimizer_variant(kind, fused),
         checkpointing=hyper.gradient_checkpointing,
         eager_attention=spec.accel.ort is True,
-        lm_head=spec.task in ("causal-lm", "seq2seq"),
+        lm_head=task.lm_head,
         classes=classes,
     )
     mem = memory_terms(
@@ -310,8 +312,8 @@ def estimate(
     if peak_basis == ASSUMED:
         eff_basis = ASSUMED
     shape = ModelShape(
-        matmul_params=m.matmul_params(spec.task),
-        trainable_matmul_params=min(trainable, m.matmul_params(spec.task)),
+        matmul_params=m.matmul_params(task.lm_head),
+        trainable_matmul_params=min(trainable, m.matmul_params(task.lm_head)),
         layers=m.layers,
         hidden=m.hidden,
         embedding_params=m.embedding_params,

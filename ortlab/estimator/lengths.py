@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ortlab.assets import EMBEDDED_PREFIX, embedded_dataset
+from ortlab.tasks import get_task
 
 SAMPLE_ROWS = 512
 MAX_LINE_CHARS = 200_000
@@ -105,7 +106,7 @@ def _texts(row: dict[str, Any], data: Any) -> str:
 def sample_lengths(spec: Any, tokenizer_folder: Path | None, batch: int, max_length: int) -> Lengths:
     """The padded lengths of `spec`'s batches of `batch` rows at `max_length`, from a sample of its data."""
     data = spec.data
-    if spec.task == "causal-lm" and not (data.messages_column or data.prompt_column):
+    if get_task(spec.task).blocks and not (data.messages_column or data.prompt_column):
         blocks = f"raw text trains on full blocks of {max_length}"
         try:
             path, fmt = _source(data.source, data.format)

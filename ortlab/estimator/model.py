@@ -87,10 +87,11 @@ class ModelFacts:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def matmul_params(self, task: str) -> int:
+    def matmul_params(self, lm_head: bool) -> int:
         """N of the FLOP count (`ortlab.flops`): every parameter but the input embeddings, plus the LM head of a
-        causal or seq2seq LM when it is the embedding matrix (a lookup on the way in, a matmul on the way out)."""
-        head = self.vocab * self.hidden if self.tied and task in ("causal-lm", "seq2seq") else 0
+        causal or seq2seq LM (`lm_head`) when it is the embedding matrix (a lookup on the way in, a matmul on the
+        way out)."""
+        head = self.vocab * self.hidden if self.tied and lm_head else 0
         return self.params - self.embedding_params + head
 
     def lora_trainable(self, targets: list[str] | None, rank: int, classes: int = 0) -> int:

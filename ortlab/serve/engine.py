@@ -229,7 +229,7 @@ class Engine:
         started from, or with `onnx` its export in that folder (ONNX with a KV cache); all with the run's own
         tokenizer, so the prompt is laid out as in training."""
         from ortlab.spec import RunSpec
-        from ortlab.tasks import load_model, load_tokenizer, resolve_model
+        from ortlab.tasks import get_task, load_model, load_tokenizer, resolve_model
 
         folder = RunDir(getattr(run, "path", run))
         status = folder.status()
@@ -244,8 +244,10 @@ class Engine:
                 "each link with the file itself"
             )
         spec = RunSpec.from_run(folder)
-        if spec.task != "causal-lm":
-            raise EngineError(f"run {folder.id} trained a {spec.task} model; chat needs a causal LM (task causal-lm)")
+        if get_task(spec.task).feature.auto_class != "AutoModelForCausalLM":
+            raise EngineError(
+                f"run {folder.id} trained a {spec.task} model; chat needs a causal LM (task causal-lm or preference)"
+            )
         tokenizer = load_tokenizer(str(folder.model_dir))
         if onnx is not None:
             return cls(tokenizer, OnnxBackend(onnx_generator(onnx)), f"{folder.id}:onnx")

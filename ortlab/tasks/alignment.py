@@ -17,6 +17,7 @@ TASK = Task(
     pipeline_tag="text-generation",
     short="pref",
     head_table="MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+    lm_head=True,
     columns=(),  # the shape and its columns are found (`ortlab.data.pairs.propose_pairs_mapping`)
     pairs=True,
     tokenize="ortlab.data.pairtokens:tokenize_prepared",

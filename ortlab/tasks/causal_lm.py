@@ -11,6 +11,7 @@ TASK = Task(
     pipeline_tag="text-generation",
     short="clm",
     head_table="MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+    lm_head=True,
     columns=("text_column", "messages_column", "prompt_column", "response_column"),
     blocks=True,
     chat=True,

@@ -13,6 +13,7 @@ TASK = Task(
     pipeline_tag="text2text-generation",
     short="s2s",
     head_table=None,
+    lm_head=True,
     columns=("source_column", "target_column"),
     target=True,
     rows="ortlab.data.inputs:seq2seq_rows",

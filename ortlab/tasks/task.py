@@ -48,6 +48,8 @@ class Task:
     chat: bool = False  # takes conversations or instruction pairs (messages / prompt+response columns), templated
     target: bool = False  # maps a source text to a target text (seq2seq)
     pairs: bool = False  # preference data: pairs or good/bad answers (`ortlab.data.pairs`), checked row by row
+    # --- the model ---
+    lm_head: bool = False  # its head predicts the vocabulary (logits batch x length x vocab: memory, FLOPs, chat)
     # --- behaviour, by path ("module:name"), resolved by the caller's layer ---
     tokenize: str = "ortlab.data.inputs:tokenize"  # both splits to model inputs, `(prepared, tokenizer, task, ...)`
     rows: str = ""  # the row tokenizer factory, `(prepared, tokenizer, max_length, max_target_length) -> fn`
