@@ -207,10 +207,10 @@ class ORTTrainingArguments(OptimumEraFields, TrainingArguments):
 
 
 # Gradient checkpointing has two spellings across transformers 5: `activation_checkpointing` (+ `_kwargs`) since
-# 5.18, `gradient_checkpointing` before (a deprecated alias after, to be removed in v6); the model's flag likewise
-# (`is_activation_checkpointing` / `is_gradient_checkpointing`). These three functions are the only places ortlab
-# names either, so every transformers 5 that pyproject.toml accepts gets the name it knows, without a deprecation
-# warning on the newer ones.
+# 5.23 (5.22 lacks it), `gradient_checkpointing` before (a deprecated alias after, to be removed in v6); the
+# model's flag likewise (`is_activation_checkpointing` / `is_gradient_checkpointing`). These three functions are the
+# only places ortlab names either, so every transformers 5 that pyproject.toml accepts gets the name it knows,
+# without a deprecation warning on the newer ones.
 def checkpointing_arguments(enabled: bool, kwargs: dict | None = None) -> dict:
     """The TrainingArguments keywords that switch gradient checkpointing on (or off), in the installed
     transformers' spelling (read from its dataclass fields)."""
