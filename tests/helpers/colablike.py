@@ -26,6 +26,7 @@ PYTHON_312 = Path(os.environ.get("ORTLAB_TEST_PYTHON312", "/root/.pyenv/versions
 PINS = ROOT / "requirements" / "colab-like.txt"
 ASSETS = ROOT / "requirements" / "assets.txt"
 # The kernel's own packages: installing ortlab into a host must change none of them.
+BUILD_STEPS_VERSION = b"2"  # raise it when the steps in colab_like_venv change: a new venv is built
 KERNEL_PACKAGES = (
     "ipykernel", "ipython", "jupyter_client", "jupyter_core", "tornado", "pyzmq", "traitlets", "prompt_toolkit",
     "ipywidgets", "notebook",
@@ -49,7 +50,8 @@ def colab_like_venv() -> tuple[Path, float]:
     test, with the command, when it cannot be built; a machine without Python 3.12 fails too, saying so."""
     if not PYTHON_312.exists():
         pytest.fail(f"no Python 3.12 at {PYTHON_312}: set ORTLAB_TEST_PYTHON312 to one (pyenv install 3.12)")
-    digest = hashlib.sha256(PINS.read_bytes() + ASSETS.read_bytes() + str(PYTHON_312).encode()).hexdigest()[:12]
+    recipe = PINS.read_bytes() + ASSETS.read_bytes() + str(PYTHON_312).encode() + BUILD_STEPS_VERSION
+    digest = hashlib.sha256(recipe).hexdigest()[:12]
     venv = cache_root() / f"colab-like-{digest}"
     venv.parent.mkdir(parents=True, exist_ok=True)
     with open(venv.parent / f".{venv.name}.lock", "w") as lock:
@@ -68,6 +70,10 @@ def colab_like_venv() -> tuple[Path, float]:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
             if done.returncode != 0:
                 pytest.fail(f"building the Colab-like venv failed; run: {' '.join(cmd)}\n{done.stderr[-3000:]}")
+        # The .pyc files, as Colab's image has them: with PYTHONDONTWRITEBYTECODE set (these machines, CI) every
+        # process (the doctor's probes, the run's worker) would compile torch and transformers again. Its exit code
+        # is not checked: a few third-party files (templates, old test data) are not valid Python 3.12.
+        subprocess.run([python, "-m", "compileall", "-q", "-j", "0", str(venv / "lib")], capture_output=True)
         (venv / ".complete").write_text(f"built in {time.monotonic() - start:.0f} s\n")
         return venv, time.monotonic() - start
 
