@@ -531,17 +531,18 @@ def test_the_widgets_take_choices_defaults_and_tooltips_from_the_spec_schema(rew
     is the schema's (seq2seq included), and a blank workbench starts at the spec's defaults."""
     from ortlab.spec import TASKS, DataSpec, HyperSpec
     from ortlab.ui import Workbench
+    from ortlab.ui.form import TOOLTIP  # (ipywidgets 8's name, or 7's)
 
     wb = Workbench(root=str(tmp_path))
     try:
-        assert wb.learning_rate.tooltip == reworded_learning_rate
-        assert wb.batch_size.tooltip == HyperSpec.model_fields["batch_size"].description
-        assert wb.max_steps.tooltip.startswith(HyperSpec.model_fields["max_steps"].description)
+        assert getattr(wb.learning_rate, TOOLTIP) == reworded_learning_rate
+        assert getattr(wb.batch_size, TOOLTIP) == HyperSpec.model_fields["batch_size"].description
+        assert getattr(wb.max_steps, TOOLTIP).startswith(HyperSpec.model_fields["max_steps"].description)
         assert wb.task.options == TASKS and "seq2seq" in wb.task.options
-        assert wb.text_column.tooltip == DataSpec.model_fields["text_column"].description
+        assert getattr(wb.text_column, TOOLTIP) == DataSpec.model_fields["text_column"].description
         wb.task.value = "seq2seq"  # the pair of column fields edits source/target now: their descriptions follow
-        assert wb.text_column.tooltip == DataSpec.model_fields["source_column"].description
-        assert wb.label_column.tooltip == DataSpec.model_fields["target_column"].description
+        assert getattr(wb.text_column, TOOLTIP) == DataSpec.model_fields["source_column"].description
+        assert getattr(wb.label_column, TOOLTIP) == DataSpec.model_fields["target_column"].description
         defaults = RunSpec()
         h = defaults.hyper
         assert (wb.batch_size.value, wb.learning_rate.value) == (h.batch_size, h.learning_rate)

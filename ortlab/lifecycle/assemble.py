@@ -136,6 +136,8 @@ def build_trainer(
 
 def training_arguments(spec: RunSpec, run: RunDir, progress: bool, choice: dict[str, Any] | None = None):
     """TrainingArguments for `spec`; the accelerations left at 'auto' take `choice` (a measurement) if given."""
+    from ortlab.train.args import checkpointing_arguments
+
     a, h, task = resolve(spec.accel, choice), spec.hyper, spec.task_record
     arguments_class, extra = task.part("arguments"), {}  # ORTTrainingArguments, or the task's own
     if task.generates:
@@ -171,11 +173,12 @@ def training_arguments(spec: RunSpec, run: RunDir, progress: bool, choice: dict[
         per_device_train_batch_size=h.batch_size,
         per_device_eval_batch_size=h.eval_batch_size,
         gradient_accumulation_steps=h.gradient_accumulation_steps,
-        # (transformers 5's name for gradient checkpointing.) torch's non-reentrant checkpoint: gradients reach a
-        # LoRA adapter behind frozen embeddings without `enable_input_require_grads`, and the recomputed forward
-        # replays the same dropout masks.
-        activation_checkpointing=h.gradient_checkpointing,
-        activation_checkpointing_kwargs={"use_reentrant": False} if h.gradient_checkpointing else None,
+        # (in the installed transformers' spelling: `checkpointing_arguments`.) torch's non-reentrant checkpoint:
+        # gradients reach a LoRA adapter behind frozen embeddings without `enable_input_require_grads`, and the
+        # recomputed forward replays the same dropout masks.
+        **checkpointing_arguments(
+            h.gradient_checkpointing, {"use_reentrant": False} if h.gradient_checkpointing else None
+        ),
         warmup_steps=h.warmup_ratio,  # transformers 5: a float in [0, 1) is a ratio of all steps
         weight_decay=h.weight_decay,
         logging_steps=h.logging_steps,

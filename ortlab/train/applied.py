@@ -24,6 +24,7 @@ from ortlab.accel import Applied, ort, tcmalloc, zero
 from ortlab.accel.precision import TF32_CAPABILITY, tf32_on, tf32_state
 from ortlab.adapters import optimizer_state_bytes, parameter_counts
 from ortlab.runfolder import events
+from ortlab.train.args import checkpointing_on, checkpointing_requested
 
 logger = logging.getLogger("ortlab")
 
@@ -232,16 +233,16 @@ class VerifiesAccelerations:
 
     def _verify_gradient_checkpointing(self) -> None:
         """Applied only when layers really ran their forward again inside the backward pass (`RecomputeProbe`):
-        the model's own flag (`is_activation_checkpointing`) says it was switched on, not that any layer of this
+        the model's own flag (`checkpointing_on`) says it was switched on, not that any layer of this
         model honours it (a custom model, a layer class transformers does not wrap, a wrapper in between)."""
         probe = self._recompute_probe
-        if not self.args.activation_checkpointing or "gradient_checkpointing" in self._reported:
+        if not checkpointing_requested(self.args) or "gradient_checkpointing" in self._reported:
             return
         record = self.accelerations.setdefault("gradient_checkpointing", Applied("gradient_checkpointing", True))
         if probe is None or probe.forwards == 0:
             if record.details.get("verified_by"):
                 return  # (verified after the first step: the final call keeps that)
-            record.applied = bool(getattr(self.model, "is_activation_checkpointing", False))
+            record.applied = checkpointing_on(self.model)
             record.details["verified_by"] = "the model's flag only: no Linear forward was observed"
             return
         probe.remove()
@@ -255,7 +256,7 @@ class VerifiesAccelerations:
             }
         )
         if not record.applied:
-            flag = bool(getattr(self.model, "is_activation_checkpointing", False))
+            flag = checkpointing_on(self.model)
             self._report_not_applied(
                 record,
                 f"no layer ran its forward again in the backward pass, so every activation was kept (the model's "

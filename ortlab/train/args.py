@@ -204,3 +204,31 @@ class ORTTrainingArguments(OptimumEraFields, TrainingArguments):
             use_cpu=bool(self.use_cpu),
             deepspeed_defines_optimizer=bool(isinstance(ds, dict) and "optimizer" in ds),
         )
+
+
+# Gradient checkpointing has two spellings across transformers 5: `activation_checkpointing` (+ `_kwargs`) since
+# 5.23 (5.22 lacks it), `gradient_checkpointing` before (a deprecated alias after, to be removed in v6); the
+# model's flag likewise (`is_activation_checkpointing` / `is_gradient_checkpointing`). These three functions are the
+# only places ortlab names either, so every transformers 5 that pyproject.toml accepts gets the name it knows,
+# without a deprecation warning on the newer ones.
+def checkpointing_arguments(enabled: bool, kwargs: dict | None = None) -> dict:
+    """The TrainingArguments keywords that switch gradient checkpointing on (or off), in the installed
+    transformers' spelling (read from its dataclass fields)."""
+    from dataclasses import fields
+
+    names = {f.name for f in fields(TrainingArguments)}
+    prefix = "activation" if "activation_checkpointing" in names else "gradient"
+    return {f"{prefix}_checkpointing": enabled, f"{prefix}_checkpointing_kwargs": kwargs}
+
+
+def checkpointing_requested(args: TrainingArguments) -> bool:
+    """Whether these arguments ask for gradient checkpointing, by either spelling."""
+    return bool(getattr(args, "activation_checkpointing", None) or getattr(args, "gradient_checkpointing", None))
+
+
+def checkpointing_on(model: object) -> bool:
+    """The model's own flag that gradient checkpointing is switched on, by either spelling."""
+    flag = getattr(model, "is_activation_checkpointing", None)
+    if flag is None:
+        flag = getattr(model, "is_gradient_checkpointing", False)
+    return bool(flag)

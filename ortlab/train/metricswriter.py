@@ -26,6 +26,7 @@ from ortlab.flops import Peak, matmul_precision, measured, peak_flops
 from ortlab.peak import measured_peak
 from ortlab.runfolder import events
 from ortlab.runfolder.compare import summarize
+from ortlab.train.args import checkpointing_on
 
 
 class JsonLinesSink:
@@ -189,7 +190,7 @@ class StepMetricsCallback(TrainerCallback):
         self.device["attention"] = getattr(config, "_attn_implementation", None)
         # Recomputing layers in the backward pass (hyper.gradient_checkpointing), as the model's flag says; whether
         # layers really recomputed is verified after the first step (accelerations["gradient_checkpointing"]).
-        self.device["gradient_checkpointing"] = bool(getattr(self.trainer.model, "is_activation_checkpointing", False))
+        self.device["gradient_checkpointing"] = checkpointing_on(self.trainer.model)
         if shape is None:
             self.device["mfu"]["reason"] = "the model's config names no layer count / hidden size: no FLOP count"
             self._peak_flops = self._datasheet_flops = None

@@ -37,7 +37,7 @@ from ortlab.accel import Applied, fused_adam, ort
 from ortlab.tasks import TASKS
 from ortlab.train import compat
 from ortlab.train.applied import ACCELERATIONS_FILE, AccelerationNotApplied, RecomputeProbe, VerifiesAccelerations
-from ortlab.train.args import ORT_FUSED, ORTTrainingArguments
+from ortlab.train.args import ORT_FUSED, ORTTrainingArguments, checkpointing_requested
 from ortlab.train.metricswriter import JsonLinesSink, StepMetricsCallback
 from ortlab.train.sampler import lean_train_sampler
 from ortlab.train.shardloader import OwnShardLoader
@@ -242,7 +242,7 @@ class ORTTrainer(VerifiesAccelerations, OwnShardLoader, Trainer):
             from ortlab.accel.precision import PrecisionWatch
 
             self._precision_probe = PrecisionWatch(self.model)  # removed after the first step (_verify_precision)
-            if self.args.activation_checkpointing:
+            if checkpointing_requested(self.args):
                 self._recompute_probe = RecomputeProbe(self.model)  # (_verify_gradient_checkpointing removes it)
         if self._ort_module is not None and not self._forward_checked:
             self._forward_checked = True

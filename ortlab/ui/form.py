@@ -18,6 +18,9 @@ from ortlab.toggles import field_values
 from ortlab.ui.summary import table_html
 
 WIDE = widgets.Layout(width="420px")
+# A field's hover text: ipywidgets 8 calls it `tooltip`; 7 (Colab's 7.7.1) `description_tooltip`, and takes a
+# `tooltip` keyword without a word and without showing it.
+TOOLTIP = "tooltip" if int(widgets.__version__.split(".")[0]) >= 8 else "description_tooltip"
 # Labels such as "learning rate" are wider than ipywidgets' default label column: size it to fit them whole.
 LABEL = {"description_width": "100px"}
 # The two column fields: a text and its label, or (a task with a target: seq2seq) a source and the target text to
@@ -118,7 +121,7 @@ class SpecForm:
             value=start.adapter.kind == "lora",
             description="LoRA adapter",
             indent=False,
-            tooltip=self.fields.tip("adapter.kind"),
+            **{TOOLTIP: self.fields.tip("adapter.kind")},
             layout=widgets.Layout(width="130px"),
         )
         self.adapter_rank = self._field(
@@ -132,7 +135,7 @@ class SpecForm:
             value=start.target.python or "",
             description="runtime",
             placeholder="this Python",
-            tooltip=self.fields.tip("target.python"),
+            **{TOOLTIP: self.fields.tip("target.python")},
         )
         # Where the run goes: this machine, another Python here, or a Ray cluster (its address, or 'local').
         where = "cluster" if start.target.cluster else "other Python" if start.target.python else "local"
@@ -141,21 +144,21 @@ class SpecForm:
             value=start.target.cluster or "",
             description="cluster",
             placeholder="local or http://HOST:8265",
-            tooltip=self.fields.tip("target.cluster"),
+            **{TOOLTIP: self.fields.tip("target.cluster")},
         )
         # A cluster run's storage (default: the local head's folder) and how often Ray Train may restart its workers.
         self.storage = widgets.Text(
             value=start.target.storage or "",
             description="storage",
             placeholder="the head's own folder",
-            tooltip=self.fields.tip("target.storage"),
+            **{TOOLTIP: self.fields.tip("target.storage")},
         )
         self.max_failures = widgets.BoundedIntText(
             value=start.target.max_failures,
             min=0,
             max=100,
             description="max failures",
-            tooltip=self.fields.tip("target.max_failures"),
+            **{TOOLTIP: self.fields.tip("target.max_failures")},
             style=LABEL,
         )
         self.name = self._field(widgets.Text, "name", description="run name", placeholder="automatic")
@@ -169,7 +172,7 @@ class SpecForm:
             value = 0 if issubclass(cls, (widgets.IntText, widgets.FloatText)) else ""
         if isinstance(value, list):
             value = tuple(value)
-        kw.setdefault("tooltip", self.fields.tip(path))
+        kw.setdefault(TOOLTIP, self.fields.tip(path))
         if issubclass(cls, (widgets.IntText, widgets.FloatText)):
             kw.setdefault("style", LABEL)
         w = cls(value=value, **kw)
@@ -194,8 +197,8 @@ class SpecForm:
         first, second = SOURCE_TARGET_COLUMNS if record.target else TEXT_LABEL_COLUMNS
         self.text_column.description, self.label_column.description = first, second
         first_path, second_path = columns or TEXT_LABEL_FIELDS
-        self.text_column.tooltip = self.fields.tip(first_path)
-        self.label_column.tooltip = self.fields.tip(second_path)
+        setattr(self.text_column, TOOLTIP, self.fields.tip(first_path))
+        setattr(self.label_column, TOOLTIP, self.fields.tip(second_path))
         self.text_column.layout.display = self.label_column.layout.display = None if columns else "none"
         self.chat_box.layout.display = None if record.chat else "none"
         self.preference_box.layout.display = None if record.pairs else "none"

@@ -16,6 +16,7 @@ from ortlab.accel import NOT_PROBED, availability_of
 from ortlab.accel.mix import resolve
 from ortlab.toggles import TUNED_FIELDS, exclusive_with, form_toggles
 from ortlab.tune import TuneResult
+from ortlab.ui.form import TOOLTIP
 
 # What "measure the fastest" sets: the fields a measurement decides (`TUNED_FIELDS`, the toggles that are `tuned`). Its
 # choice also says torch_compile, but a compiled mix runs in its own runtime, which the form's target does not follow:
@@ -157,7 +158,7 @@ class MixPanel:
                 description=t.label,
                 indent=False,
                 disabled=not a.available,
-                tooltip=self.fields.tip(t.path),
+                **{TOOLTIP: self.fields.tip(t.path)},
                 layout=widgets.Layout(width="200px"),
             )
             self.toggles[t.name] = box
