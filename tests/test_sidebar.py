@@ -1,9 +1,10 @@
 """The JupyterLab sidebar in a real browser: JupyterLab with ortlab's server extension and the prebuilt sidebar
 (from this checkout's ortlab/labextension), driven by Debian's chromium.
 
-The test opens the sidebar from the command palette, sends a bad run from the New run form (the server's
-field-by-field problems show inline), then launches a tiny BERT run with 100000 steps from the same form, watches
-its step count and its loss sparkline grow while the run folder says "running", measures how long a metrics
+The test opens the sidebar from the command palette, checks that the New run form draws each task's own fields
+(its record's, as the server sends them: preference's loss, beta and reference), sends a bad run from the form (the
+server's field-by-field problems show inline), then launches a tiny BERT run with 100000 steps from the same form,
+watches its step count and its loss sparkline grow while the run folder says "running", measures how long a metrics
 record takes from being written to being drawn, stops the run with its Stop button and sees `stopped`.
 Screenshots in the light and the dark theme go to test-artifacts/; docs/sidebar.png, the README's picture, is a
 copy of the light one.
@@ -40,7 +41,9 @@ from test_browser import _wait_for
 
 from ortlab import safeio
 from ortlab.runfolder.rundir import RunDir
-from ortlab.spec import TASKS, HyperSpec, RunSpec
+from ortlab.spec import TASKS, HyperSpec, PreferenceSpec, RunSpec
+from ortlab.specfields import SpecFields
+from ortlab.tasks import get_task
 from ortlab.toggles import field_values, form_toggles
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -180,6 +183,22 @@ def test_sidebar_launches_watches_and_stops_a_run(lab_with_ortlab, tiny_bert):
                 "els => els.map(e => [e.name, e.parentElement.querySelector('span').textContent])"
             )
             assert shown[1:] == [[t.name, t.label] for t in form_toggles()], shown
+            # Each task's own fields are the ones its record names (`tasks` in GET spec), drawn from the schema:
+            # preference shows its loss (the spec's choices), beta and reference at the spec's defaults.
+            task_select = form.locator('select[name="task"]')
+            task_inputs = form.locator("fieldset.ortlab-TaskFields").locator("input, select")
+            names = "els => els.map(e => e.name)"
+            assert task_inputs.evaluate_all(names) == list(get_task(RunSpec().task).form)
+            task_select.select_option("preference")
+            assert task_inputs.evaluate_all(names) == list(get_task("preference").form)
+            loss = form.locator('select[name="preference.loss"]')
+            loss_options = loss.locator("option").evaluate_all("els => els.map(e => e.value)")
+            assert loss_options == list(SpecFields().choices("preference.loss")), loss_options
+            assert loss.input_value() == PreferenceSpec().loss
+            assert form.locator('input[name="preference.beta"]').input_value() == str(PreferenceSpec().beta)
+            assert form.locator('select[name="preference.reference"]').input_value() == PreferenceSpec().reference
+            _screenshot(page, "sidebar-form-preference.png")
+            task_select.select_option(RunSpec().task)
             _fill_form(page, str(tiny_bert), "0")
             problems = page.locator("form.ortlab-NewRun .ortlab-Problems li")
             problems.first.wait_for(timeout=60_000)

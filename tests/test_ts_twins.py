@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -30,7 +31,9 @@ from ortlab.runfolder import events
 from ortlab.runfolder.downsample import keep_indices
 from ortlab.runfolder.records import SIDEBAR, drawn
 from ortlab.server.runindex import DRAWN
-from ortlab.specfields import form
+from ortlab.spec import RunSpec, SpecError
+from ortlab.specfields import SpecFields, form, get_path
+from ortlab.tasks import TASKS
 from ortlab.toggles import exclusive_with, field_values, form_toggles
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,6 +53,7 @@ def shared(tmp_path_factory) -> tuple[dict, dict]:
         pytest.skip(why)
     cases = json.loads(CASES.read_text())
     cases["toggles"]["list"] = form()["toggles"]
+    cases["form"] = form()
     path = tmp_path_factory.mktemp("ts-twins") / "cases.json"
     path.write_text(json.dumps(cases))
     proc = subprocess.run([node, str(RUNNER), str(EXTENSION), str(path)], capture_output=True, text=True, timeout=120)
@@ -113,3 +117,47 @@ def test_the_sparkline_buckets_keep_what_the_servers_downsampling_keeps(shared):
         for field in DRAWN:
             assert set(_finite(answer[field])) <= set(_finite(case[field])), (name, field)
     assert any(len(a["steps"]) < len(c["steps"]) for c, a in zip(cases["series"], ts["series"], strict=True))
+
+
+def test_the_form_shows_each_task_the_fields_its_record_names(shared):
+    _, ts = shared
+    assert ts["task_fields"] == {name: list(record.form) for name, record in TASKS.items()}
+    assert ts["task_fields"]["preference"] == ["preference.loss", "preference.beta", "preference.reference"]
+    fields = SpecFields()
+    for path, drawn_as in ts["inputs"].items():
+        doc = fields.field(path)
+        as_text = [str(c).lower() if isinstance(c, bool) else str(c) for c in doc.choices]
+        assert drawn_as["choices"] == as_text, path
+        assert (drawn_as["nullable"], drawn_as["zeroIsUnset"]) == (doc.nullable, doc.zero_is_unset), path
+        if not doc.choices and isinstance(doc.default, bool):
+            assert drawn_as["kind"] == "boolean", path
+        elif not doc.choices and isinstance(doc.default, (int, float)):
+            assert drawn_as["kind"] in ("number", "integer"), path
+    assert ts["inputs"]["preference.loss"]["kind"] == "choice"
+    assert ts["inputs"]["preference.beta"]["kind"] == "number"
+
+
+def _parsed(spec: dict) -> dict:
+    return RunSpec.parse(spec).model_dump(mode="json")
+
+
+def test_the_spec_the_form_posts_parses_as_a_runspec(shared):
+    cases, ts = shared
+    for task, spec in ts["task_defaults"].items():  # every task, its fields at their defaults
+        assert _parsed(spec)["task"] == task, spec
+    for case, spec in zip(cases["requests"], ts["requests"], strict=True):
+        name = case["name"]
+        if "refused" in case:
+            with pytest.raises(SpecError, match=re.escape(case["refused"])):
+                RunSpec.parse(spec)
+            continue
+        parsed = _parsed(spec)
+        for path, value in case["expect"].items():
+            assert get_path(parsed, path) == value, (name, path, spec)
+        if not case["run"].get("auto", True):  # the ticked toggles' fields, as ortlab.toggles writes them
+            for path, value in field_values(case["run"]["ticked"]).items():
+                assert get_path(parsed, path) == value, (name, path, spec)
+        # only the chosen task's fields are sent (a spec keeps only what its task reads)
+        sent = {p for p in ts["task_fields"][case["run"]["task"]]}
+        typed_elsewhere = set(case["fields"]) - sent
+        assert all(get_path(spec, p) is None for p in typed_elsewhere), (name, spec)

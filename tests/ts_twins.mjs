@@ -65,7 +65,42 @@ try {
     return { steps: s.steps, loss: json(s.loss), samples_per_s: json(s.samplesPerS) };
   });
 
-  process.stdout.write(JSON.stringify({ exclusive, clicks, ticked, drawn_fields: series.DRAWN, series: drawn }));
+  // The New run form (panel.tsx): every task's fields from the server's task list, drawn from the schema, and the
+  // spec it posts, from the inputs as the form holds them (their defaults, then what the case typed).
+  const form = cases.form; // GET spec, as the server sends it
+  const tasks = specform.choices(form, 'task');
+  const taskFields = Object.fromEntries(tasks.map(t => [t, specform.taskFields(form, t)]));
+  const paths = [...new Set(Object.values(taskFields).flat())];
+  const inputs = Object.fromEntries(paths.map(p => [p, specform.fieldInput(form, p)]));
+  const newRun = (run, fields) => ({
+    name: '',
+    model: specform.defaultText(form, 'model.name'),
+    data: specform.defaultText(form, 'data.source'),
+    maxSteps: '',
+    batchSize: '',
+    auto: true,
+    ticked: [],
+    ...run,
+    fields: { ...specform.fieldTexts(form), ...fields }
+  });
+  const requests = cases.requests.map(c => specform.requestSpec(form, newRun(c.run, c.fields)));
+  const taskDefaults = Object.fromEntries(
+    tasks.map(t => [t, specform.requestSpec(form, newRun({ task: t }, {}))])
+  );
+
+  process.stdout.write(
+    JSON.stringify({
+      exclusive,
+      clicks,
+      ticked,
+      drawn_fields: series.DRAWN,
+      series: drawn,
+      task_fields: taskFields,
+      inputs,
+      requests,
+      task_defaults: taskDefaults
+    })
+  );
 } finally {
   fs.rmSync(out, { recursive: true, force: true });
 }

@@ -93,6 +93,7 @@ export interface ISchemaNode {
   type?: string;
   description?: string;
   default?: unknown;
+  exclusiveMinimum?: number;
   properties?: { [name: string]: ISchemaNode };
 }
 
@@ -109,13 +110,24 @@ export interface IToggle {
 }
 
 /**
- * `GET spec`: RunSpec's JSON schema, a default spec and the acceleration toggles, from which the New run form
- * is built; and what each metrics record holds.
+ * One task as the forms see it (ortlab.tasks.Task.to_dict): its name, one line about it, and the spec fields
+ * (dotted paths) its form shows, in order.
+ */
+export interface ITaskForm {
+  name: string;
+  description: string;
+  form: string[];
+}
+
+/**
+ * `GET spec`: RunSpec's JSON schema, a default spec, the acceleration toggles and each task's form fields, from
+ * which the New run form is built; and what each metrics record holds.
  */
 export interface ISpecForm {
   schema: ISchemaNode & { $defs?: { [name: string]: ISchemaNode } };
   defaults: { [name: string]: unknown };
   toggles: IToggle[];
+  tasks: ITaskForm[];
   records: IRecordSchema[];
 }
 

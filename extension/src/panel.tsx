@@ -23,8 +23,10 @@ import {
   defaultText,
   description,
   exclusiveWith,
-  setPath,
-  toggleValues
+  fieldInput,
+  fieldTexts,
+  requestSpec,
+  taskFields
 } from './specform';
 import { Sparkline } from './sparkline';
 
@@ -372,6 +374,8 @@ function NewRunForm(props: {
   const [batchSize, setBatchSize] = React.useState(defaultText(form, 'hyper.batch_size'));
   const [auto, setAuto] = React.useState(true);
   const [ticked, setTicked] = React.useState<Set<string>>(new Set());
+  // every task's fields, by spec path: a value typed for one task is kept if the user comes back to it
+  const [fields, setFields] = React.useState<{ [path: string]: string }>(() => fieldTexts(form));
   const [busy, setBusy] = React.useState(false);
   const [message, setMessage] = React.useState<string | null>(null);
   const [ok, setOk] = React.useState(false);
@@ -397,25 +401,17 @@ function NewRunForm(props: {
     setBusy(true);
     setMessage(null);
     setProblems([]);
-    const spec: Record<string, unknown> = {
+    const spec = requestSpec(form, {
+      name,
+      model: modelName,
+      data: source,
       task,
-      model: { name: modelName.trim() },
-      data: { source: source.trim() },
-      accel: {}
-    };
-    if (!auto) {
-      // an explicit mix: each toggle's spec field; `auto` leaves every choice to ortlab's measurement
-      for (const [path, value] of toggleValues(form.toggles, ticked)) {
-        setPath(spec, path, value);
-      }
-    }
-    if (name.trim()) {
-      spec.name = name.trim();
-    }
-    const hyper: Record<string, unknown> = {};
-    if (maxSteps.trim()) hyper.max_steps = Number(maxSteps);
-    if (batchSize.trim()) hyper.batch_size = Number(batchSize);
-    spec.hyper = hyper;
+      maxSteps,
+      batchSize,
+      auto,
+      ticked: [...ticked],
+      fields
+    });
     try {
       const launched = await model.launch(spec);
       setOk(true);
@@ -477,6 +473,21 @@ function NewRunForm(props: {
           ))}
         </select>
       </label>
+      {taskFields(form, task).length > 0 ? (
+        <fieldset className="ortlab-TaskFields" data-task={task}>
+          <legend>{trans.__('%1 settings', task)}</legend>
+          {taskFields(form, task).map(path => (
+            <TaskField
+              key={path}
+              form={form}
+              path={path}
+              text={fields[path] ?? defaultText(form, path)}
+              trans={trans}
+              onChange={text => setFields({ ...fields, [path]: text })}
+            />
+          ))}
+        </fieldset>
+      ) : null}
       <div className="ortlab-Field-row">
         <label className="ortlab-Field" title={description(form, 'hyper.max_steps')}>
           <span>{trans.__('max steps')}</span>
@@ -560,5 +571,72 @@ function NewRunForm(props: {
         </button>
       </div>
     </form>
+  );
+}
+
+/**
+ * One of a task's form fields (its record names them, `tasks` in `GET spec`), drawn from its schema: a select for
+ * a closed set, a checkbox for a boolean, a number or a text input otherwise. Its input's name is the spec path.
+ */
+function TaskField(props: {
+  form: ISpecForm;
+  path: string;
+  text: string;
+  trans: TranslationBundle;
+  onChange(text: string): void;
+}): JSX.Element {
+  const { form, path, text, trans } = props;
+  const input = fieldInput(form, path);
+  const label = (path.split('.').pop() ?? path).replace(/_/g, ' ');
+  const title = description(form, path);
+  if (input?.kind === 'boolean') {
+    return (
+      <label className="ortlab-Toggle ortlab-TaskField" title={title}>
+        <input
+          type="checkbox"
+          name={path}
+          checked={text === 'true'}
+          onChange={e => props.onChange(e.target.checked ? 'true' : 'false')}
+        />
+        <span>{label}</span>
+      </label>
+    );
+  }
+  let control: JSX.Element;
+  if (input?.kind === 'choice') {
+    control = (
+      <select
+        className="jp-mod-styled"
+        name={path}
+        value={text}
+        onChange={e => props.onChange(e.target.value)}
+      >
+        {input.nullable ? <option value="">{trans.__('(none)')}</option> : null}
+        {input.choices.map(c => (
+          <option key={c} value={c}>
+            {c}
+          </option>
+        ))}
+      </select>
+    );
+  } else {
+    const numeric = input?.kind === 'number' || input?.kind === 'integer';
+    control = (
+      <input
+        className="jp-mod-styled"
+        name={path}
+        type={numeric ? 'number' : 'text'}
+        step={input?.kind === 'number' ? 'any' : undefined}
+        value={text}
+        placeholder={input?.nullable ? trans.__('(none)') : undefined}
+        onChange={e => props.onChange(e.target.value)}
+      />
+    );
+  }
+  return (
+    <label className="ortlab-Field ortlab-TaskField" title={title}>
+      <span>{label}</span>
+      {control}
+    </label>
   );
 }

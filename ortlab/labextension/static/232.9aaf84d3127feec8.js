@@ -342,7 +342,8 @@
   gap: 6px;
 }
 
-.ortlab-Mix {
+.ortlab-Mix,
+.ortlab-TaskFields {
   border: var(--jp-border-width) solid var(--jp-border-color2);
   border-radius: var(--jp-border-radius);
   margin: 0;
@@ -352,7 +353,8 @@
   gap: 2px;
 }
 
-.ortlab-Mix legend {
+.ortlab-Mix legend,
+.ortlab-TaskFields legend {
   color: var(--jp-ui-font-color2);
   font-size: var(--jp-ui-font-size0);
   padding: 0 2px;
