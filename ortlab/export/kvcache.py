@@ -98,3 +98,70 @@ def export_kv(model: Any, path: Path, opset: int = 17) -> None:
             opset_version=opset,
             dynamo=False,
         )
+
+
+def greedy_config(model: Any, max_new_tokens: int) -> Any:
+    """Plain greedy decoding with the model's own end tokens and nothing else: a saved generation config can ask
+    for a repetition penalty or other processors that change which token wins; the check compares graphs."""
+    from transformers import GenerationConfig
+
+    own, config = model.generation_config, model.config
+    eos = own.eos_token_id if own.eos_token_id is not None else config.eos_token_id
+    pad = own.pad_token_id if own.pad_token_id is not None else config.pad_token_id
+    if pad is None:
+        pad = (eos[0] if isinstance(eos, list) else eos) or 0
+    return GenerationConfig(
+        eos_token_id=eos, pad_token_id=pad, max_new_tokens=max_new_tokens, num_beams=1, do_sample=False
+    )
+
+
+def held_out_prompts(inputs: dict[str, Any], n: int, length: int) -> list[list[int]]:
+    """Prompts from the run's own eval rows: the first `length` real (unpadded) tokens of the first `n` rows."""
+    prompts = []
+    for ids, mask in zip(inputs["input_ids"][:n], inputs["attention_mask"][:n], strict=True):
+        tokens = ids[mask.bool()].tolist()[:length]
+        if tokens:
+            prompts.append(tokens)
+    return prompts
+
+
+def generation_parity(
+    model: Any, folder: Path, files: dict[str, str], prompts: list[list[int]], max_new_tokens: int
+) -> tuple[float, dict[str, tuple[float, float]]]:
+    """Greedy generations of each ONNX file in `folder` against PyTorch's `generate` on `prompts`, one prompt at a
+    time (what a chat or an endpoint does). Returns PyTorch's milliseconds per generated token and, per file, the
+    share of prompts whose tokens equal PyTorch's (token for token, EOS included) and its milliseconds per token.
+    A first, untimed prompt warms both sides up (allocations, kernel choice)."""
+    import time
+
+    import torch
+
+    from ortlab.export.kvgen import OnnxGenerator
+
+    config = greedy_config(model, max_new_tokens)
+    eos = config.eos_token_id
+
+    def pytorch(ids: list[int]) -> list[int]:
+        with torch.no_grad():
+            row = torch.tensor([ids])
+            out = model.generate(input_ids=row, attention_mask=torch.ones_like(row), generation_config=config)
+        return out[0].tolist()
+
+    def timed(fn: Any) -> tuple[list[list[int]], float]:
+        fn(prompts[0])  # warm-up
+        outputs, tokens, started = [], 0, time.perf_counter()
+        for ids in prompts:
+            outputs.append(fn(ids))
+            tokens += len(outputs[-1]) - len(ids)
+        return outputs, (time.perf_counter() - started) * 1000 / max(tokens, 1)
+
+    expected, pytorch_ms = timed(pytorch)
+    results = {}
+    for name, file in files.items():
+        generator = OnnxGenerator(folder, file)
+        got, ms = timed(
+            lambda ids, g=generator: g.generate(ids, max_new_tokens, eos_token_id=[] if eos is None else eos)
+        )
+        same = sum(a == b for a, b in zip(got, expected, strict=True)) / len(prompts)
+        results[name] = (same, ms)
+    return pytorch_ms, results
