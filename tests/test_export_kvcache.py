@@ -162,3 +162,28 @@ def test_gpt2_exports_with_its_cache_too(tiny_gpt2, tmp_path):
     report = export_onnx(run, samples=8)
     assert report.good, report.to_dict()
     assert report.variants["fp32"].generation_agreement == 1.0
+
+
+def test_bench_onnx_kv_smoke(tmp_path):
+    """benchmarks/bench_onnx_kv.py end to end on a tiny Llama: every row, paired ratios, greedy parity per row."""
+    import subprocess
+
+    from conftest import PYTHON, ROOT
+
+    out = tmp_path / "kv.json"
+    proc = subprocess.run(
+        [PYTHON, str(ROOT / "benchmarks" / "bench_onnx_kv.py"), "--smoke", "--int8", "--output", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["benchmark"] == "bench_onnx_kv" and report["smoke"] is True
+    assert set(report["rows"]) == {"pytorch", "pytorch@2", "onnx-nocache", "onnx-kv", "onnx-kv-int8"}
+    for name, row in report["rows"].items():
+        assert len(row["slices"]) == report["rounds"] and row["tokens_per_s"] > 0, name
+        assert row["throughput_ratio"] > 0 and len(row["ratio_ci95"]) == 2, name
+    for name in ("pytorch@2", "onnx-nocache", "onnx-kv"):  # fp32 rows: PyTorch's greedy tokens exactly
+        assert report["rows"][name]["greedy_equal_share"] == 1.0, name
+    assert isinstance(report["goal_met"], bool)

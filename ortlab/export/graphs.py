@@ -46,6 +46,28 @@ def _logits_only(model: Any) -> Any:
     return LogitsOnly(model)
 
 
+def export_logits(model: Any, inputs: dict[str, Any], path: Path, task: str = "causal-lm") -> None:
+    """Write `model` as one graph, (input_ids, attention_mask) -> logits, with dynamic batch and sequence axes; a
+    causal LM this way has no cache (each call sees the whole sequence). `inputs`: an example batch (2 rows used)."""
+    import torch
+
+    with torch.no_grad():
+        torch.onnx.export(
+            _logits_only(model).eval(),
+            (inputs["input_ids"][:2], inputs["attention_mask"][:2]),
+            str(path),
+            input_names=["input_ids", "attention_mask"],
+            output_names=["logits"],
+            dynamic_axes={
+                "input_ids": {0: "batch", 1: "sequence"},
+                "attention_mask": {0: "batch", 1: "sequence"},
+                "logits": {0: "batch", 1: "sequence"} if task != "sequence-classification" else {0: "batch"},
+            },
+            opset_version=17,
+            dynamo=False,
+        )
+
+
 def _eval_batch(run: Any, tokenizer: Any, n: int) -> tuple[dict[str, Any], Any]:
     """Up to `n` eval rows of the run's own data, tokenized and padded, and their labels (or None)."""
     import torch
@@ -155,22 +177,7 @@ def _export_onnx(
                 model.generation_config.save_pretrained(tmp)
                 tokenizer.save_pretrained(tmp)
             else:
-                torch.onnx.export(
-                    wrapper,
-                    (inputs["input_ids"][:2], inputs["attention_mask"][:2]),
-                    str(fp32),
-                    input_names=["input_ids", "attention_mask"],
-                    output_names=["logits"],
-                    dynamic_axes={
-                        "input_ids": {0: "batch", 1: "sequence"},
-                        "attention_mask": {0: "batch", 1: "sequence"},
-                        "logits": {0: "batch", 1: "sequence"}
-                        if spec.task != "sequence-classification"
-                        else {0: "batch"},
-                    },
-                    opset_version=17,
-                    dynamo=False,
-                )
+                export_logits(model, inputs, fp32, spec.task)
             reference = wrapper(**inputs)
 
         def pytorch_call(batch: dict[str, Any]):
