@@ -152,6 +152,7 @@ def main() -> None:
         started = time.perf_counter()
         generate(name, prompts[0])
         results[name]["warmup_s"] = time.perf_counter() - started
+        print(f"[bench] warmed up {name}: {results[name]['warmup_s']:.1f} s", flush=True)
     for r in range(args.rounds):
         ids = prompts[r % len(prompts)]
         order = list(rows)
