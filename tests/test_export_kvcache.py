@@ -187,3 +187,26 @@ def test_bench_onnx_kv_smoke(tmp_path):
     for name in ("pytorch@2", "onnx-nocache", "onnx-kv"):  # fp32 rows: PyTorch's greedy tokens exactly
         assert report["rows"][name]["greedy_equal_share"] == 1.0, name
     assert isinstance(report["goal_met"], bool)
+
+
+def test_cli_export_with_and_without_the_cache(exported, tmp_path):
+    import os
+    import subprocess
+
+    from conftest import PYTHON
+
+    run, _ = exported
+    ortlab = str(Path(PYTHON).parent / "ortlab")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "250"}
+    copy = tmp_path / "cli"
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("onnx"))
+    proc = subprocess.run([ortlab, "export", str(copy), "--samples", "8"], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "per token = greedy generation of 12 tokens, 8 prompts" in proc.stdout
+    assert "generated: 100% equal" in proc.stdout and "per token" in proc.stdout
+    proc = subprocess.run(
+        [ortlab, "export", str(copy), "--samples", "8", "--no-cache"], capture_output=True, text=True, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "per token" not in proc.stdout
+    assert not json.loads((copy / "onnx" / "export.json").read_text())["generation"]
