@@ -108,6 +108,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--int8", action="store_true", help="also the int8 (dynamic quantization) graph")
     parser.add_argument("--no-nocache", action="store_true", help="skip the slow no-cache row")
+    parser.add_argument(
+        "--no-noise-floor", action="store_true", help="one PyTorch row, not two (no noise floor; faster)"
+    )
     parser.add_argument("--smoke", action="store_true", help="a tiny random Llama, 2 rounds, 8 tokens")
     parser.add_argument("--output", default=None)
     args = parser.parse_args()
@@ -122,9 +125,10 @@ def main() -> None:
 
     folder = Path(tempfile.mkdtemp(prefix="bench-onnx-kv-"))
     model, prompts = load_model(args.smoke, folder)
+    print(f"[bench] rounds so far are written to {folder / 'partial.json'}", flush=True)
     print(f"[bench] exporting ({'tiny Llama' if args.smoke else 'SmolLM2-135M-Instruct'}) ...", flush=True)
     export_s = export_both(model, folder)
-    rows: dict[str, object] = {"pytorch": None, "pytorch@2": None}
+    rows: dict[str, object] = {"pytorch": None} if args.no_noise_floor else {"pytorch": None, "pytorch@2": None}
     if not args.no_nocache:
         rows["onnx-nocache"] = OnnxGenerator(folder, "model.nocache.onnx")
     rows["onnx-kv"] = OnnxGenerator(folder, "model.onnx")
@@ -137,20 +141,23 @@ def main() -> None:
         max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False, num_beams=1, pad_token_id=0
     )
 
-    def generate(row: str, ids: list[int]) -> list[int]:
+    warm = min(8, args.new_tokens)  # a warm-up needs a few steps (allocations, kernel choice), not a whole answer
+    warm_config = GenerationConfig(**{**config.to_dict(), "max_new_tokens": warm, "min_new_tokens": warm})
+
+    def generate(row: str, ids: list[int], warmup: bool = False) -> list[int]:
         generator = rows[row]
         if generator is None:
             with torch.no_grad():
                 x = torch.tensor([ids])
-                return model.generate(input_ids=x, attention_mask=torch.ones_like(x), generation_config=config)[
-                    0
-                ].tolist()
-        return generator.generate(ids, args.new_tokens, eos_token_id=[])
+                settings = warm_config if warmup else config
+                out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), generation_config=settings)
+            return out[0].tolist()
+        return generator.generate(ids, warm if warmup else args.new_tokens, eos_token_id=[])
 
     results: dict[str, dict] = {name: {"slices": [], "equal_to_pytorch": []} for name in rows}
     for name in rows:
         started = time.perf_counter()
-        generate(name, prompts[0])
+        generate(name, prompts[0], warmup=True)
         results[name]["warmup_s"] = time.perf_counter() - started
         print(f"[bench] warmed up {name}: {results[name]['warmup_s']:.1f} s", flush=True)
     for r in range(args.rounds):
@@ -166,6 +173,8 @@ def main() -> None:
             results[name]["slices"].append(args.new_tokens / elapsed)
         for name in rows:
             results[name]["equal_to_pytorch"].append(outputs[name] == outputs["pytorch"])
+        partial = {"partial": True, "rounds_done": r + 1, "new_tokens": args.new_tokens, "rows": results}
+        write_report(partial, folder / "partial.json", "")  # what was measured survives an interrupted run
         line = ", ".join(f"{n} {results[n]['slices'][-1]:.1f}" for n in rows)
         print(f"[bench] round {r + 1}/{args.rounds} (tokens/s): {line}", flush=True)
 
