@@ -102,6 +102,26 @@ def export_both(model, folder: Path) -> dict[str, float]:
     return times
 
 
+def prompt_logits_diff(model, generator, prompts: list[list[int]]) -> float:
+    """The largest |logit difference| from PyTorch over every position of every prompt, through `generator`'s
+    graph (with the cache graph: an empty past, the prefill)."""
+    import numpy as np
+    import torch
+
+    worst = 0.0
+    for ids in prompts:
+        with torch.no_grad():
+            expected = model(torch.tensor([ids])).logits[0].numpy()
+        feeds = {"input_ids": np.asarray([ids], np.int64), "attention_mask": np.ones((1, len(ids)), np.int64)}
+        if generator.uses_cache:
+            feeds["position_ids"] = np.arange(len(ids), dtype=np.int64)[None]
+            for name, shape in zip(generator.past_names, generator.past_shapes, strict=True):
+                feeds[name] = np.zeros((1, shape[1], 0, shape[3]), np.float32)
+        got = generator.session.run(["logits"], feeds)[0][0]
+        worst = max(worst, float(np.abs(got - expected).max()))
+    return worst
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--new-tokens", type=int, default=64)
@@ -110,6 +130,9 @@ def main() -> None:
     parser.add_argument("--no-nocache", action="store_true", help="skip the slow no-cache row")
     parser.add_argument(
         "--no-noise-floor", action="store_true", help="one PyTorch row, not two (no noise floor; faster)"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=None, help="threads for both torch and ORT (default: cores for both)"
     )
     parser.add_argument("--smoke", action="store_true", help="a tiny random Llama, 2 rounds, 8 tokens")
     parser.add_argument("--output", default=None)
@@ -123,6 +146,8 @@ def main() -> None:
 
     from ortlab.export.kvgen import OnnxGenerator
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     folder = Path(tempfile.mkdtemp(prefix="bench-onnx-kv-"))
     model, prompts = load_model(args.smoke, folder)
     print(f"[bench] rounds so far are written to {folder / 'partial.json'}", flush=True)
@@ -130,13 +155,13 @@ def main() -> None:
     export_s = export_both(model, folder)
     rows: dict[str, object] = {"pytorch": None} if args.no_noise_floor else {"pytorch": None, "pytorch@2": None}
     if not args.no_nocache:
-        rows["onnx-nocache"] = OnnxGenerator(folder, "model.nocache.onnx")
-    rows["onnx-kv"] = OnnxGenerator(folder, "model.onnx")
+        rows["onnx-nocache"] = OnnxGenerator(folder, "model.nocache.onnx", threads=args.threads)
+    rows["onnx-kv"] = OnnxGenerator(folder, "model.onnx", threads=args.threads)
     if args.int8:
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
         quantize_dynamic(str(folder / "model.onnx"), str(folder / "model.int8.onnx"), weight_type=QuantType.QInt8)
-        rows["onnx-kv-int8"] = OnnxGenerator(folder, "model.int8.onnx")
+        rows["onnx-kv-int8"] = OnnxGenerator(folder, "model.int8.onnx", threads=args.threads)
     config = GenerationConfig(
         max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False, num_beams=1, pad_token_id=0
     )
@@ -155,6 +180,9 @@ def main() -> None:
         return generator.generate(ids, warm if warmup else args.new_tokens, eos_token_id=[])
 
     results: dict[str, dict] = {name: {"slices": [], "equal_to_pytorch": []} for name in rows}
+    for name, generator in rows.items():  # logits of each whole prompt (the prefill) against PyTorch's
+        if generator is not None:
+            results[name]["prompt_logits_max_abs_diff"] = prompt_logits_diff(model, generator, prompts)
     for name in rows:
         started = time.perf_counter()
         generate(name, prompts[0], warmup=True)
@@ -195,6 +223,7 @@ def main() -> None:
         "load_average_at_end": os.getloadavg()[0],
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
+        "ort_intra_op_threads": args.threads or os.cpu_count(),
         "onnxruntime": ort.__version__,
         "model": "tiny random Llama" if args.smoke else "SmolLM2-135M-Instruct (embedded, fp32)",
         "new_tokens": args.new_tokens,
@@ -209,7 +238,8 @@ def main() -> None:
         "goal_met": kv.get("throughput_ratio", 0) >= goal,
         "rows": results,
     }
-    path = write_report(report, args.output, f"onnx-kv-{date.today().isoformat()}{'-smoke' if args.smoke else ''}.json")
+    suffix = ("-smoke" if args.smoke else "") + (f"-threads{args.threads}" if args.threads else "")
+    path = write_report(report, args.output, f"onnx-kv-{date.today().isoformat()}{suffix}.json")
     print(f"\n{'row':<14}{'tokens/s':>10}{'x PyTorch':>11}  95% interval   greedy = PyTorch")
     for name, r in results.items():
         ci = r.get("ratio_ci95") or [float("nan")] * 2
