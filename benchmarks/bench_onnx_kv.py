@@ -231,8 +231,10 @@ def main() -> None:
         "prompts": [len(p) for p in prompts],
         "export_s": export_s,
         "method": "all rows in one process, in shuffled order per round, one prompt per round; tokens/s over the "
-        "whole generate call (prefill included); ratio = each round's tokens/s over the geometric mean of the two "
-        "PyTorch rows' of that round; medians with bootstrap 95% intervals; noise floor = pytorch@2 / pytorch",
+        "whole generate call (prefill included); ratio = each round's tokens/s over "
+        + ("PyTorch's" if args.no_noise_floor else "the geometric mean of the two PyTorch rows'")
+        + " of that round; medians with bootstrap 95% intervals"
+        + ("" if args.no_noise_floor else "; noise floor = pytorch@2 / pytorch"),
         "noise_floor_ci95": noise,
         "goal": f"onnx-kv >= {goal}x PyTorch eager tokens/s",
         "goal_met": kv.get("throughput_ratio", 0) >= goal,
