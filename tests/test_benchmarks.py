@@ -8,8 +8,8 @@ the imports sat in a function. So this module checks, for every `benchmarks/*.py
 - the file runs as a script with `--help` in a fresh process where Ray cannot be imported (argument parsing needs
   neither Ray nor a GPU, and a benchmark that imports Ray at its top would fail here);
 - bench_trainer's `--smoke` mode runs end to end (its rows, ratios and share of the measured peak).
-The smoke modes of bench_gpu, bench_lora, bench_live_view, bench_allocator and bench_dpo_trl run in their own test
-modules (COVERED_ELSEWHERE).
+The smoke modes of bench_gpu, bench_lora, bench_live_view, bench_allocator, bench_dpo_trl and bench_onnx_kv run in
+their own test modules (COVERED_ELSEWHERE).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ COVERED_ELSEWHERE = {
     "bench_gpu": "test_bench_gpu.py",
     "bench_lora": "test_bench_lora.py",
     "bench_live_view": "test_bench_live_view.py",
+    "bench_onnx_kv": "test_export_kvcache.py",
 }
 
 

@@ -134,6 +134,14 @@ def export(
     samples: Annotated[int, typer.Option(help="eval samples for the parity check")] = 64,
     optimize: Annotated[bool, typer.Option(help="also save ORT's offline-optimized graph")] = False,
     quantize: Annotated[bool, typer.Option(help="also save a dynamic int8 quantization")] = False,
+    cache: Annotated[
+        bool,
+        typer.Option(
+            "--cache/--no-cache",
+            help="causal LM: past key values in and out, one step per generated token (--no-cache: the graph "
+            "without them, which re-runs the whole prefix per token)",
+        ),
+    ] = True,
 ) -> None:
     """Export a finished run to ONNX (<run>/onnx/), check parity with PyTorch and compare latency."""
     from rich.console import Console
@@ -143,9 +151,12 @@ def export(
 
     run = run_named(run_id, root)
     with reported():
-        report = export_onnx(run.dir, samples=samples, optimize=optimize, quantize=quantize)
+        report = export_onnx(run.dir, samples=samples, optimize=optimize, quantize=quantize, cache=cache)
     title = f"{run.id}: ONNX vs PyTorch on {report.samples} eval samples ({report.task})"
-    if report.generation:  # seq2seq: latency is that of greedy generation, in both columns
+    if report.generation and report.generation.get("kv_cache"):  # causal LM with its cache: per token timed too
+        gen = report.generation
+        title += f"; per token = greedy generation of {gen['max_new_tokens']} tokens, {gen['inputs']} prompts"
+    elif report.generation:  # seq2seq: latency is that of greedy generation, in both columns
         title += f"; latency = greedy generation up to {report.generation['max_length']} tokens"
     table = Table(title=title)
     for col in ("model", "max |diff|", "agreement", "accuracy", "latency", "good"):

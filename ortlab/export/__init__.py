@@ -11,6 +11,14 @@ predictions agree. An export whose parity check fails says so and is not marked 
     <run>/onnx/model.int8.onnx      dynamic int8 quantization of the weights (--quantize)
     <run>/onnx/export.json          parity, agreement, latency, and which files are good
 
+A causal LM is exported with its KV cache by default (`ortlab.export.kvcache`): `model.onnx` takes input_ids,
+attention_mask, position_ids and `past_key_values.<layer>.key/value`, and returns the logits and
+`present.<layer>.key/value`; one graph for the prompt (an empty past) and for each further token. Its config,
+generation config and tokenizer are saved beside it, and `OnnxGenerator(<run>/onnx).stream(ids)` generates from it
+(greedy or top-p). Parity then also covers greedy generation: each of 8 held-out prompts (16 tokens of an eval row)
+must continue token for token as PyTorch's `generate(do_sample=False)`, timed per token on both sides.
+`cache=False` writes the graph without the cache (the whole prefix re-run per token).
+
 A seq2seq (encoder-decoder) model is exported as two graphs, `encoder_model.onnx` (input_ids, attention_mask ->
 encoder_hidden_states) and `decoder_model.onnx` (decoder_input_ids, encoder_hidden_states, encoder_attention_mask
 -> logits), without past key values: generation is a loop around the decoder, so the encoder runs once per input
@@ -21,6 +29,8 @@ token). Latency is that of greedy generation, PyTorch's `generate` against the O
 
     ortlab.export.parity   the parity thresholds, `ExportReport` and `Variant`, the measures
     ortlab.export.graphs   `export_onnx`: one graph (classifier, tagger, causal LM)
+    ortlab.export.kvcache  the causal LM's graph with past key values; the generation parity check
+    ortlab.export.kvgen    `OnnxGenerator`: streaming generation over ONNX Runtime, with or without the cache
     ortlab.export.encdec   encoder and decoder graphs, `greedy_generate`
 """
 
@@ -28,6 +38,16 @@ from __future__ import annotations
 
 from ortlab.export.encdec import greedy_generate
 from ortlab.export.graphs import export_onnx
+from ortlab.export.kvgen import OnnxGenerator
 from ortlab.export.parity import MAX_ABS_DIFF, MIN_AGREEMENT, ExportError, ExportReport, Variant
 
-__all__ = ["MAX_ABS_DIFF", "MIN_AGREEMENT", "ExportError", "ExportReport", "Variant", "export_onnx", "greedy_generate"]
+__all__ = [
+    "MAX_ABS_DIFF",
+    "MIN_AGREEMENT",
+    "ExportError",
+    "ExportReport",
+    "OnnxGenerator",
+    "Variant",
+    "export_onnx",
+    "greedy_generate",
+]

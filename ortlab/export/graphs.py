@@ -1,6 +1,7 @@
-"""The export of a one-graph model (a classifier, a token tagger, a causal LM without KV cache): tensors in,
-logits out, run by ONNX Runtime next to PyTorch on the run's own eval rows. An encoder-decoder run is handed to
-`ortlab.export.encdec`."""
+"""The export of a one-graph model (a classifier, a token tagger, a causal LM with or without its KV cache):
+tensors in, logits out, run by ONNX Runtime next to PyTorch on the run's own eval rows. A causal LM's graph with
+the cache is written by `ortlab.export.kvcache`, and its greedy generations are checked against PyTorch's here
+too. An encoder-decoder run is handed to `ortlab.export.encdec`."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 from ortlab.data import load_and_check, tokenize
 from ortlab.export.encdec import _export_seq2seq
+from ortlab.export.kvcache import PAST, cache_names, cache_shape, export_kv, generation_parity, held_out_prompts
 from ortlab.export.parity import (
     MAX_ABS_DIFF,
     MIN_AGREEMENT,
@@ -44,6 +46,28 @@ def _logits_only(model: Any) -> Any:
     return LogitsOnly(model)
 
 
+def export_logits(model: Any, inputs: dict[str, Any], path: Path, task: str = "causal-lm") -> None:
+    """Write `model` as one graph, (input_ids, attention_mask) -> logits, with dynamic batch and sequence axes; a
+    causal LM this way has no cache (each call sees the whole sequence). `inputs`: an example batch (2 rows used)."""
+    import torch
+
+    with torch.no_grad():
+        torch.onnx.export(
+            _logits_only(model).eval(),
+            (inputs["input_ids"][:2], inputs["attention_mask"][:2]),
+            str(path),
+            input_names=["input_ids", "attention_mask"],
+            output_names=["logits"],
+            dynamic_axes={
+                "input_ids": {0: "batch", 1: "sequence"},
+                "attention_mask": {0: "batch", 1: "sequence"},
+                "logits": {0: "batch", 1: "sequence"} if task != "sequence-classification" else {0: "batch"},
+            },
+            opset_version=17,
+            dynamo=False,
+        )
+
+
 def _eval_batch(run: Any, tokenizer: Any, n: int) -> tuple[dict[str, Any], Any]:
     """Up to `n` eval rows of the run's own data, tokenized and padded, and their labels (or None)."""
     import torch
@@ -69,21 +93,32 @@ def _eval_batch(run: Any, tokenizer: Any, n: int) -> tuple[dict[str, Any], Any]:
 
 
 def export_onnx(
-    run: Any, samples: int = 64, optimize: bool = False, quantize: bool = False, batch_sizes: tuple[int, ...] = (1, 16)
+    run: Any,
+    samples: int = 64,
+    optimize: bool = False,
+    quantize: bool = False,
+    batch_sizes: tuple[int, ...] = (1, 16),
+    cache: bool = True,
 ) -> ExportReport:
     """Export `run` (a Run, RunDir or run folder) to ONNX, check parity and latency; write <run>/onnx/.
+
+    `cache` (causal LMs): the graph takes and returns past key values, so generating costs one short step per
+    token (the default: generation is what a causal LM is exported for, and the cache graph also answers a whole
+    sequence with an empty past); `cache=False` writes the graph without them, which re-runs the prefix per token.
 
     What torch, onnxruntime and DeepSpeed print meanwhile (tracer warnings, CUDA notes) goes to the run's
     logs/run.log, not to the notebook or the terminal: the report says what matters."""
 
     folder = RunDir(getattr(run, "path", run))
     if not folder.path.is_dir():
-        return _export_onnx(run, samples, optimize, quantize, batch_sizes)  # not a run: it says so
+        return _export_onnx(run, samples, optimize, quantize, batch_sizes, cache)  # not a run: it says so
     with captured_output(folder.log_path), no_progress_bars():
-        return _export_onnx(run, samples, optimize, quantize, batch_sizes)
+        return _export_onnx(run, samples, optimize, quantize, batch_sizes, cache)
 
 
-def _export_onnx(run: Any, samples: int, optimize: bool, quantize: bool, batch_sizes: tuple[int, ...]) -> ExportReport:
+def _export_onnx(
+    run: Any, samples: int, optimize: bool, quantize: bool, batch_sizes: tuple[int, ...], cache: bool
+) -> ExportReport:
     import numpy as np
     import onnxruntime as ort
     import torch
@@ -129,25 +164,20 @@ def _export_onnx(run: Any, samples: int, optimize: bool, quantize: bool, batch_s
                 shutil.rmtree(tmp, ignore_errors=True)
         return report
     wrapper = _logits_only(model).eval()
+    with_cache = cache and spec.task == "causal-lm"
 
     tmp = Path(tempfile.mkdtemp(prefix=".onnx-", dir=run.path))
     try:
         fp32 = tmp / "model.onnx"
         with torch.no_grad():
-            torch.onnx.export(
-                wrapper,
-                (inputs["input_ids"][:2], inputs["attention_mask"][:2]),
-                str(fp32),
-                input_names=["input_ids", "attention_mask"],
-                output_names=["logits"],
-                dynamic_axes={
-                    "input_ids": {0: "batch", 1: "sequence"},
-                    "attention_mask": {0: "batch", 1: "sequence"},
-                    "logits": {0: "batch", 1: "sequence"} if spec.task != "sequence-classification" else {0: "batch"},
-                },
-                opset_version=17,
-                dynamo=False,
-            )
+            if with_cache:
+                export_kv(model, fp32)
+                # Beside the graph, what a generation loop needs without the run: end tokens, tokenizer, template.
+                model.config.save_pretrained(tmp)
+                model.generation_config.save_pretrained(tmp)
+                tokenizer.save_pretrained(tmp)
+            else:
+                export_logits(model, inputs, fp32, spec.task)
             reference = wrapper(**inputs)
 
         def pytorch_call(batch: dict[str, Any]):
@@ -179,18 +209,47 @@ def _export_onnx(run: Any, samples: int, optimize: bool, quantize: bool, batch_s
             files["int8"] = tmp / "model.int8.onnx"
 
         feeds = {k: v.numpy().astype(np.int64) for k, v in inputs.items()}
+
+        def onnx_feeds(b: int) -> dict[str, Any]:
+            """The first `b` rows; for the cache graph, a whole sequence is the prefill: positions, empty past."""
+            out = {k: v[:b] for k, v in feeds.items()}
+            if with_cache:
+                width = feeds["input_ids"].shape[1]
+                out["position_ids"] = np.broadcast_to(np.arange(width, dtype=np.int64), (b, width)).copy()
+                layers, heads, head_dim = cache_shape(model.config)
+                out.update({n: np.zeros((b, heads, 0, head_dim), np.float32) for n in cache_names(layers, PAST)})
+            return out
+
+        generations: dict[str, tuple[float, float]] = {}
+        if with_cache:
+            prompts = held_out_prompts(inputs, n=8, length=16)
+            max_new = spec.generation.max_new_tokens
+            pytorch_ms, generations = generation_parity(
+                model, tmp, {name: path.name for name, path in files.items()}, prompts, max_new
+            )
+            report.pytorch_latency_ms["per_token"] = pytorch_ms
+            report.generation = {
+                "strategy": "greedy (do_sample=False), no logits processors, one prompt at a time",
+                "kv_cache": True,
+                "inputs": len(prompts),
+                "prompt_tokens": 16,
+                "max_new_tokens": max_new,
+                "per_token": "milliseconds per generated token, prompt processing included",
+            }
         for name, path in files.items():
             session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-            logits = torch.from_numpy(session.run(["logits"], feeds)[0])
+            logits = torch.from_numpy(session.run(["logits"], onnx_feeds(len(feeds["input_ids"])))[0])
             diff = float((logits - reference).abs().max())
             agreement = _agreement(logits, reference, inputs["attention_mask"], spec.task)
-            latency = {
-                f"batch_{b}": _time_ms(lambda b=b, s=session: s.run(["logits"], {k: v[:b] for k, v in feeds.items()}))
-                for b in sizes
-            }
-            # int8 changes the numbers on purpose: it is judged by agreement, the fp32 files by both.
-            good = agreement >= MIN_AGREEMENT and (name == "int8" or diff <= MAX_ABS_DIFF)
-            report.variants[name] = Variant(path.name, diff, agreement, _accuracy(logits, labels), latency, good)
+            latency = {f"batch_{b}": _time_ms(lambda b=b, s=session: s.run(["logits"], onnx_feeds(b))) for b in sizes}
+            same, per_token = generations.get(name, (None, None))
+            if per_token is not None:
+                latency["per_token"] = per_token
+            # int8 changes the numbers on purpose: it is judged by agreement, the fp32 files by both (and, with the
+            # cache, by generating exactly PyTorch's greedy tokens).
+            good = agreement >= MIN_AGREEMENT and (name == "int8" or (diff <= MAX_ABS_DIFF and same in (None, 1.0)))
+            accuracy = _accuracy(logits, labels)
+            report.variants[name] = Variant(path.name, diff, agreement, accuracy, latency, good, same)
 
         _publish(run, tmp, report)
     finally:

@@ -228,7 +228,10 @@ class Run:
         launcher_for(self.spec()).bring_home(self.dir)
 
     def export_onnx(self, **kwargs: Any):
-        """Export the finished model to ONNX with a parity check and latency numbers (see ortlab.export)."""
+        """Export the finished model to ONNX with a parity check and latency numbers (see ortlab.export). A causal
+        LM is exported with its KV cache (`cache=True`, the default; `cache=False` for the graph without it), its
+        greedy generations checked against PyTorch's; `ortlab.export.OnnxGenerator(run.path / "onnx")` streams
+        tokens from it."""
         from ortlab.export import export_onnx
 
         return export_onnx(self.dir, **kwargs)
