@@ -306,8 +306,8 @@ def test_an_onnx_generator_plugs_in_as_a_backend(chat_lora_run, tmp_path, monkey
         def __init__(self, folder):
             asked.append(folder)
 
-        def stream(self, ids, max_new_tokens):
-            asked.append((list(ids), max_new_tokens))
+        def stream(self, ids, max_new_tokens, **settings):
+            asked.append((list(ids), max_new_tokens, settings))
             yield from [*said, tokenizer.convert_tokens_to_ids("<|im_end|>"), *said]
 
     monkeypatch.delattr(ortlab.export, "OnnxGenerator", raising=False)
@@ -318,4 +318,28 @@ def test_an_onnx_generator_plugs_in_as_a_backend(chat_lora_run, tmp_path, monkey
     reply = engine.generate(ASK, Settings(max_new_tokens=9))
     assert "".join(reply) == "fresh, really" and reply.finish_reason == "stop"  # ends at <|im_end|>
     assert engine.model_id == "chat-lora:onnx" and engine.describe()["backend"] == "onnx"
-    assert asked == [tmp_path, (engine.prompt_ids(ASK), 9)]
+    sampling = {"temperature": 0.7, "top_p": 0.9, "seed": None}  # the settings reach the generator
+    assert asked == [tmp_path, (engine.prompt_ids(ASK), 9, sampling)]
+
+
+@pytest.mark.slow
+def test_the_onnx_export_answers_as_the_pytorch_model_does(chat_lora_run, tmp_path):
+    """The real seam: the run exported to ONNX with a KV cache (`ortlab.export.OnnxGenerator`) gives, greedy, the
+    same reply through the engine as the PyTorch model it was exported from; the settings reach it (sampling)."""
+    import shutil
+
+    from ortlab.export import export_onnx
+    from ortlab.serve.engine import Engine
+
+    run = shutil.copytree(chat_lora_run, tmp_path / "chat-lora")  # the export writes into the run folder
+    report = export_onnx(run, samples=4, batch_sizes=(1,))
+    assert report.variants["fp32"].good, report
+    torch_engine, onnx_engine = Engine.for_run(run), Engine.for_run(run, onnx=run / "onnx")
+    greedy = Settings(temperature=0.0, max_new_tokens=12)
+    expected = torch_engine.generate(ASK, greedy)
+    said = "".join(onnx_engine.generate(ASK, greedy))
+    assert said == "".join(expected) and said, (said, expected)
+    sampled = Settings(temperature=1.0, top_p=0.9, seed=3, max_new_tokens=12)
+    first, again = ("".join(onnx_engine.generate(ASK, sampled)) for _ in range(2))
+    assert first == again, "a seed makes the ONNX backend's sampling repeatable"
+    assert onnx_engine.describe() == {"id": "chat-lora:onnx", "backend": "onnx", "sampling": True}

@@ -26,6 +26,7 @@ from ortlab.export.parity import (
 )
 from ortlab.runfolder.rundir import RunDir
 from ortlab.spec import RunSpec
+from ortlab.tasks import NAMES, get_task
 from ortlab.train.terminal import captured_output, no_progress_bars
 
 
@@ -61,7 +62,8 @@ def export_logits(model: Any, inputs: dict[str, Any], path: Path, task: str = "c
             dynamic_axes={
                 "input_ids": {0: "batch", 1: "sequence"},
                 "attention_mask": {0: "batch", 1: "sequence"},
-                "logits": {0: "batch", 1: "sequence"} if task != "sequence-classification" else {0: "batch"},
+                # a label per row (a classifier): one logits row per sequence; else one per token
+                "logits": {0: "batch"} if get_task(task).labels == "row" else {0: "batch", 1: "sequence"},
             },
             opset_version=17,
             dynamo=False,
@@ -73,19 +75,23 @@ def _eval_batch(run: Any, tokenizer: Any, n: int) -> tuple[dict[str, Any], Any]:
     import torch
 
     spec = RunSpec.from_run(run)
+    task = spec.task_record
     prepared = load_and_check(spec.data, spec.task, spec.seed)
-    if spec.task != "causal-lm":  # causal LM rows are lines, packed into blocks: select after tokenizing
+    if not task.blocks:  # a causal LM's lines may be packed into blocks: select after tokenizing
         prepared.eval = prepared.eval.select(range(min(n, len(prepared.eval))))
     prepared.train = prepared.eval  # tokenize() works on both splits; only eval is used here
     _, evaluation = tokenize(prepared, tokenizer, spec.task, spec.hyper.max_length, spec.hyper.max_target_length)
     rows = [evaluation[i] for i in range(min(n, len(evaluation)))]
-    padded = tokenizer.pad([{k: r[k] for k in ("input_ids", "attention_mask")} for r in rows], return_tensors="pt")
+    # (chat rows carry no attention mask: every token of theirs is attended)
+    ids = [{"input_ids": r["input_ids"], "attention_mask": r.get("attention_mask") or [1] * len(r["input_ids"])}
+           for r in rows]  # fmt: skip
+    padded = tokenizer.pad(ids, return_tensors="pt")
     labels = None
-    if spec.task != "causal-lm":
+    if task.labels or task.target:  # a causal LM's labels are its inputs: none to compare
         width = padded["input_ids"].shape[1]
-        if spec.task == "seq2seq":  # the target's own length, padded with -100 as the training collator does
+        if task.target:  # the target's own length, padded with -100 as the training collator does
             width = max(len(r["labels"]) for r in rows)
-        if spec.task == "sequence-classification":
+        if task.labels == "row":
             labels = torch.tensor([r["labels"] for r in rows])
         else:
             labels = torch.tensor([r["labels"] + [-100] * (width - len(r["labels"])) for r in rows])
@@ -136,6 +142,11 @@ def _export_onnx(
             "would have it read, and write into onnx/, any file of this machine): replace each with the file itself"
         )
     spec = RunSpec.from_run(run)
+    if "onnx" not in spec.task_record.exports:
+        raise ExportError(
+            f"run {run.id}: a {spec.task} run has no ONNX export yet (its parity check needs inputs of that task's "
+            f"data); the tasks that export: {', '.join(t for t in NAMES if 'onnx' in get_task(t).exports)}"
+        )
     result = run.result() or {}
     tokenizer = load_tokenizer(str(run.model_dir))
     if adapter:
@@ -154,7 +165,7 @@ def _export_onnx(
     if hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation("eager")  # exports on every opset; SDPA's export varies with versions
     inputs, labels = _eval_batch(run, tokenizer, samples)
-    if spec.task == "seq2seq":
+    if "onnx-encoder-decoder" in spec.task_record.exports:
         tmp = Path(tempfile.mkdtemp(prefix=".onnx-", dir=run.path))
         try:
             report = _export_seq2seq(run, spec, model, inputs, labels, tmp, optimize, quantize, batch_sizes)
@@ -164,7 +175,7 @@ def _export_onnx(
                 shutil.rmtree(tmp, ignore_errors=True)
         return report
     wrapper = _logits_only(model).eval()
-    with_cache = cache and spec.task == "causal-lm"
+    with_cache = cache and spec.task_record.lm_head
 
     tmp = Path(tempfile.mkdtemp(prefix=".onnx-", dir=run.path))
     try:

@@ -5,8 +5,8 @@ tokenizer, `add_generation_prompt=True`) and a backend that turns prompt ids int
 is the seam between "what the conversation is" and "what computes the next token":
 
     TorchBackend(model)        transformers' model, a manual loop over its KV cache: temperature, top-p, greedy
-    OnnxBackend(generator)     any object with `stream(ids, max_new_tokens) -> Iterator[int]` (the ONNX-with-KV-cache
-                               generator of `ortlab.export`, when it exists); greedy, as that generator decides
+    OnnxBackend(generator)     `ortlab.export.OnnxGenerator` over the run's ONNX export with a KV cache (any object
+                               with its `stream(ids, max_new_tokens, temperature=, top_p=, seed=)`): the same settings
 
 Why a manual loop rather than `model.generate` with a `TextIteratorStreamer`: the loop gives token ids (the same
 thing an ONNX generator gives, so both backends share the decoding, the end-of-turn test and the stop), it checks a
@@ -93,8 +93,9 @@ class TorchBackend:
 
 
 class OnnxBackend:
-    """An exported generator (`stream(ids, max_new_tokens) -> Iterator[int]`, greedy). Temperature and top-p do not
-    reach it: the report of what it ran says "greedy" (`Engine.describe`)."""
+    """An exported generator (`stream(ids, max_new_tokens, temperature=, top_p=, seed=) -> Iterator[int]`): the
+    settings reach it as they reach the PyTorch loop. It ends at the model's EOS, one of the engine's end-of-turn ids
+    (`end_ids`); the others and the stop strings the engine checks itself."""
 
     name = "onnx"
 
@@ -102,7 +103,10 @@ class OnnxBackend:
         self.generator = generator
 
     def stream(self, ids: list[int], settings: Settings, stop: threading.Event) -> Iterator[int]:
-        for token in self.generator.stream(ids, settings.max_new_tokens):
+        tokens = self.generator.stream(
+            ids, settings.max_new_tokens, temperature=settings.temperature, top_p=settings.top_p, seed=settings.seed
+        )
+        for token in tokens:
             if stop.is_set():
                 return
             yield int(token)
@@ -198,7 +202,7 @@ class Engine:
         self.end_ids = end_ids(tokenizer)
 
     def describe(self) -> dict[str, Any]:
-        return {"id": self.model_id, "backend": self.backend.name, "sampling": self.backend.name == "pytorch"}
+        return {"id": self.model_id, "backend": self.backend.name, "sampling": True}
 
     def prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
         """The conversation rendered by the chat template with the assistant's turn opened, as token ids."""

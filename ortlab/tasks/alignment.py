@@ -26,6 +26,6 @@ TASK = Task(
     arguments="ortlab.train.preferencetrainer:PreferenceTrainingArguments",
     argmax=False,  # its trainer's evaluation returns the pair scores itself
     headline=("eval_rewards/accuracies", "eval_rewards/margins"),
-    exports=("onnx",),
+    exports=(),  # not yet: the exports' parity checks take inputs from the run's data, and pairs are not rows
     form=("preference.loss", "preference.beta", "preference.reference"),
 )
