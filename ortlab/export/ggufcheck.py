@@ -41,9 +41,11 @@ from ortlab.runfolder.rundir import RunDir
 from ortlab.spec import RunSpec
 
 # Max |logit difference| against the trained fp32 model, per type. Measured on SmolLM2-135M (vocab 49,152) after a
-# LoRA run, 20 chat prompts: f16 ~0.05, bf16 ~0.3, q8_0 ~0.9 (docs/decisions/gguf.md); each bound is about twice
-# that: a wrong tensor layout or a wrong token id moves logits by whole units, far past every bound.
-TOLERANCE = {"f16": 0.1, "bf16": 0.6, "q8_0": 2.0}
+# LoRA run, 20 held-out chat prompts (benchmarks/results/gguf-2026-11-28.json): f16 0.056, bf16 0.52, q8_0 3.64, with
+# greedy continuations 20/20 identical for all three. q8_0's first bound (2.0, set from one prompt) failed there: the
+# max over ~10^8 logits is a tail statistic for an 8-bit type (its mean was 0.15, next-token agreement 98%), so it
+# is now 5.0. A wrong layout or token id moves the logits of every position, not the tail (see docs/decisions/gguf.md).
+TOLERANCE = {"f16": 0.1, "bf16": 0.6, "q8_0": 5.0}
 PROMPTS = 20
 MAX_NEW_TOKENS = 24
 MAX_PROMPT_TOKENS = 256
