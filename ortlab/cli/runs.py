@@ -142,14 +142,30 @@ def export(
             "without them, which re-runs the whole prefix per token)",
         ),
     ] = True,
+    fmt: Annotated[
+        str, typer.Option("--format", help="onnx, or gguf (llama.cpp / Ollama; causal LMs of the llama family)")
+    ] = "onnx",
+    quant: Annotated[
+        list[str] | None, typer.Option("--quant", help="gguf: f16, bf16 or q8_0 (repeat for several; default q8_0)")
+    ] = None,
+    prompts: Annotated[int, typer.Option(help="gguf: held-out prompts for the parity check")] = 20,
 ) -> None:
-    """Export a finished run to ONNX (<run>/onnx/), check parity with PyTorch and compare latency."""
+    """Export a finished run to ONNX (<run>/onnx/) or GGUF (<run>/gguf/), and check it against the trained model."""
     from rich.console import Console
     from rich.table import Table
 
     from ortlab.export import export_onnx
 
     run = run_named(run_id, root)
+    if fmt not in ("onnx", "gguf"):
+        typer.echo(f"error: --format {fmt!r}: choose onnx or gguf", err=True)
+        raise typer.Exit(2)
+    if fmt == "gguf":
+        _export_gguf(run, quant or ["q8_0"], prompts)
+        return
+    if quant:
+        typer.echo("error: --quant is for --format gguf (ONNX: --quantize)", err=True)
+        raise typer.Exit(2)
     with reported():
         report = export_onnx(run.dir, samples=samples, optimize=optimize, quantize=quantize, cache=cache)
     title = f"{run.id}: ONNX vs PyTorch on {report.samples} eval samples ({report.task})"
@@ -182,6 +198,38 @@ def export(
     print(f"written to {run.path / 'onnx'}")
     if not report.good:
         typer.echo("error: the ONNX model does not match PyTorch: it is not marked good", err=True)
+        raise typer.Exit(1)
+
+
+def _export_gguf(run, quants: list[str], prompts: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from ortlab.export import export_gguf
+
+    with reported():
+        report = export_gguf(run.dir, quant=quants, prompts=prompts)
+    table = Table(title=f"{run.id}: GGUF read back by transformers vs the trained model ({report.prompts_from})")
+    for col in ("file", "size", "greedy identical", "max |logit diff|", "mean", "tolerance", "good"):
+        table.add_column(col)
+    for v in report.variants.values():
+        table.add_row(
+            v.file,
+            f"{v.size_bytes / 2**20:.1f} MiB",
+            f"{v.prompts_identical}/{v.prompts}",
+            f"{v.max_abs_logit_diff:.3g}",
+            f"{v.mean_abs_logit_diff:.3g}",
+            f"{v.tolerance:g}",
+            "[green]yes[/]" if v.good else "[red]NO[/]",
+        )
+    Console().print(table)
+    print(f"written to {run.path / 'gguf'}")
+    if report.modelfile:
+        print(f"Ollama: cd {run.path / 'gguf'} && ollama create {run.id} -f Modelfile && ollama run {run.id}")
+    else:
+        print(f"no Modelfile: {report.modelfile_note}")
+    if not report.good:
+        typer.echo("error: a GGUF file does not match the trained model: it is marked failed, not published", err=True)
         raise typer.Exit(1)
 
 

@@ -32,11 +32,20 @@ token). Latency is that of greedy generation, PyTorch's `generate` against the O
     ortlab.export.kvcache  the causal LM's graph with past key values; the generation parity check
     ortlab.export.kvgen    `OnnxGenerator`: streaming generation over ONNX Runtime, with or without the cache
     ortlab.export.encdec   encoder and decoder graphs, `greedy_generate`
+
+A causal LM of the llama family (SmolLM2) also exports to GGUF for llama.cpp, Ollama and LM Studio, written with
+the `gguf` package (no llama.cpp build), each file read back and held against the trained model (`export_gguf`,
+<run>/gguf/: the files, an Ollama Modelfile, export.json).
+
+    ortlab.export.gguf       `write_gguf`: tensors, hyperparameters, tokenizer and chat template into one file
+    ortlab.export.ggufcheck  `export_gguf`: write, read back, compare (logits, greedy continuations), report
+    ortlab.export.modelfile  the Ollama Modelfile (ChatML as a Go template)
 """
 
 from __future__ import annotations
 
 from ortlab.export.encdec import greedy_generate
+from ortlab.export.ggufcheck import GgufReport, export_gguf
 from ortlab.export.graphs import export_onnx
 from ortlab.export.kvgen import OnnxGenerator
 from ortlab.export.parity import MAX_ABS_DIFF, MIN_AGREEMENT, ExportError, ExportReport, Variant
@@ -46,8 +55,10 @@ __all__ = [
     "MIN_AGREEMENT",
     "ExportError",
     "ExportReport",
+    "GgufReport",
     "OnnxGenerator",
     "Variant",
+    "export_gguf",
     "export_onnx",
     "greedy_generate",
 ]

@@ -34,6 +34,8 @@ def model_card(run: Any, merged: bool = False) -> str:
     spec = RunSpec.from_run(run)
     result = run.result() or {}
     exported = _read_json(run, "onnx/export.json")
+    gguf_report = _read_json(run, "gguf/export.json")
+    gguf_good = isinstance(gguf_report, dict) and gguf_report.get("good") is True
     applied = [k for k, v in result.get("accelerations", {}).items() if v.get("applied")]
     requested_not = [k for k, v in result.get("accelerations", {}).items() if v.get("requested") and not v["applied"]]
     summary = result.get("summary", {})
@@ -44,7 +46,7 @@ def model_card(run: Any, merged: bool = False) -> str:
     meta: dict[str, Any] = {
         "library_name": library,
         "pipeline_tag": pipeline,
-        "tags": ["ortlab", "onnxruntime", *(["lora"] if adapter else [])],
+        "tags": ["ortlab", "onnxruntime", *(["lora"] if adapter else []), *(["gguf"] if gguf_good else [])],
     }
     if _public(spec.model.name) == spec.model.name:
         meta["base_model"] = spec.model.name
@@ -107,8 +109,58 @@ def model_card(run: Any, merged: bool = False) -> str:
     if isinstance(exported, dict) and isinstance(exported.get("variants"), dict):
         lines += ["", "## ONNX", ""]
         lines += _onnx_lines(exported["variants"])
+    lines += _gguf_lines(gguf_report, run.id)
     lines.append("")
     return "\n".join(lines)
+
+
+def _gguf_lines(report: Any, name: str) -> list[str]:
+    """How to run the published GGUF files (llama.cpp, Ollama) and how close each is to the trained model. Only the
+    files that passed their check are published (`push._good_gguf`); a failed one is named as not published."""
+    if not isinstance(report, dict) or not isinstance(report.get("variants"), dict):
+        return []
+    lines = ["", "## GGUF (llama.cpp, Ollama, LM Studio)", ""]
+    good = []
+    for quant, v in report["variants"].items():
+        try:
+            line = (
+                f"- {_code('gguf/' + str(v['file']))} ({card_text(quant)}, {v['size_bytes'] / 2**20:.1f} MiB): greedy "
+                f"continuations identical to the trained model's on {v['prompts_identical']}/{v['prompts']} held-out "
+                f"prompts, max |logit diff| {v['max_abs_logit_diff']:.3g} (tolerance {v['tolerance']:g}), "
+            )
+            line += "passed the parity check" if v["good"] is True else "FAILED the parity check: not published"
+            lines.append(line)
+            if v["good"] is True:
+                good.append(str(v["file"]))
+        except (KeyError, TypeError, ValueError):
+            lines.append(f"- {card_text(quant)}: its entry in gguf/export.json is not readable")
+    if good:
+        tag = _shell_word(name.lower())
+        lines += [
+            "",
+            "Run it with llama.cpp:",
+            "",
+            "```sh",
+            f"llama-cli -m gguf/{_shell_word(good[0])} -cnv",
+            "```",
+        ]
+        if report.get("modelfile") == "Modelfile":
+            lines += [
+                "",
+                "or with Ollama (the Modelfile carries the chat template, stop tokens and parameters):",
+                "",
+                "```sh",
+                f"cd gguf && ollama create {tag} -f Modelfile && ollama run {tag}",
+                "```",
+            ]
+    return lines
+
+
+def _shell_word(value: str) -> str:
+    """A file or model name as one inert shell word in a code block (letters, digits, . _ - only)."""
+    import re
+
+    return re.sub(r"[^A-Za-z0-9._-]", "-", value)[:100] or "model"
 
 
 def _onnx_lines(variants: dict[str, Any]) -> list[str]:

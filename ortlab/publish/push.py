@@ -28,7 +28,7 @@ NEVER = ("optimizer.pt", "scheduler.pt", "rng_state*", "training_args.bin", "*.t
 # pickled TrainingArguments never leave: they can hold a Hub token (`hub_token`) and local paths.
 NEVER_IN_CHECKPOINTS = ("training_args.bin", "*.tmp", ".ortlab*")
 TEXT_SUFFIXES = (".json", ".md", ".txt", ".yaml", ".yml")
-LFS_PATTERNS = ("*.safetensors", "*.onnx", "*.bin")
+LFS_PATTERNS = ("*.safetensors", "*.onnx", "*.bin", "*.gguf")
 
 
 class PublishError(OrtlabError, RuntimeError):
@@ -123,6 +123,8 @@ def staged(run: Any, include_checkpoints: bool = False, merged: bool = False):
             shutil.rmtree(stage / rel)
         if os.path.lexists(run.path / "onnx"):
             skipped += safeio.copy_files(run.path, "onnx", stage / "onnx")
+        if os.path.lexists(run.path / "gguf"):
+            skipped += safeio.copy_files(run.path, "gguf", stage / "gguf", select=_good_gguf(run), descend=False)
         if include_checkpoints and os.path.lexists(run.checkpoints):
             keep = lambda p: not any(_matches(part, NEVER_IN_CHECKPOINTS) for part in p.parts)  # noqa: E731
             skipped += safeio.copy_files(run.path, "checkpoints", stage / "checkpoints", select=keep)
@@ -138,6 +140,27 @@ def staged(run: Any, include_checkpoints: bool = False, merged: bool = False):
         local = [str(run.path.resolve()), str(run.path), str(Path.home()), spec.model.name, spec.data.source]
         _scrub_folder(stage, [p for p in local if p.startswith("/") and len(p) > 1])
         yield stage
+
+
+def _good_gguf(run: Any):
+    """Which files of <run>/gguf/ are published: the report, and the GGUF files (with the Modelfile that names one)
+    whose parity check passed. A failed file stays on this machine; an unreadable report publishes no model file."""
+    report = _read_report(run, "gguf/export.json")
+    variants = report.get("variants") if isinstance(report, dict) else None
+    good = {v.get("file") for v in (variants or {}).values() if isinstance(v, dict) and v.get("good") is True}
+    modelfile = report.get("modelfile") if isinstance(report, dict) else None
+
+    def select(rel: PurePosixPath) -> bool:
+        return rel.name == "export.json" or rel.name in good or (bool(good) and rel.name == modelfile == "Modelfile")
+
+    return select
+
+
+def _read_report(run: Any, rel: str) -> Any:
+    try:
+        return safeio.read_json(run.path, rel)
+    except (OSError, ValueError):
+        return None
 
 
 def _merge_into(run: Any, folder: Path) -> None:

@@ -244,6 +244,13 @@ class Run:
 
         return Playground(self, other, **kwargs)
 
+    def export_gguf(self, quant: str | list[str] = "q8_0", **kwargs: Any):
+        """Export a finished causal LM (llama family; a LoRA adapter merged first) to GGUF for llama.cpp and Ollama,
+        each file checked against the trained model, with an Ollama Modelfile: <run>/gguf/ (see ortlab.export)."""
+        from ortlab.export import export_gguf
+
+        return export_gguf(self.dir, quant=quant, **kwargs)
+
     def push_to_hub(self, repo_id: str, **kwargs: Any):
         """Publish model, tokenizer, ONNX files and a model card (see ortlab.publish)."""
         from ortlab.publish import push_to_hub
