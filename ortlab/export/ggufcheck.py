@@ -242,8 +242,12 @@ def _checked_run(run: Any) -> RunDir:
     has_model = (run.model_dir / "config.json").exists() or (run.model_dir / "adapter_config.json").exists()
     if status.get("state") != "completed" or not has_model:
         raise ExportError(f"run {run.id} is {status.get('state')}: only a completed run has a model to export")
-    if RunSpec.from_run(run).task != "causal-lm":
-        raise ExportError(f"run {run.id}: GGUF export is for causal LMs; export this run to ONNX (`ortlab export`)")
+    task = RunSpec.from_run(run).task_record
+    if "gguf" not in task.exports:
+        raise ExportError(
+            f"run {run.id}: GGUF export is for causal LMs trained on text or chats (task causal-lm), not a {task.name} "
+            "run" + ("; export it to ONNX (`ortlab export`)" if "onnx" in task.exports else "")
+        )
     if foreign := run.model_not_own():
         raise ExportError(
             f"run {run.id}: {', '.join(foreign)}. Export loads only the run folder's own regular files: replace each "

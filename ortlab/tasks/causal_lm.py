@@ -21,5 +21,6 @@ TASK = Task(
     perplexity=True,
     answers_prompts=True,
     headline=("eval_exact_match", "eval_perplexity"),
+    exports=("onnx", "gguf"),
     form=("data.text_column", "data.messages_column", "data.prompt_column", "data.response_column", "data.packing"),
 )
