@@ -12,6 +12,7 @@ of it.
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -91,6 +92,12 @@ def _wait_for(predicate, timeout: float, what: str):
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+def _peak(note: str) -> float:
+    """The peak memory (MiB) the estimate beside Launch shows; 0 while it shows none."""
+    found = re.search(r"peak memory ≈ ([\d.]+) (MiB|GiB)", note)
+    return float(found[1]) * (1024 if found[2] == "GiB" else 1) if found else 0.0
+
+
 def test_workbench_launches_a_run_and_the_loss_chart_grows(jupyter_lab):
     from playwright.sync_api import sync_playwright
 
@@ -119,6 +126,20 @@ def test_workbench_launches_a_run_and_the_loss_chart_grows(jupyter_lab):
                     continue
             launch.wait_for(timeout=10_000)
             page.wait_for_function("() => !document.querySelector('button.ortlab-launch').disabled", timeout=60_000)
+            # Beside Launch, the estimate of the spec the form says; it follows a change of the batch size.
+            note = page.locator(".ortlab-estimate")
+            _wait_for(lambda: _peak(note.inner_text()) > 0, 90, "the estimate beside Launch")
+            before = note.inner_text()
+            batch = page.locator(".widget-inline-hbox").filter(has=page.get_by_text("batch size", exact=True))
+            box = batch.locator("input")
+            chosen = box.input_value()
+            box.fill("512")
+            box.press("Enter")
+            _wait_for(lambda: _peak(note.inner_text()) > _peak(before), 60, "the estimate to follow the batch size")
+            bigger = note.inner_text()
+            box.fill(chosen)
+            box.press("Enter")  # (the memory available moves between estimates: compare the peaks)
+            _wait_for(lambda: _peak(note.inner_text()) < _peak(bigger), 60, "the estimate of the chosen batch again")
             launch.click()
             status_path = folder / "runs" / "browser-run" / "status.json"
             first = _wait_for(lambda: _points(page), 300, "the first point of the loss chart")

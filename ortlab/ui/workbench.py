@@ -13,17 +13,19 @@ from typing import Any
 import ipywidgets as widgets
 
 from ortlab.spec import RunSpec
+from ortlab.ui.estimatenote import EstimateNote
 from ortlab.ui.form import SpecForm
 from ortlab.ui.mixpanel import MixPanel
 from ortlab.ui.runs_panel import RunsPanel
 
 
-class Workbench(SpecForm, MixPanel, RunsPanel, widgets.VBox):
+class Workbench(SpecForm, MixPanel, RunsPanel, EstimateNote, widgets.VBox):
     """The ortlab workbench. `Workbench(spec={...})` starts from a spec (a dict or RunSpec) instead of the
     embedded default; `root` is the runs folder (default ./ortlab-runs).
 
     Its parts are mixins over one set of widgets: the form (`ortlab.ui.form`), the acceleration mix
-    (`ortlab.ui.mixpanel`) and the runs (`ortlab.ui.runs_panel`); this class lays them out and wires their events."""
+    (`ortlab.ui.mixpanel`), the runs (`ortlab.ui.runs_panel`) and the estimate beside Launch
+    (`ortlab.ui.estimatenote`); this class lays them out and wires their events."""
 
     def __init__(self, spec: Any = None, root: str | None = None, **kwargs: Any):
 
@@ -32,6 +34,7 @@ class Workbench(SpecForm, MixPanel, RunsPanel, widgets.VBox):
         self._form_widgets(start)
         accel_rows = self._mix_widgets(start)
         self._runs_widgets()
+        self._estimate_widgets()
 
         form = widgets.VBox(
             [
@@ -52,7 +55,7 @@ class Workbench(SpecForm, MixPanel, RunsPanel, widgets.VBox):
                 widgets.HBox([self.lora, self.adapter_rank, self.report_to]),
                 widgets.HBox([self.processes, self.where, self.python, self.cluster, self.name]),
                 widgets.HBox([self.storage, self.max_failures]),
-                widgets.HBox([self.launch_button, self.stop_button]),
+                widgets.HBox([self.launch_button, self.stop_button, self.estimate_note]),
                 self.problems,
             ]
         )
@@ -90,3 +93,12 @@ class Workbench(SpecForm, MixPanel, RunsPanel, widgets.VBox):
         self.stop_button.add_class("ortlab-stop")
         self.validate()
         self.reattach()
+
+    def validate(self) -> bool:
+        """The form's check (`SpecForm.validate`), then the estimate of a valid spec beside Launch."""
+        ok = SpecForm.validate(self)
+        if ok:
+            self.refresh_estimate(self.spec())
+        else:
+            self.clear_estimate()
+        return ok
