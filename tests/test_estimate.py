@@ -350,6 +350,20 @@ def test_a_run_records_its_prediction_against_what_it_measured(tiny_bert, tmp_pa
     assert again.term("runtime").basis == "measured here"
     assert again.peak.value == pytest.approx(memory["measured"], rel=0.02)  # one run: its own residual
 
+    # `ortlab runs` says how far the estimate was off, from the run folder's numbers only
+    from rich.console import Console
+
+    from ortlab.runfolder.compare import estimate_errors, render_runs, row_for
+    from ortlab.runfolder.rundir import RunDir
+
+    row = row_for(RunDir(result["run_dir"]))
+    assert row.estimate == {"peak_mem_mb": memory["error"], "step_time_s": step["error"]}
+    console = Console(width=160, record=True)
+    render_runs([row], "runs", console=console)
+    assert f"mem {memory['error']:+.0%} step {step['error']:+.0%}" in console.export_text()
+    forged = {"estimate": {"peak_mem_mb": {"error": "[red]x"}, "step_time_s": {"error": float("nan")}}}
+    assert estimate_errors(forged) == {} and estimate_errors({"estimate": ["x"]}) == {}
+
 
 # --- budget ---------------------------------------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ class Row:
     auto: str | None = None  # how the 'auto' accelerations were decided: "measured", "default", or None (none)
     where: str = "local"  # where the run runs: "local", or "cluster ADDRESS" (see `where_for`)
     damaged: str | None = None  # why the run folder cannot be trusted (state "damaged"), else None
+    estimate: dict[str, float] = field(default_factory=dict)  # how far the estimate was off: relative errors
 
 
 def where_for(status: dict[str, Any], summary: RunSummary | None = None) -> str:
@@ -43,6 +44,22 @@ def where_for(status: dict[str, Any], summary: RunSummary | None = None) -> str:
     if summary is not None and summary.restarts:
         where += f", {summary.restarts} restart{'s' if summary.restarts > 1 else ''}"
     return where
+
+
+ESTIMATED = {"peak_mem_mb": "mem", "step_time_s": "step"}  # result.json's "estimate" entries a row shows
+
+
+def estimate_errors(result: Any) -> dict[str, float]:
+    """How far the run's estimate was off (result.json's "estimate": predicted against measured, written by the run
+    from `ortlab.estimate`): the relative error of each of ESTIMATED, numbers only (a run folder is not trusted)."""
+    est = result.get("estimate") if isinstance(result, dict) else None
+    out: dict[str, float] = {}
+    for key in ESTIMATED:
+        pair = est.get(key) if isinstance(est, dict) else None
+        error = pair.get("error") if isinstance(pair, dict) else None
+        if _number(error) and abs(error) < 1000:
+            out[key] = float(error)
+    return out
 
 
 def row_for(run: Any, summary: RunSummary | None = None) -> Row:
@@ -64,6 +81,7 @@ def row_for(run: Any, summary: RunSummary | None = None) -> Row:
         auto=summary.auto,
         where=where_for(status, summary),
         damaged=status.get("damaged"),
+        estimate=estimate_errors(result),
     )
 
 
@@ -128,6 +146,11 @@ def _print_over_peak(console: Any, rows: list[Row]) -> None:
 
 def _num(v: Any, fmt: str = ".2f") -> str:
     return format(v, fmt) if isinstance(v, (int, float)) and not isinstance(v, bool) else "-"
+
+
+def _estimate_cell(r: Row) -> str:
+    """How far the estimate before Launch was off, e.g. "mem +5% step -31%" (predicted against measured)."""
+    return " ".join(f"{ESTIMATED[k]} {e:+.0%}" for k, e in r.estimate.items()) or "-"
 
 
 def _eval_cell(r: Row) -> str:
@@ -287,7 +310,7 @@ def render_runs(rows: list[Row], title: str, console: Any = None) -> None:
     console = console or Console()
     title = escape(title)  # the runs folder's path: a folder name can hold `[`
     table = Table(title=title, box=box.SIMPLE_HEAD)
-    for col in ("run", "state", "where", "step", "applied", "samples/s", "eval"):
+    for col in ("run", "state", "where", "step", "applied", "samples/s", "eval", "vs estimate"):
         table.add_column(col, overflow="fold")
     for r in rows:
         table.add_row(
@@ -298,6 +321,7 @@ def render_runs(rows: list[Row], title: str, console: Any = None) -> None:
             _mix_cell(r),
             _num(r.summary.get("steady_samples_per_s")),
             _eval_cell(r),
+            _estimate_cell(r),
         )
     if not rows:
         console.print(f"{title}: none yet", soft_wrap=True)
@@ -314,6 +338,7 @@ def render_runs(rows: list[Row], title: str, console: Any = None) -> None:
         )
         console.print(
             f"    applied: {_mix_cell(r)};  "
-            f"{_num(r.summary.get('steady_samples_per_s'))} samples/s;  eval: {_eval_cell(r)}"
+            f"{_num(r.summary.get('steady_samples_per_s'))} samples/s;  eval: {_eval_cell(r)};  "
+            f"estimate off by: {_estimate_cell(r)}"
         )
     _print_damaged(console, rows)
