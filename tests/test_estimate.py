@@ -363,6 +363,12 @@ def test_a_run_records_its_prediction_against_what_it_measured(tiny_bert, tmp_pa
     assert f"mem {memory['error']:+.0%} step {step['error']:+.0%}" in console.export_text()
     forged = {"estimate": {"peak_mem_mb": {"error": "[red]x"}, "step_time_s": {"error": float("nan")}}}
     assert estimate_errors(forged) == {} and estimate_errors({"estimate": ["x"]}) == {}
+    # and the model card, beside the measured throughput
+    from ortlab.publish.card import model_card
+
+    card = model_card(RunDir(result["run_dir"]))
+    line = next(x for x in card.splitlines() if x.startswith("- estimated before the run"))
+    assert f"{memory['predicted']:.0f} MB predicted, {memory['measured']:.0f} MB measured" in line, line
 
 
 # --- budget ---------------------------------------------------------------------------------------------------

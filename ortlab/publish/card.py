@@ -100,6 +100,7 @@ def model_card(run: Any, merged: bool = False) -> str:
             f"- GPU memory: peak allocated within a step {summary.get('max_gpu_mem_step_peak_mb', 0):.0f} MB, "
             f"reserved {summary['max_gpu_mem_reserved_mb']:.0f} MB"
         )
+    lines += _estimate_lines(result)
     lines += ["", "## Evaluation", ""]
     if result.get("eval_before"):
         lines.append(f"- before training: {format_scores(result['eval_before'])}")
@@ -112,6 +113,24 @@ def model_card(run: Any, merged: bool = False) -> str:
     lines += _gguf_lines(gguf_report, run.id)
     lines.append("")
     return "\n".join(lines)
+
+
+def _estimate_lines(result: dict[str, Any]) -> list[str]:
+    """What `ortlab.estimate` predicted before the run against what the run measured (result.json's "estimate");
+    numbers only, as everything read from a run folder."""
+    est = result.get("estimate")
+    said = []
+    for key, what, unit, fmt in (
+        ("peak_mem_mb", "peak memory", "MB", "{:.0f}"),
+        ("step_time_s", "time per step", "s", "{:.3g}"),
+        ("total_time_s", "whole run", "s", "{:.0f}"),
+    ):
+        pair = est.get(key) if isinstance(est, dict) else None
+        p, m = (pair.get("predicted"), pair.get("measured")) if isinstance(pair, dict) else (None, None)
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1e12 for v in (p, m)):
+            off = (p - m) / m
+            said.append(f"{what} {fmt.format(p)} {unit} predicted, {fmt.format(m)} {unit} measured ({off:+.0%})")
+    return [f"- estimated before the run (`ortlab.estimate`) against measured: {'; '.join(said)}"] if said else []
 
 
 def _gguf_lines(report: Any, name: str) -> list[str]:
