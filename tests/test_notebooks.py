@@ -19,7 +19,13 @@ from ortlab.notebooks import NotebookFailed, parameter_names, run_notebook
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 # The notebooks that show their runs' curves (a RunMonitor): their saved output must hold the finished runs.
-CHARTED = {"01-quickstart", "02-acceleration-tour", "04-bring-your-own-data", "06-train-on-a-cluster"}
+CHARTED = {
+    "01-quickstart",
+    "02-acceleration-tour",
+    "04-bring-your-own-data",
+    "06-train-on-a-cluster",
+    "07-align-with-preferences",
+}
 # The notebooks that train on the local Ray cluster: they get the session's (conftest `ray_head`), as a user's
 # notebook finds one already running.
 ON_CLUSTER = {"06-train-on-a-cluster"}
@@ -76,6 +82,7 @@ def test_there_are_tutorials():
         "04-bring-your-own-data.ipynb",
         "05-small-llm-lora.ipynb",
         "06-train-on-a-cluster.ipynb",
+        "07-align-with-preferences.ipynb",
     ]
 
 

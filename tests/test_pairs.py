@@ -15,6 +15,7 @@ from datasets import Dataset
 from trlsite import trl_site
 
 from ortlab.chat import IGNORE
+from ortlab.data.columns import propose_mapping
 from ortlab.data.pairchecks import PairDataError, check_prompt_lengths, check_rows
 from ortlab.data.pairs import PairsMapping, RowError, normalize_row, propose_pairs_mapping
 from ortlab.data.pairtokens import encode_preference, encode_side, rendered_example, tokenize_pairs
@@ -124,6 +125,26 @@ def test_every_shape_is_found_and_read(name, rows, shape, expected):
     assert mapping.found.startswith(shape)
     assert normalize_row(ds[0], mapping) == expected
     assert check_rows(ds, mapping) == 1
+
+
+@pytest.mark.parametrize(("name", "rows", "shape", "expected"), SHAPES, ids=[s[0] for s in SHAPES])
+def test_the_workbench_proposes_task_preference_for_pairs_and_kto(name, rows, shape, expected):
+    """`propose_mapping` (the workbench's and notebooks' "inspect") offers task preference for every preference or
+    KTO shape, and nothing else for the instruction shapes, which stay SFT data."""
+    proposal = propose_mapping(Dataset.from_list(rows * 3))
+    if shape in ("preference", "preference-implicit", "kto"):
+        assert proposal["task"] == "preference", proposal
+        assert not any(v for k, v in proposal.items() if k != "task"), "the task finds its columns itself"
+    else:
+        assert proposal["task"] != "preference", proposal
+
+
+def test_a_label_of_classes_is_not_kto():
+    """prompt + completion + a label of classes (not good/bad) is not KTO data: no preference proposed."""
+    rows = [{"prompt": f"Q{i}?", "completion": "yes", "label": ("positive", "negative")[i % 2]} for i in range(6)]
+    assert propose_mapping(Dataset.from_list(rows))["task"] != "preference"
+    rows = [{**r, "label": ("good", "bad")[i % 2]} for i, r in enumerate(rows)]
+    assert propose_mapping(Dataset.from_list(rows))["task"] == "preference"
 
 
 @pytest.mark.parametrize(
@@ -380,6 +401,7 @@ def test_the_embedded_pairs_load_and_pass_the_checks():
     assert mapping.shape == "kto"
     assert check_rows(kto, mapping) == len(kto)
     assert sum(kto.select(range(100))["label"]) == 50
+    assert propose_mapping(pairs)["task"] == propose_mapping(kto)["task"] == "preference"
 
 
 # --- the same tokens as TRL's DPOTrainer -----------------------------------------------------------------------
@@ -388,6 +410,7 @@ TRL_CHECK = """
 import sys
 from trl.data_utils import _tokenize, common_prefix_length
 from ortlab.chat import IGNORE
+from ortlab.data.columns import propose_mapping
 from ortlab.data.pairtokens import encode_preference
 from transformers import AutoTokenizer
 

@@ -47,6 +47,10 @@ def propose_mapping(dataset: Dataset) -> dict[str, str | None]:
     """Guess text / text pair / label columns and the task from column names, types and (a sample of) values."""
     features = dataset.features
     columns = list(features)
+    none = {"messages_column": None, "prompt_column": None, "response_column": None}
+    if is_preference_data(dataset):  # before chat: a prompt column of turns or prompt + completion look like chat too
+        nothing = dict.fromkeys(("text_column", "text_pair_column", "label_column", "source_column", "target_column"))
+        return {**nothing, "task": "preference", **none}
     chat = chat_columns(dataset)
     if chat is not None:
         return {
@@ -58,7 +62,6 @@ def propose_mapping(dataset: Dataset) -> dict[str, str | None]:
             "target_column": None,
             **chat,
         }
-    none = {"messages_column": None, "prompt_column": None, "response_column": None}
     text = _pick(columns, TEXT_NAMES)
     if text is None:
         text = next((c for c in columns if is_string(features[c]) or is_string_list(features[c])), None)
@@ -96,6 +99,30 @@ def propose_mapping(dataset: Dataset) -> dict[str, str | None]:
         "target_column": None,
         **none,
     }
+
+
+def is_preference_data(dataset: Dataset) -> bool:
+    """Data for task preference: prompt + chosen + rejected (text or turns), chosen + rejected conversations
+    (UltraFeedback), or KTO's prompt + completion + a label that says good or bad (`ortlab.data.pairs` finds the
+    shape and its columns; the task reads them itself, so the proposal names no column)."""
+    from ortlab.data.pairs import KTO, PAIRED_SHAPES, RowError, bool_label, propose_pairs_mapping
+
+    found = propose_pairs_mapping(dataset)
+    if found.shape in PAIRED_SHAPES:
+        return True
+    if found.shape != KTO:
+        return False
+    # A label column of classes (prompt + answer + "positive"/"negative") is not KTO's good/bad: all must read
+    # as yes or no.
+    column = found.columns["label"]
+    try:
+        return all(v is not None and bool_label(v, column) in (True, False) for v in _sample(dataset)[column])
+    except RowError:
+        return False
+
+
+def _sample(dataset: Dataset) -> Dataset:
+    return dataset.select(range(min(1000, len(dataset))))
 
 
 def _is_messages(feature: Any) -> bool:
