@@ -714,3 +714,18 @@ def test_a_refresh_does_not_rebuild_the_static_summary(tmp_path, monkeypatch):
     assert monitor.updates_sent >= 20
     assert built == []  # built when displayed or when a run's state changes (ortlab.ui.display), not per refresh
     monitor.close()
+
+
+def test_the_monitor_imports_pandas_before_its_threads_start():
+    """plotly imports pandas lazily on a figure's first update; on the monitor's flush thread, racing a notebook
+    cell that imports pandas, one of them saw a partially initialised module. The monitor imports it first, in the
+    caller's thread (a fresh process: nothing before it imported pandas)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\nimport ortlab.ui.charts as charts\nbefore = 'pandas' in sys.modules\n"
+        "monitor = charts.RunMonitor()\nprint(before, 'pandas' in sys.modules)\nmonitor.close()"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["False", "True"], out.stdout + out.stderr

@@ -111,6 +111,17 @@ def _arrange(widget: Any, with_data: set[str]) -> None:
             title.y = grid[f"yaxis{axis}"].domain[1]
 
 
+def _import_before_threads() -> None:
+    """Import pandas in the calling (the kernel's) thread before the monitor's threads start. plotly imports it
+    lazily on a figure's first update; done on the flush thread while a notebook cell imports pandas too (through
+    `datasets`, say), one of them saw a partially initialised module (AttributeError in the flush thread, seen in
+    notebook 07's first version). Where pandas is not installed, plotly does without it."""
+    import importlib.util
+
+    if importlib.util.find_spec("pandas") is not None:
+        import pandas  # noqa: F401
+
+
 class RunMonitor(RefreshedDisplay, widgets.VBox):
     """Live charts for one or more runs (`ortlab.Run` objects). Works alone: `RunMonitor(run)`."""
 
@@ -139,6 +150,7 @@ class RunMonitor(RefreshedDisplay, widgets.VBox):
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.on_change: Any = None  # called after new points were sent and when a followed run ends
+        _import_before_threads()
         self._flusher = threading.Thread(target=self._flush_loop, daemon=True, name="ortlab-monitor-flush")
         self._flusher.start()
         for run in runs:
