@@ -32,26 +32,31 @@ IPYWIDGETS_7 = [
 ]
 
 
-def overlay(name: str, packages: list[str]) -> Path:
-    """The folder holding `packages` (installed when missing or when the list changed); fails the test with the
-    command when they cannot be installed."""
-    folder = OVERLAYS / name
-    OVERLAYS.mkdir(parents=True, exist_ok=True)
-    wanted = "\n".join(packages) + "\n"
-    with open(OVERLAYS / f".{name}.lock", "w") as lock:
+def installed(folder: Path, packages: list[str], no_deps: bool = True) -> Path:
+    """`folder` holding `packages` (pip's --target), installed when missing or when the list changed; fails the test
+    with the command when they cannot be installed. `no_deps`: the packages only (ortlab's environment has the rest);
+    else with whatever they need that the folder lacks."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    wanted = "\n".join(packages) + ("\n" if no_deps else "\n(with dependencies)\n")
+    with open(folder.parent / f".{folder.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         record = folder / ".packages"
         if not record.is_file() or record.read_text() != wanted:
             shutil.rmtree(folder, ignore_errors=True)
             uv = ROOT / ".venv" / "bin" / "uv"
             uv_cmd = str(uv) if uv.exists() else shutil.which("uv") or "uv"
-            cmd = [uv_cmd, "pip", "install", "--target", str(folder), "--no-deps", "--python", sys.executable,
-                   *packages]  # fmt: skip
+            cmd = [uv_cmd, "pip", "install", "--target", str(folder), *(["--no-deps"] if no_deps else []),
+                   "--python", sys.executable, *packages]  # fmt: skip
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
             if done.returncode != 0:
-                pytest.fail(f"installing the overlay {name} failed; run: {' '.join(cmd)}\n{done.stderr[-3000:]}")
+                pytest.fail(f"installing {' '.join(packages)} failed; run: {' '.join(cmd)}\n{done.stderr[-3000:]}")
             record.write_text(wanted)
     return folder
+
+
+def overlay(name: str, packages: list[str]) -> Path:
+    """The overlay `name` (test-artifacts/overlays/NAME) holding `packages`, without their dependencies."""
+    return installed(OVERLAYS / name, packages)
 
 
 def env_with(folder: Path) -> dict[str, str]:
