@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 
 import nbformat
 import pytest
 from conftest import ROOT
 from lab_server import CHROMIUM, CHROMIUM_ARGS, start_lab, stop_if_running
-from page_errors import assert_no_page_errors, watch_page_errors
+from page_errors import assert_no_page_errors, wait_until, watch_page_errors
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -82,16 +81,6 @@ def _states_shown(page) -> list[str]:
     )
 
 
-def _wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
 def _peak(note: str) -> float:
     """The peak memory (MiB) the estimate beside Launch shows; 0 while it shows none."""
     found = re.search(r"peak memory ≈ ([\d.]+) (MiB|GiB)", note)
@@ -128,26 +117,26 @@ def test_workbench_launches_a_run_and_the_loss_chart_grows(jupyter_lab):
             page.wait_for_function("() => !document.querySelector('button.ortlab-launch').disabled", timeout=60_000)
             # Beside Launch, the estimate of the spec the form says; it follows a change of the batch size.
             note = page.locator(".ortlab-estimate")
-            _wait_for(lambda: _peak(note.inner_text()) > 0, 90, "the estimate beside Launch")
+            wait_until(lambda: _peak(note.inner_text()) > 0, 90, "the estimate beside Launch")
             before = note.inner_text()
             batch = page.locator(".widget-inline-hbox").filter(has=page.get_by_text("batch size", exact=True))
             box = batch.locator("input")
             chosen = box.input_value()
             box.fill("512")
             box.press("Enter")
-            _wait_for(lambda: _peak(note.inner_text()) > _peak(before), 60, "the estimate to follow the batch size")
+            wait_until(lambda: _peak(note.inner_text()) > _peak(before), 60, "the estimate to follow the batch size")
             bigger = note.inner_text()
             box.fill(chosen)
             box.press("Enter")  # (the memory available moves between estimates: compare the peaks)
-            _wait_for(lambda: _peak(note.inner_text()) < _peak(bigger), 60, "the estimate of the chosen batch again")
+            wait_until(lambda: _peak(note.inner_text()) < _peak(bigger), 60, "the estimate of the chosen batch again")
             launch.click()
             status_path = folder / "runs" / "browser-run" / "status.json"
-            first = _wait_for(lambda: _points(page), 300, "the first point of the loss chart")
+            first = wait_until(lambda: _points(page), 300, "the first point of the loss chart")
             # The run has 100000 steps: it is running now, and the page and the run folder both say so.
             assert json.loads(status_path.read_text())["state"] == "running"
-            _wait_for(lambda: "running" in _states_shown(page), 60, "the runs table to show 'running'")
+            wait_until(lambda: "running" in _states_shown(page), 60, "the runs table to show 'running'")
             # Growing while it runs; a dozen points make the picture in the README (docs/workbench.png) readable.
-            later = _wait_for(lambda: _points(page) >= first + 10 and _points(page), 300, "the loss chart to grow")
+            later = wait_until(lambda: _points(page) >= first + 10 and _points(page), 300, "the loss chart to grow")
             assert later > first
             assert json.loads(status_path.read_text())["state"] == "running", "the chart grew while it ran"
             assert page.get_by_text("official Jupyter news").count() == 0, "the news toast covers the page"
@@ -162,8 +151,8 @@ def test_workbench_launches_a_run_and_the_loss_chart_grows(jupyter_lab):
             page.screenshot(path=str(ARTIFACTS / "workbench-dark.png"), full_page=True)
             # Stop from the page: the run finishes its step, saves a checkpoint and ends `stopped`.
             page.locator("button.ortlab-stop").click()
-            _wait_for(lambda: json.loads(status_path.read_text())["state"] == "stopped", 300, "the run to stop")
-            _wait_for(lambda: "stopped" in _states_shown(page), 60, "the runs table to show 'stopped'")
+            wait_until(lambda: json.loads(status_path.read_text())["state"] == "stopped", 300, "the run to stop")
+            wait_until(lambda: "stopped" in _states_shown(page), 60, "the runs table to show 'stopped'")
             assert_no_page_errors(errors)
         except Exception:
             page.screenshot(path=str(ARTIFACTS / "workbench-failure.png"), full_page=True)

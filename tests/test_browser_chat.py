@@ -7,14 +7,13 @@ free); Stop in the page ends both, and the exchange is in the run folder. A scre
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import nbformat
 import pytest
 from conftest import ROOT
 from lab_server import CHROMIUM, CHROMIUM_ARGS, start_lab
-from page_errors import assert_no_page_errors, watch_page_errors
+from page_errors import assert_no_page_errors, wait_until, watch_page_errors
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -45,16 +44,6 @@ def _panes(page) -> list[str]:
     return page.evaluate("() => [...document.querySelectorAll('.ortlab-chat-pane')].map(p => p.innerText)")
 
 
-def _wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
 def test_two_models_answer_side_by_side_stream_stop_and_the_kernel_stays_free(jupyter_lab):
     from playwright.sync_api import sync_playwright
 
@@ -72,13 +61,13 @@ def test_two_models_answer_side_by_side_stream_stop_and_the_kernel_stays_free(ju
             page.keyboard.press("Shift+Enter")
             page.locator(".ortlab-chat-prompt textarea").wait_for(timeout=120_000)
             # Both servers up: each pane names its model once it has loaded.
-            _wait_for(lambda: all("loading" not in t for t in _panes(page)) and len(_panes(page)) == 2, 300, "models")
+            wait_until(lambda: all("loading" not in t for t in _panes(page)) and len(_panes(page)) == 2, 300, "models")
             assert "chat-lora" in _panes(page)[0] and "chat-lora:base" in _panes(page)[1]
             page.locator(".ortlab-chat-prompt textarea").fill(PROMPT)
             page.locator("button.ortlab-chat-send").click()
             # Streamed: each pane's reply grows while its cursor (▍) shows.
-            first = _wait_for(lambda: all("▍" in t for t in _panes(page)) and _panes(page), 60, "both replies")
-            _wait_for(
+            first = wait_until(lambda: all("▍" in t for t in _panes(page)) and _panes(page), 60, "both replies")
+            wait_until(
                 lambda: all(len(b) > len(a) + 5 and "▍" in b for a, b in zip(first, _panes(page), strict=True)),
                 60,
                 "both replies to grow",
@@ -86,12 +75,12 @@ def test_two_models_answer_side_by_side_stream_stop_and_the_kernel_stays_free(ju
             # The kernel is free: the second cell runs and finishes while both models answer.
             page.locator(".jp-Cell").nth(1).locator(".cm-content").click()
             page.keyboard.press("Shift+Enter")
-            _wait_for(lambda: (folder / "alive.txt").exists(), 60, "the second cell to run")
+            wait_until(lambda: (folder / "alive.txt").exists(), 60, "the second cell to run")
             assert all("▍" in t for t in _panes(page)), "both still answering when the other cell ran"
             page.screenshot(path=str(ARTIFACTS / "chat-playground.png"), full_page=True)
             page.locator("button.ortlab-chat-stop").click()
-            _wait_for(lambda: all("▍" not in t for t in _panes(page)), 30, "Stop to end both replies")
-            records = _wait_for(lambda: list((run / "chats").glob("*.jsonl")), 10, "the saved chat")
+            wait_until(lambda: all("▍" not in t for t in _panes(page)), 30, "Stop to end both replies")
+            records = wait_until(lambda: list((run / "chats").glob("*.jsonl")), 10, "the saved chat")
             lines = [json.loads(x) for f in records for x in f.read_text().splitlines()]
             assert {(r["prompt"], r["finish_reason"]) for r in lines[-2:]} == {(PROMPT, "cancelled")}
             assert_no_page_errors(errors)

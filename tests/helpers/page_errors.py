@@ -20,6 +20,7 @@ the test passed). `watch_page_errors(page)` records, from the moment it is calle
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 SIDEBAR_BUNDLE = "/ortlab-sidebar/"  # in the URL of the script that logged it
@@ -65,3 +66,15 @@ def watch_page_errors(page, into: PageErrors | None = None, label: str = "") -> 
 def assert_no_page_errors(seen: PageErrors) -> None:
     """Fail, listing them, if the page threw or ortlab's code logged an error."""
     assert not seen.errors, f"the page had {len(seen.errors)} error(s):\n\n" + "\n\n".join(seen.errors)
+
+
+def wait_until(predicate, timeout: float, what: str, poll_s: float = 0.3):
+    """`predicate()`'s first truthy value within `timeout` seconds (a page is polled, not awaited: what the tests
+    watch is the kernel's widgets and the run folder as much as the DOM); else an AssertionError naming `what`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
