@@ -139,7 +139,7 @@ def child(task: str, data: str, model: str, path: str, out: str, steps: int) -> 
     import resource
 
     from ortlab import fit
-    from ortlab.lifecycle import assemble
+    from ortlab.data import inputs
     from ortlab.runner import train_spec
     from ortlab.spec import RunSpec
 
@@ -156,9 +156,10 @@ def child(task: str, data: str, model: str, path: str, out: str, steps: int) -> 
 
         return wrapper
 
-    # Timed where they are called from (each module binds the name when it is imported).
+    # Timed where they are called from: `fit` binds load_and_check when it is imported; assembly looks the task's
+    # tokenize up by its path (`Task.part`: ortlab.data.inputs.tokenize for these tasks) when it runs.
     fit.load_and_check = timed("load_and_check", fit.load_and_check)
-    assemble.tokenize = timed("tokenize", assemble.tokenize)
+    inputs.tokenize = timed("tokenize", inputs.tokenize)
     first: dict[str, float] = {}
 
     def on_metrics(record: dict) -> None:

@@ -55,4 +55,4 @@ def test_labels_that_look_like_digits_are_names_sorted_after_the_numbers():
     from ortlab.data.checks import label_names
 
     train = Dataset.from_dict({"text": ["a", "b", "c", "d", "e"], "label": ["10", "²", "2", "٣", "-1"]})
-    assert label_names(train, "label", "text-classification") == ["-1", "2", "10", "²", "٣"]
+    assert label_names(train, "label", "sequence-classification") == ["-1", "2", "10", "²", "٣"]

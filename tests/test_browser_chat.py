@@ -80,9 +80,19 @@ def test_two_models_answer_side_by_side_stream_stop_and_the_kernel_stays_free(ju
             page.screenshot(path=str(ARTIFACTS / "chat-playground.png"), full_page=True)
             page.locator("button.ortlab-chat-stop").click()
             wait_until(lambda: all("▍" not in t for t in _panes(page)), 30, "Stop to end both replies")
-            records = wait_until(lambda: list((run / "chats").glob("*.jsonl")), 10, "the saved chat")
+            # Stop, once more with nothing in between: asked again, stopped as soon as both stream (on a quiet
+            # machine this tiny model can write its 2048 tokens before the first Stop above gets there).
+            page.get_by_role("button", name="New chat").click()  # (a 2048-token first reply leaves no room)
+            page.locator(".ortlab-chat-prompt textarea").fill(PROMPT)
+            page.locator("button.ortlab-chat-send").click()
+            wait_until(lambda: all("▍" in t for t in _panes(page)), 60, "both replies again")
+            page.locator("button.ortlab-chat-stop").click()
+            wait_until(lambda: all("▍" not in t for t in _panes(page)), 30, "Stop to end both replies")
+            records = wait_until(lambda: list((run / "chats").glob("*.jsonl")), 10, "the saved chats")
             lines = [json.loads(x) for f in records for x in f.read_text().splitlines()]
-            assert {(r["prompt"], r["finish_reason"]) for r in lines[-2:]} == {(PROMPT, "cancelled")}
+            assert len(lines) == 4, lines  # two exchanges, each model's reply a line
+            latest = max(records, key=lambda f: f.stat().st_mtime).read_text().splitlines()
+            assert {(r["prompt"], r["finish_reason"]) for r in map(json.loads, latest[-2:])} == {(PROMPT, "cancelled")}
             assert_no_page_errors(errors)
         except Exception:
             page.screenshot(path=str(ARTIFACTS / "chat-playground-failure.png"), full_page=True)

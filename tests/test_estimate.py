@@ -343,7 +343,10 @@ def test_a_run_records_its_prediction_against_what_it_measured(tiny_bert, tmp_pa
     assert memory["measured"] == result["summary"]["peak_mem_mb"] and memory["predicted"] > 0
     assert abs(memory["error"]) < 0.5  # the runtime constant dominates a tiny model: within half
     assert step["measured"] == result["summary"]["steady_step_time_s"] and step["predicted"] > 0
-    assert check["recorded"] and set(check["learned"]) >= {"runtime_mb", "efficiency"}
+    assert check["recorded"] and "runtime_mb" in check["learned"]
+    # the efficiency is learned where the measured step outlasts the predicted non-compute terms (optimizer, per-step
+    # cost): a tiny model's step on a quiet machine may not, and then nothing is learned of it
+    assert 0 < check["learned"].get("efficiency", 0.5) <= 1.5, check["learned"]
     stored = json.loads((Path(result["run_dir"]) / "result.json").read_text())
     assert stored["estimate"]["peak_mem_mb"]["measured"] == memory["measured"]
     again = estimate(spec, device="cpu")

@@ -36,8 +36,7 @@ from lab_server import (
     stop_if_running,
     wait_for_lab,
 )
-from page_errors import assert_no_page_errors, watch_page_errors
-from test_browser import _wait_for
+from page_errors import assert_no_page_errors, wait_until, watch_page_errors
 
 from ortlab import safeio
 from ortlab.runfolder.rundir import RunDir
@@ -222,7 +221,7 @@ def test_sidebar_launches_watches_and_stops_a_run(lab_with_ortlab, tiny_bert):
             # No toggle ticked: every field the toggles set is sent, each at its 'off' (plain PyTorch, fp32).
             accel = RunSpec.from_run(RunDir(run_dir)).accel
             assert {f"accel.{k}": v for k, v in accel.model_dump().items() if f"accel.{k}" in off} == off
-            _wait_for(lambda: _state_shown(page) == "running", 300, "the sidebar to show the run running")
+            wait_until(lambda: _state_shown(page) == "running", 300, "the sidebar to show the run running")
             assert _run_card(page).locator(".ortlab-Run-workers").count() == 0, "one process: no workers count"
             # Record when each step is drawn (page clock, epoch seconds) to compare with the metrics' times.
             page.evaluate(
@@ -241,17 +240,17 @@ def test_sidebar_launches_watches_and_stops_a_run(lab_with_ortlab, tiny_bert):
                 }""",
                 RUN,
             )
-            first_points = _wait_for(lambda: _loss_points(page), 300, "the first point of the loss sparkline")
+            first_points = wait_until(lambda: _loss_points(page), 300, "the first point of the loss sparkline")
             first_step = _step_shown(page)
             assert json.loads((run_dir / "status.json").read_text())["state"] == "running"
-            _wait_for(lambda: _loss_points(page) >= first_points + 10, 300, "the loss sparkline to grow")
+            wait_until(lambda: _loss_points(page) >= first_points + 10, 300, "the loss sparkline to grow")
             assert _step_shown(page) > first_step, "the step count grows"
             assert _run_card(page).locator(".ortlab-Sparkline-speed").get_attribute("data-points") not in (None, "0")
             assert json.loads((run_dir / "status.json").read_text())["state"] == "running", "it grew while running"
 
             # From metric written to drawn: each step record's own time against the moment its step was drawn. A fast
             # run draws only the newest of several steps per poll: wait for enough draws to take a median of.
-            _wait_for(
+            wait_until(
                 lambda: len(page.evaluate("() => window.__ortlabDrawn")) >= 6, 120, "six updates of the step count"
             )
             drawn = page.evaluate("() => window.__ortlabDrawn")
@@ -274,14 +273,14 @@ def test_sidebar_launches_watches_and_stops_a_run(lab_with_ortlab, tiny_bert):
             page.get_by_text("JupyterLab Dark", exact=True).click()
             page.wait_for_function("() => document.body.dataset.jpThemeLight === 'false'", timeout=30_000)
             page.wait_for_function("() => !document.querySelector('#jupyterlab-splash')", timeout=30_000)
-            _wait_for(lambda: _state_shown(page) == "running", 60, "the panel after the theme change")
+            wait_until(lambda: _state_shown(page) == "running", 60, "the panel after the theme change")
             _screenshot(page, "sidebar-dark.png")
             shutil.copyfile(light, ROOT / "docs" / "sidebar.png")
 
             # Stop from the panel: the run finishes its step, saves a checkpoint and ends `stopped`.
             _run_card(page).locator("button.ortlab-Stop").click()
-            _wait_for(lambda: json.loads((run_dir / "status.json").read_text())["state"] == "stopped", 300, "the stop")
-            _wait_for(lambda: _state_shown(page) == "stopped", 60, "the sidebar to show 'stopped'")
+            wait_until(lambda: json.loads((run_dir / "status.json").read_text())["state"] == "stopped", 300, "the stop")
+            wait_until(lambda: _state_shown(page) == "stopped", 60, "the sidebar to show 'stopped'")
             assert _run_card(page).locator("button.ortlab-Resume").count() == 1
             _screenshot(page, "sidebar-stopped-dark.png")
 
@@ -336,7 +335,7 @@ def _card_state(page) -> str:
 
 
 def _loss_reaching(page, step: int):
-    """A predicate for `_wait_for`: the loss sparkline's attributes once its newest step is `step`."""
+    """A predicate for `wait_until`: the loss sparkline's attributes once its newest step is `step`."""
     return lambda: (shown := _sparkline(page, "loss")) and shown["last"] == step and shown
 
 
@@ -357,7 +356,7 @@ def test_sidebar_draws_a_long_run_whole_at_bounded_points(lab_with_ortlab):
         errors = watch_page_errors(page)
         try:
             open_runs_panel(page, url, TOKEN)
-            shown = _wait_for(_loss_reaching(page, LONG_STEPS), 120, "the long run's loss sparkline to be drawn")
+            shown = wait_until(_loss_reaching(page, LONG_STEPS), 120, "the long run's loss sparkline to be drawn")
             assert shown["first"] == 1, shown  # the whole run, not its tail
             assert 10 <= shown["points"] <= 2 * SPARKLINE_POINTS, shown
             # Drawn by step: the spike at 3 % of the run is the loss line's highest point, 3 % from its left.
@@ -371,7 +370,7 @@ def test_sidebar_draws_a_long_run_whole_at_bounded_points(lab_with_ortlab):
             for _ in range(4):
                 append(run / "metrics.jsonl", *(_long_record(s) for s in range(last + 1, last + 301)))
                 last += 300
-                shown = _wait_for(_loss_reaching(page, last), 60, f"the loss sparkline to reach step {last}")
+                shown = wait_until(_loss_reaching(page, last), 60, f"the loss sparkline to reach step {last}")
                 assert shown["first"] == 1 and shown["points"] <= 2 * SPARKLINE_POINTS, shown
                 assert shown["top_x"] == pytest.approx(120 * (SPIKE - 1) / (last - 1), abs=1.5), shown
             speed = _sparkline(page, "speed")
@@ -391,8 +390,8 @@ def test_sidebar_draws_a_long_run_whole_at_bounded_points(lab_with_ortlab):
             # ended, so the sparkline ends at the run's last step.
             append(run / "metrics.jsonl", *(_long_record(s) for s in range(last + 1, last + 51)))
             RunDir(run).set_status("completed", step=last + 50)
-            _wait_for(lambda: _card_state(page) == "completed", 60, "the sidebar to show the run completed")
-            shown = _wait_for(_loss_reaching(page, last + 50), 10, "the loss sparkline to reach the run's last step")
+            wait_until(lambda: _card_state(page) == "completed", 60, "the sidebar to show the run completed")
+            shown = wait_until(_loss_reaching(page, last + 50), 10, "the loss sparkline to reach the run's last step")
             assert shown["first"] == 1 and shown["points"] <= 2 * SPARKLINE_POINTS, shown
             page.screenshot(path=str(ARTIFACTS / "sidebar-long-run.png"))
             assert_no_page_errors(errors)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ortlab.assets import embedded_model_path
+from ortlab.errors import OrtlabError
 
 MAX_HEADER_BYTES = 64 * 1024 * 1024  # a 1,000-layer model's header is a few MB; more is not a safetensors header
 MAX_CONFIG_BYTES = 1024 * 1024
@@ -58,7 +59,7 @@ FAMILIES = {
 }
 
 
-class ModelFactsError(ValueError):
+class ModelFactsError(OrtlabError, ValueError):
     """The model's config cannot be read without downloading or loading it."""
 
 

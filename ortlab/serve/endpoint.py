@@ -23,6 +23,7 @@ import time
 import uuid
 from typing import Any
 
+from ortlab.errors import OrtlabError
 from ortlab.serve.engine import DEFAULT_MAX_NEW_TOKENS, MAX_NEW_TOKENS, Engine, EngineError, Settings
 
 MAX_BODY = 1 << 20  # 1 MiB of JSON: a long conversation fits, a flood does not
@@ -30,7 +31,9 @@ MAX_MESSAGES = 256
 CHAT_ROLES = ("system", "user", "assistant")
 
 
-class RequestError(ValueError):
+class RequestError(OrtlabError, ValueError):
+    """A request the endpoint refuses: its message, the field it names (OpenAI's `param`) and the HTTP status."""
+
     def __init__(self, message: str, param: str | None = None, status: int = 400):
         super().__init__(message)
         self.param, self.status = param, status
