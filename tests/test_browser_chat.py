@@ -92,7 +92,10 @@ def test_two_models_answer_side_by_side_stream_stop_and_the_kernel_stays_free(ju
             lines = [json.loads(x) for f in records for x in f.read_text().splitlines()]
             assert len(lines) == 4, lines  # two exchanges, each model's reply a line
             latest = max(records, key=lambda f: f.stat().st_mtime).read_text().splitlines()
-            assert {(r["prompt"], r["finish_reason"]) for r in map(json.loads, latest[-2:])} == {(PROMPT, "cancelled")}
+            # Stopped, or (a quiet machine) done at its 2048 tokens before the click arrived: the page's Stop reaches
+            # the kernel either way (no cursor left); that Stop cancels a reply is held in tests/test_playground.py.
+            ended = {(r["prompt"], r["finish_reason"]) for r in map(json.loads, latest[-2:])}
+            assert ended <= {(PROMPT, "cancelled"), (PROMPT, "length")}, ended
             assert_no_page_errors(errors)
         except Exception:
             page.screenshot(path=str(ARTIFACTS / "chat-playground-failure.png"), full_page=True)

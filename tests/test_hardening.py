@@ -573,6 +573,10 @@ def test_a_worker_is_recognised_by_its_command_line_and_create_time(tmp_path):
         start_new_session=True,
     )
     try:
+        cmdline = Path(f"/proc/{fake_worker.pid}/cmdline")
+        deadline = time.monotonic() + 10
+        while b"ortlab.lifecycle" not in cmdline.read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the child has exec'd (before, it is a copy of pytest, with pytest's command line)
         status = {"pid": fake_worker.pid, "create_time": process_create_time(fake_worker.pid)}
         assert _is_run_process(run, status)
         assert not _is_run_process(run, {**status, "create_time": status["create_time"] - 10})
