@@ -13,12 +13,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from datetime import date
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from common import write_report  # noqa: E402
+
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DATA = "embedded:rotten-tomatoes-chat"
 
@@ -94,11 +99,7 @@ def main() -> None:
     if model_safetensors.is_file():
         out["merged_fp32_safetensors_mib"] = round(model_safetensors.stat().st_size / 2**20, 1)
     print(json.dumps(out, indent=2))
-    results = HERE / "results"
-    results.mkdir(exist_ok=True)
-    path = results / f"gguf-{date.today()}.json"
-    path.write_text(json.dumps(out, indent=2) + "\n")
-    print(f"wrote {path}")
+    print(f"wrote {write_report(out, None, f'gguf-{date.today()}.json')}")
 
 
 if __name__ == "__main__":
