@@ -2,11 +2,17 @@
 Debian's chromium. A prompt typed in the page goes to the LoRA run's model and to its base model; both panes stream
 (the reply grows while its cursor shows); a second cell runs and finishes while both still answer (the kernel is
 free); Stop in the page ends both, and the exchange is in the run folder. A screenshot is kept in test-artifacts/.
+
+The tiny model writes its 2048 tokens in about 3 s on a quiet CPU, less than the page's round trips take, so whether a
+reply is still going when the test looks would depend on the machine. The servers therefore run paced (`paced_python`:
+the real server and model, a sleep after each token, through the playground's own `python=`), so that a reply lasts
+at least 40 s on any machine and every check below is about the playground, not about the machine's speed.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import nbformat
@@ -22,6 +28,30 @@ TOKEN = "ortlab-browser-chat-test"
 PROMPT = "Is review 3 fresh?"
 
 
+PACE_S = 0.02  # per token: 2048 tokens take at least 41 s (a 135M model's pace on a laptop CPU)
+
+
+def paced_python(folder: Path) -> Path:
+    """An interpreter for the chat servers: this Python with a sitecustomize that sleeps PACE_S after each token the
+    PyTorch backend makes (nothing else changes: the same server, model, tokens and Stop)."""
+    site = folder / "paced-site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import time\n"
+        "from ortlab.serve import engine\n"
+        "_stream = engine.TorchBackend.stream\n"
+        "def stream(self, ids, settings, stop):\n"
+        "    for token in _stream(self, ids, settings, stop):\n"
+        f"        time.sleep({PACE_S})\n"
+        "        yield token\n"
+        "engine.TorchBackend.stream = stream\n"
+    )
+    wrapper = folder / "paced-python"
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={site}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper
+
+
 @pytest.fixture
 def jupyter_lab(tmp_path, chat_lora_run):
     if not Path(CHROMIUM).exists():
@@ -29,7 +59,7 @@ def jupyter_lab(tmp_path, chat_lora_run):
     nb = nbformat.v4.new_notebook()
     nb.cells = [
         nbformat.v4.new_code_cell(
-            f"import ortlab\npg = ortlab.attach({str(chat_lora_run)!r}).chat()\n"
+            f"import ortlab\npg = ortlab.attach({str(chat_lora_run)!r}).chat(python={str(paced_python(tmp_path))!r})\n"
             "pg.temperature.value, pg.max_new_tokens.value = 0.0, 2048  # greedy: this tiny model never stops\npg"
         ),
         nbformat.v4.new_code_cell(f"import time\nopen({str(tmp_path / 'alive.txt')!r}, 'w').write(str(time.time()))"),
@@ -72,17 +102,27 @@ def test_two_models_answer_side_by_side_stream_stop_and_the_kernel_stays_free(ju
                 60,
                 "both replies to grow",
             )
+            # (this model opens with a hundred-odd newlines; the screenshot below waits for its first words)
+            wait_until(lambda: all(t.split(PROMPT, 1)[1].strip(" ▍\n") for t in _panes(page)), 60, "words")
             # The kernel is free: the second cell runs and finishes while both models answer.
             page.locator(".jp-Cell").nth(1).locator(".cm-content").click()
             page.keyboard.press("Shift+Enter")
             wait_until(lambda: (folder / "alive.txt").exists(), 60, "the second cell to run")
             assert all("▍" in t for t in _panes(page)), "both still answering when the other cell ran"
+            # Each pane follows its reply: the newest text is in view, the header scrolled away above it.
+            seen = page.evaluate(
+                """() => [...document.querySelectorAll('.ortlab-chat-pane')].map(p => {
+                    const box = p.getBoundingClientRect(), turns = p.querySelectorAll('.widget-html-content > div');
+                    const last = turns[turns.length - 1].getBoundingClientRect();
+                    return [last.bottom <= box.bottom + 1 && last.bottom >= box.top, p.scrollHeight > p.clientHeight];
+                })"""
+            )
+            assert seen == [[True, True], [True, True]], seen
             page.screenshot(path=str(ARTIFACTS / "chat-playground.png"), full_page=True)
             page.locator("button.ortlab-chat-stop").click()
             wait_until(lambda: all("▍" not in t for t in _panes(page)), 30, "Stop to end both replies")
-            # Stop, once more with nothing in between: asked again, stopped as soon as both stream (on a quiet
-            # machine this tiny model can write its 2048 tokens before the first Stop above gets there).
-            page.get_by_role("button", name="New chat").click()  # (a 2048-token first reply leaves no room)
+            # Stop, once more with nothing in between: asked again, stopped as soon as both stream.
+            page.get_by_role("button", name="New chat").click()
             page.locator(".ortlab-chat-prompt textarea").fill(PROMPT)
             page.locator("button.ortlab-chat-send").click()
             wait_until(lambda: all("▍" in t for t in _panes(page)), 60, "both replies again")
@@ -90,12 +130,8 @@ def test_two_models_answer_side_by_side_stream_stop_and_the_kernel_stays_free(ju
             wait_until(lambda: all("▍" not in t for t in _panes(page)), 30, "Stop to end both replies")
             records = wait_until(lambda: list((run / "chats").glob("*.jsonl")), 10, "the saved chats")
             lines = [json.loads(x) for f in records for x in f.read_text().splitlines()]
-            assert len(lines) == 4, lines  # two exchanges, each model's reply a line
-            latest = max(records, key=lambda f: f.stat().st_mtime).read_text().splitlines()
-            # Stopped, or (a quiet machine) done at its 2048 tokens before the click arrived: the page's Stop reaches
-            # the kernel either way (no cursor left); that Stop cancels a reply is held in tests/test_playground.py.
-            ended = {(r["prompt"], r["finish_reason"]) for r in map(json.loads, latest[-2:])}
-            assert ended <= {(PROMPT, "cancelled"), (PROMPT, "length")}, ended
+            # two exchanges, each model's reply a line, each ended by the page's Stop
+            assert [(r["prompt"], r["finish_reason"]) for r in lines] == [(PROMPT, "cancelled")] * 4, lines
             assert_no_page_errors(errors)
         except Exception:
             page.screenshot(path=str(ARTIFACTS / "chat-playground-failure.png"), full_page=True)

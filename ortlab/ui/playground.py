@@ -45,7 +45,10 @@ class Side:
         self.cancelled = threading.Event()
         self.thread: threading.Thread | None = None
         self.answering = False
+        # Scrolls past 480 px; column-reverse keeps the view on the newest text while a reply streams (the browser
+        # anchors such a box at its end), as a chat window does, and leaves it where it is once scrolled up to read.
         box = {"width": "50%", "max_height": "480px", "overflow": "auto", "border": "1px solid #ddd", "padding": "4px"}
+        box |= {"display": "flex", "flex_flow": "column-reverse"}
         self.pane = widgets.HTML(layout=widgets.Layout(**box))
         self.pane.add_class("ortlab-chat-pane")
 
