@@ -72,6 +72,24 @@ def install(out: Path) -> None:
     print(f"   changed: {changed or 'nothing'}; added {len(added)} packages", flush=True)
 
 
+# Do torch.compile's fp32 matmuls run in TF32 where eager ones do not? Against float64, an fp32 matmul's relative
+# error is ~1e-6 and a TF32 one's ~1e-3. (bench_gpu's first H200 run measured the compiled fp32 row at 3x the eager
+# one, 253 % of the fp32 peak: not possible in IEEE fp32.)
+TF32_PROBE = """
+import json, torch
+from ortlab.accel.precision import tf32_state
+torch.manual_seed(0)
+lin = torch.nn.Linear(4096, 4096, device="cuda")
+x = torch.randn(512, 4096, device="cuda")
+ref = x.double() @ lin.weight.double().T + lin.bias.double()
+def err(y):
+    return ((y.double() - ref).abs().max() / ref.abs().max()).item()
+with torch.no_grad():
+    eager, compiled = lin(x), torch.compile(lin)(x)
+print(json.dumps({"eager_error": err(eager), "compiled_error": err(compiled), "state": tf32_state()}))
+"""
+
+
 def chat_spec(name: str, folder: Path, **extra: dict) -> dict:
     spec = {
         "name": name,
@@ -154,9 +172,10 @@ def main() -> None:
     p.add_argument("--out", default="/tmp/gpu-session")
     p.add_argument("--pack", help="here: write what the runs need into this folder, and stop")
     p.add_argument("--from", dest="source", default=".gpucheck", help="the packed folder, there")
-    p.add_argument("--skip", default="", help="parts to leave out: install,tests,bench,doctor,runs")
+    p.add_argument("--skip", default="", help="parts to leave out: install,tests,probe,bench,doctor,runs")
     p.add_argument("--bench-args", default="--rounds 6", help="bench_gpu.py's arguments")
     p.add_argument("--bench-timeout", type=float, default=330.0)
+    p.add_argument("--doctor-timeout", type=float, default=150.0)
     p.add_argument("--runs-timeout", type=float, default=180.0, help="seconds for all the runs together")
     opts = p.parse_args()
     if opts.pack:
@@ -173,11 +192,13 @@ def main() -> None:
         tests = ["tests/test_gpu_defaults.py", "tests/test_cuda_path.py", "-k", "gpu_defaults or cuda_metrics"]
         pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests]
         step("CUDA tests", pytest, 180, out / "tests.txt")
+    if "probe" not in skip:
+        step("TF32 under torch.compile", [sys.executable, "-c", TF32_PROBE], 120, out / "tf32-probe.txt")
     if "bench" not in skip:
         bench = [sys.executable, "benchmarks/bench_gpu.py", "--output", str(out / "gpu.json"), *opts.bench_args.split()]
         step("bench_gpu", bench, opts.bench_timeout, out / "bench.log")
     if "doctor" not in skip:
-        step("doctor", [CLI, "doctor", "--json", "--refresh"], 150, out / "doctor.json")
+        step("doctor", [CLI, "doctor", "--json", "--refresh"], opts.doctor_timeout, out / "doctor.json")
     if "runs" not in skip:
         runs(out, ROOT / opts.source, opts.runs_timeout)
 

@@ -6,8 +6,8 @@ need the index. So the bundle holds what such an environment lacks and nothing e
 
 1. the ortlab wheel (built from this source tree, or downloaded when ortlab was installed from a wheel);
 2. the resolution of `ortlab[ui]` together with the packages the environment provides (`uv pip compile` for the
-   target Python, constrained by ortlab's lock where there is one), minus the provided packages and everything
-   they pull in themselves (followed through the resolver's "via" annotations), since the environment has those;
+   target Python, constrained by ortlab's lock where there is one), keeping what ortlab's side needs (followed
+   through the resolver's "via" annotations) and leaving out the provided packages and what only they need;
 3. binary wheels only, for the target interpreter (`pip download --only-binary :all: --python-version X`), so
    the machine that installs needs no compiler; and `manifest.json` with each file's size and sha256.
 
@@ -132,10 +132,14 @@ def _resolve(
 
 
 def _beyond(compiled: str, provided: tuple[str, ...]) -> list[str]:
-    """From `uv pip compile --annotation-style line` output: the pins not reachable from `provided`.
+    """From `uv pip compile --annotation-style line` output: the pins ortlab's side needs, i.e. every package
+    reachable from ortlab through packages the environment does not provide.
 
-    A line reads `name==version  # via a, b` (who requires it). A package is the environment's when a provided
-    package, or a package that one pulls in, requires it; what only ortlab's side needs goes into the bundle.
+    A line reads `name==version  # via a, b` (who requires it). A package that a provided package needs too still
+    goes in when ortlab's side needs it: the environment's own versions of the provided packages need not pull it
+    in (a GPU image's transformers 5.17 came with typer but no pydantic, which ortlab needs), and pip installs a
+    bundled package only where the environment lacks it or has a version ortlab cannot use. What only the provided
+    packages need (torch's sympy, transformers' tokenizers) stays out: the environment has those.
     """
     pins: dict[str, str] = {}
     needed_by: dict[str, set[str]] = {}
@@ -148,14 +152,14 @@ def _beyond(compiled: str, provided: tuple[str, ...]) -> list[str]:
         pins[name] = spec
         parents = via.strip().removeprefix("via").split(",") if via.strip().startswith("via") else []
         needed_by[name] = {_norm(p.strip()) for p in parents if p.strip() and not p.strip().startswith("-r")}
-    have = {_norm(p) for p in provided}
+    skip = {_norm(p) for p in provided}
+    ours = {"ortlab"}
     grew = True
     while grew:
-        more = {n for n, parents in needed_by.items() if n not in have and parents & have}
-        # A package is the environment's only if some provided package (transitively) requires it.
+        more = {n for n, parents in needed_by.items() if n not in ours and n not in skip and parents & ours}
         grew = bool(more)
-        have |= more
-    return [spec for name, spec in pins.items() if name not in have and name != "ortlab"]
+        ours |= more
+    return [spec for name, spec in pins.items() if name in ours and name != "ortlab"]
 
 
 def _download(pins: list[str], out: Path, target: str) -> None:

@@ -26,6 +26,7 @@ import hashlib
 import json
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,19 @@ class MeasuredPeak:
         return peak
 
 
+def _set_tf32(torch: Any, on: bool) -> Callable[[], None]:
+    """Turn TF32 matmuls on or off for a measurement; returns what puts the setting back. torch >= 2.9's
+    `fp32_precision` where it exists: after it was set, touching the legacy `allow_tf32` raises (torch 2.11)."""
+    matmul = torch.backends.cuda.matmul
+    if isinstance(getattr(matmul, "fp32_precision", None), str):
+        before = matmul.fp32_precision
+        matmul.fp32_precision = "tf32" if on else "ieee"
+        return lambda: setattr(matmul, "fp32_precision", before)
+    before = matmul.allow_tf32
+    matmul.allow_tf32 = on
+    return lambda: setattr(matmul, "allow_tf32", before)
+
+
 def _dtype(precision: str) -> Any:
     import torch
 
@@ -128,8 +142,7 @@ def measure(precision: str, device_type: str = "cpu", index: int = 0, budget_s: 
     started = time.perf_counter()
     device = torch.device(device_type, index) if device_type == "cuda" else torch.device("cpu")
     sync = torch.cuda.synchronize if device_type == "cuda" else (lambda *_: None)
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    restore_tf32 = _set_tf32(torch, precision == "tf32")
     # A generator of its own: a run measures its peak after the trainer seeded the global random state, and drawing
     # from that would change the run's dropout masks and data order (the same run, another result).
     generator = torch.Generator(device=device).manual_seed(0)
@@ -184,7 +197,7 @@ def measure(precision: str, device_type: str = "cpu", index: int = 0, budget_s: 
                 if time.perf_counter() - started >= budget_s:
                     break
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
+        restore_tf32()
     return MeasuredPeak(
         device=_device_name(device_type, index),
         precision=precision,

@@ -274,6 +274,37 @@ def test_compile_pads_lengths_and_does_not_recompile_every_step(tiny_bert, tmp_p
     assert record["details"]["compiles_after_first_step"] <= 1, record
 
 
+def test_tf32_is_read_through_the_new_settings_once_they_were_set():
+    """torch >= 2.9: after `fp32_precision` was set (transformers' tf32=True does), reading the legacy `allow_tf32`
+    raises; the state is read all the same, and says TF32. Seen on an H200 (torch 2.11), where the tf32 and best
+    rows of bench_gpu failed on it; it happens on a CPU build too, so it runs here, in the compile runtime's torch."""
+    import os
+    import subprocess
+
+    from conftest import ROOT
+
+    from ortlab import runtimes
+
+    python = runtimes.python_for("compile") or runtimes.create("compile")
+    code = (
+        "import json, torch\n"
+        "from ortlab.accel.precision import tf32_on, tf32_state\n"
+        "from ortlab.peak import _set_tf32\n"
+        "torch.backends.cuda.matmul.fp32_precision = 'tf32'\n"
+        "on = tf32_state()\n"
+        "restore = _set_tf32(torch, False)\n"
+        "off = tf32_state()\n"
+        "restore()\n"
+        "print(json.dumps([tf32_on(on), tf32_on(off), tf32_on(tf32_state()), on]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    on, off, restored, state = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (on, off, restored) == (True, False, True), state
+    assert state["cuda_matmul_fp32_precision"] == "tf32" and state["cuda_matmul_allow_tf32"] is None, state
+
+
 # --- the doctor on CUDA: its rows from a probe record ---------------------------------------------------------------
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cuda"

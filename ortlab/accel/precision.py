@@ -147,27 +147,42 @@ def cuda_precision_default() -> str | None:
 
 
 def tf32_state() -> dict[str, object]:
-    """What torch will really do with fp32 matmuls now (observed, not configured). torch >= 2.9 also has the
-    `fp32_precision` settings ("tf32" / "ieee"), which the older flags mirror; both are read where they exist."""
+    """What torch will really do with fp32 matmuls now (observed, not configured).
+
+    torch >= 2.9 has the `fp32_precision` settings ("tf32" / "ieee", "none": as the level above says). Once anything
+    in the process set one (transformers' `tf32=True` does), reading a legacy flag (`allow_tf32`) raises
+    (torch 2.11 on an H200: "you have used mix of the legacy and new APIs"), so the new settings are read first and
+    a legacy flag that refuses to be read is recorded as None."""
     import torch
 
-    state: dict[str, object] = {
-        "cuda_matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
-        "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
-    }
-    newer = getattr(torch.backends.cuda.matmul, "fp32_precision", None)
+    state: dict[str, object] = {}
+    matmul = torch.backends.cuda.matmul
+    newer = getattr(matmul, "fp32_precision", None)
     if isinstance(newer, str):
         state["cuda_matmul_fp32_precision"] = newer
+        state["fp32_precision"] = getattr(torch.backends, "fp32_precision", None)
+    legacy = {
+        "cuda_matmul_allow_tf32": lambda: bool(matmul.allow_tf32),
+        "cudnn_allow_tf32": lambda: bool(torch.backends.cudnn.allow_tf32),
+        "float32_matmul_precision": torch.get_float32_matmul_precision,
+    }
+    for key, read in legacy.items():
+        try:
+            state[key] = read()
+        except RuntimeError:  # the mixed-API refusal: the new settings above say it
+            state[key] = None
     return state
 
 
 def tf32_on(state: dict[str, object]) -> bool:
     """Do fp32 matmuls run in TF32, by the state `tf32_state()` observed?"""
+    newer = state.get("cuda_matmul_fp32_precision")
+    if newer == "none":  # as the global setting says
+        newer = state.get("fp32_precision")
     return (
-        bool(state["cuda_matmul_allow_tf32"])
-        or state["float32_matmul_precision"] != "highest"
-        or state.get("cuda_matmul_fp32_precision") == "tf32"
+        newer == "tf32"
+        or bool(state.get("cuda_matmul_allow_tf32"))
+        or state.get("float32_matmul_precision") not in ("highest", None)
     )
 
 
