@@ -408,6 +408,59 @@ def test_a_budget_chooses_what_to_change_and_says_why(tiny_llama, cache):
         fit_budget(spec, memory_gb=0.1, device="cpu")
 
 
+def test_the_budget_clock_ends_training_once_and_only_before_the_last_step():
+    from types import SimpleNamespace
+
+    from ortlab.lifecycle.budgetclock import SAVE_RESERVE_S, BudgetClock, reserve_s
+
+    now, said = [0.0], []
+    clock = BudgetClock(10.0, said.append, clock=lambda: now[0])
+    control = SimpleNamespace(should_training_stop=False)
+    state = SimpleNamespace(global_step=3, max_steps=100)
+    clock.on_step_end(None, state, control)
+    assert not control.should_training_stop and clock.ended_at_step is None
+    now[0], state.global_step = 10.5, 4
+    clock.on_step_end(None, state, control)
+    assert control.should_training_stop and clock.ended_at_step == 4 and "step 4 of 100" in said[0]
+    state.global_step = 5
+    clock.on_step_end(None, state, control)
+    assert clock.ended_at_step == 4 and len(said) == 1  # once
+    late = BudgetClock(0.0, said.append, clock=lambda: 99.0)
+    control = SimpleNamespace(should_training_stop=False)
+    late.on_step_end(None, SimpleNamespace(global_step=100, max_steps=100), control)
+    assert late.ended_at_step is None  # the last step ends the run anyway: not "ended early"
+    assert reserve_s(4.0, 2) == pytest.approx(1.25 * 4.0 + SAVE_RESERVE_S) and reserve_s(None, 2) == 12.0
+
+
+def test_a_budget_is_fitted_at_launch_and_the_run_ends_in_time(tiny_bert, tmp_path, cache, monkeypatch):
+    """`budget.minutes` through launch: the fitted spec (max_steps, and what changed in budget.fitted) is the run
+    folder's; a budget that holds no step is refused before any folder exists; and should the run go slower than
+    predicted, it ends training in time and still completes (here the reserve for the final evaluation is made to
+    cover the whole budget, so the clock ends training at its first step)."""
+    from ortlab.estimator.budget import fit_budget
+    from ortlab.lifecycle import budgetclock
+    from ortlab.runner import RunError, train_spec
+
+    base = {**bert_spec(tiny_bert).model_dump(mode="json"), "output_dir": str(tmp_path / "runs")}
+    base["hyper"] = {**base["hyper"], "max_steps": None, "epochs": 50.0}  # 400 steps asked
+    with pytest.raises(RunError, match="closest budget is"):
+        train_spec(RunSpec.parse({**base, "budget": {"minutes": 0.001}}), progress=False, log=lambda line: None)
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+    est = estimate(RunSpec.parse(base), device="cpu")
+    minutes = (est.total.value - est.steps * est.step.value + 6 * est.step.value) / 60  # six steps' worth
+    assert fit_budget(RunSpec.parse(base), minutes=minutes, device="cpu").spec.hyper.max_steps == 6
+    monkeypatch.setattr(budgetclock, "reserve_s", lambda eval_s, minutes: minutes * 60)
+    said: list[str] = []
+    result = train_spec(RunSpec.parse({**base, "budget": {"minutes": minutes}}), progress=False, log=said.append)
+    stored = RunSpec.from_run(result["run_dir"])
+    assert stored.hyper.max_steps == 6 and stored.budget.fitted[0].startswith("max_steps 6:"), stored.budget
+    assert f"fitted to the budget: {stored.budget.fitted[0]}" in said
+    assert result["budget"]["ended_early_at_step"] == 1 and result["summary"]["steps"] == 1
+    assert result["eval_after"] and (Path(result["run_dir"]) / "model").is_dir()  # evaluated and saved all the same
+    assert any("the budget's time is up at step 1 of 6" in line for line in said)
+
+
 def test_the_benchmark_never_calibrates_a_row_with_its_own_measurement(load_benchmark, tmp_path, cache, monkeypatch):
     """bench_estimate's leave-one-out, from kept measurements (nothing trains): a row's `loo` prediction moves with
     the other rows' measurements and never with its own."""

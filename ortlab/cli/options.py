@@ -94,6 +94,8 @@ SPEC_OPTIONS: dict[str, SpecOption] = {
     ),
     "adapter_rank": SpecOption(("adapter", "rank"), how="with --lora"),
     "report_to": SpecOption(("report_to",), ("--report-to",), _names, how="repeat it, or give a comma list"),
+    "budget_minutes": SpecOption(("budget", "minutes")),
+    "budget_memory_gb": SpecOption(("budget", "memory_gb")),
     "output_dir": SpecOption(("output_dir",)),
     "name": SpecOption(("name",)),
     "seed": SpecOption(("seed",)),

@@ -54,6 +54,8 @@ def train(
     lora: Annotated[bool | None, spec_option("lora")] = None,
     adapter_rank: Annotated[int | None, spec_option("adapter_rank")] = None,
     report_to: Annotated[list[str] | None, spec_option("report_to")] = None,
+    budget_minutes: Annotated[float | None, spec_option("budget_minutes")] = None,
+    budget_memory_gb: Annotated[float | None, spec_option("budget_memory_gb")] = None,
     output_dir: Annotated[str | None, spec_option("output_dir")] = None,
     name: Annotated[str | None, spec_option("name")] = None,
     seed: Annotated[int | None, spec_option("seed")] = None,

@@ -128,8 +128,11 @@ def _execute(
             )
         predicted = before_run(spec) if rank == 0 else None  # from the spec alone, before the model loads
         model_path, prepared = checked or check_model_and_data(spec, watch.log)
+        minutes = spec.budget.minutes
+        deadline = started + 60 * minutes if minutes else None  # the same clock as the result's wall_time_s
         with offline(spec.report_to, run.path):
-            result = _train(spec, run, model_path, prepared, resume, stop, watch)
+            result = _train(spec, run, model_path, prepared, resume, stop, watch, deadline)
+        ended = result.pop("_ended", None)
     except BaseException as e:
         if rank == 0:
             run.set_status(
@@ -146,6 +149,8 @@ def _execute(
             result["wall_time_s"] = time.monotonic() - started
             world = int(os.environ.get("WORLD_SIZE", "1"))
             result["estimate"] = after_run(predicted, spec, result, world)  # predicted against measured
+            if spec.budget.minutes or spec.budget.memory_gb:
+                result["budget"] = {**spec.budget.model_dump(mode="json"), "ended_early_at_step": ended}
             safeio.write_json(run.path, run.result_path.name, result)
             run.set_status("completed", step=result["summary"]["steps"])
     return result
@@ -156,10 +161,20 @@ def _is_main_thread() -> bool:
 
 
 def _train(
-    spec: RunSpec, run: RunDir, model_path: str, prepared: Any, resume: bool, stop: StopRequested, watch: Watchers
+    spec: RunSpec,
+    run: RunDir,
+    model_path: str,
+    prepared: Any,
+    resume: bool,
+    stop: StopRequested,
+    watch: Watchers,
+    deadline: float | None = None,
 ) -> dict[str, Any]:
-    """Assemble, decide the mix, then evaluate, train, and stop or finish."""
+    """Assemble, decide the mix, then evaluate, train, and stop or finish. `deadline`: when `budget.minutes` are up
+    (time.monotonic seconds), which training ends in time for."""
     log = watch.log
+    for line in spec.budget.fitted:
+        log(f"fitted to the budget: {line}")
     loaded = load_model_and_data(spec, model_path, prepared, log)
     # A resumed run keeps the mix it started with; a new one decides what 'auto' means here (maybe measuring).
     choice = _stored_choice(run) if resume else _auto_mix(loaded, run, model_path, log)
@@ -176,16 +191,25 @@ def _train(
             "data: no eval conversation keeps an assistant token within hyper.max_length (every answer is cut off), "
             "so there is nothing to evaluate on; raise hyper.max_length or shorten the prompts"
         )
+    eval_s = None
     if checkpoint is None:
         trainer.eval_phase = "before"  # the metrics callback writes the eval record, tagged with its phase
         log(f"evaluating on {len(loaded.eval_ds)} rows before training ...")
+        eval_started = time.monotonic()
         before = score(trainer.evaluate(metric_key_prefix="eval"))
+        eval_s = time.monotonic() - eval_started
         log("before training: " + _headline(before))
     else:
         before = summary_of(run.path).eval_before or {}
         emit({"event": events.RESUME, "step": checkpoint_step(checkpoint.name), "checkpoint": str(checkpoint)})
         log(f"resuming from {checkpoint}")
     trainer.eval_phase = None
+    clock = None
+    if deadline is not None and spec.budget.minutes:
+        from ortlab.lifecycle.budgetclock import BudgetClock, reserve_s
+
+        clock = BudgetClock(deadline - reserve_s(eval_s, spec.budget.minutes), log)
+        trainer.add_callback(clock.callback())
     stop.training = True  # from here a SIGTERM stops at the end of a step, keeping a checkpoint
     try:
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
@@ -202,7 +226,7 @@ def _train(
         trainer.metrics_sink.close()
         log(f"stopped at step {trainer.state.global_step}; checkpoint {last}")
         return {"stopped": True, "step": trainer.state.global_step, "checkpoint": str(last), "run_dir": str(run.path)}
-    return _finish(trainer, loaded, run, before, score, log)
+    return {**_finish(trainer, loaded, run, before, score, log), "_ended": clock and clock.ended_at_step}
 
 
 def _finish(

@@ -28,6 +28,7 @@ from ortlab.spec.sections import (
     TRACKERS,
     AccelSpec,
     AdapterSpec,
+    BudgetSpec,
     DataSpec,
     GenerationSpec,
     HyperSpec,
@@ -89,6 +90,10 @@ class RunSpec(_Strict):
     target: TargetSpec = Field(default_factory=TargetSpec)
     preference: PreferenceSpec = Field(
         default_factory=PreferenceSpec, description="Task preference: the loss (DPO, IPO, ORPO, KTO) and its settings."
+    )
+    budget: BudgetSpec = Field(
+        default_factory=BudgetSpec,
+        description="Fit the run to minutes of wall time or GB of memory (chosen at launch, from the estimate).",
     )
     report_to: list[str] = Field(
         default_factory=list,

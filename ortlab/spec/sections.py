@@ -404,6 +404,27 @@ def bounded_repr(value: Any) -> str:
     return _REPR.repr(value)
 
 
+class BudgetSpec(_Strict):
+    """A run fitted to a budget at launch (`ortlab.estimator.budget.fit_budget`): the launch changes the spec as
+    little as it can and writes what it changed into `fitted`; the run itself ends its training in time (its
+    evaluation and save after it) should it go slower than predicted."""
+
+    minutes: float | None = Field(
+        None, gt=0, description="Wall-clock minutes for the whole run: the launch chooses max_steps to fit."
+    )
+    memory_gb: float | None = Field(
+        None,
+        gt=0,
+        description="Peak memory per process in GB: the launch turns on gradient checkpointing, then halves the batch "
+        "(with gradient accumulation), then shortens max_length, until the estimate fits.",
+    )
+    fitted: list[str] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Written by the launch: what it changed to fit the budget, and why (not an input).",
+    )
+
+
 class PreferenceSpec(_Strict):
     """Task preference: the loss and its settings (`ortlab.train.preferencetrainer.PreferenceTrainingArguments`)."""
 
