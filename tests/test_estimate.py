@@ -408,6 +408,34 @@ def test_a_budget_chooses_what_to_change_and_says_why(tiny_llama, cache):
         fit_budget(spec, memory_gb=0.1, device="cpu")
 
 
+def test_auto_precision_on_a_cpu_is_what_runs_of_the_model_chose_here(tiny_bert, cache):
+    """'auto' on a CPU is the precision race's answer for the model: fp32 until a run here measured, then what the
+    runs chose; a run that trained in bf16 teaches the efficiency under the bf16 key (against the bf16 peak), while
+    its result keeps what was predicted before it."""
+    from ortlab.estimator.checked import after_run, ran_precision
+
+    spec = RunSpec.parse({**bert_spec(tiny_bert).model_dump(mode="json"), "accel": {"precision": "auto"}})
+    before = estimate(spec, device="cpu")
+    assert before.precision == "fp32" and any("until a run here measures" in n for n in before.notes)
+    bf16 = estimate(RunSpec.parse({**spec.model_dump(mode="json"), "accel": {"precision": "bf16"}}), device="cpu")
+    result = {
+        "summary": {"peak_mem_mb": bf16.peak.value, "steady_step_time_s": 2 * bf16.step.value},
+        "wall_time_s": 2 * bf16.total.value,
+        "accelerations": {"bf16": {"applied": True}, "fp16": {"applied": False}},
+    }
+    assert ran_precision(result) == "bf16" and ran_precision({"accelerations": {}}) == "fp32"
+    out = after_run(before, spec, result)
+    assert out["precision"] == {"predicted": "fp32", "ran": "bf16"}
+    assert out["step_time_s"]["predicted"] == before.step.value  # what was said before the run, unchanged
+    assert out["recorded"] and 0 < out["learned"]["efficiency"] < bf16.efficiency  # half the speed it assumed
+    again = estimate(spec, device="cpu")
+    assert again.precision == "bf16" and any("as runs of this model here measured" in n for n in again.notes)
+    assert again.model["calibration_key"].endswith("/bf16")
+    assert again.efficiency == pytest.approx(out["learned"]["efficiency"])  # the run's, not the default
+    other = RunSpec.parse({**spec.model_dump(mode="json"), "model": {"name": str(tiny_bert) + "/."}})
+    assert estimate(other, device="cpu").precision == "fp32"  # another model (by name): not measured yet
+
+
 def test_the_budget_clock_ends_training_once_and_only_before_the_last_step():
     from types import SimpleNamespace
 

@@ -82,3 +82,19 @@ def test_an_estimate_that_fails_says_why_and_leaves_launch_alone(workbench, monk
     note = _settled(workbench, workbench.estimate_note.value)
     assert note == "<small>no estimate: no config.json &lt;here&gt;</small>"
     assert not workbench.launch_button.disabled
+
+
+def test_a_budget_in_the_form_shows_what_launch_would_change(workbench):
+    from ortlab.estimator import estimate
+
+    first = _settled(workbench)
+    est = estimate(workbench.spec())
+    minutes = (est.total.value - 20 * est.step.value + 5 * est.step.value) / 60  # five of the 20 steps fit
+    workbench.budget_minutes.value = round(minutes, 4)
+    note = _settled(workbench, first)
+    assert workbench.spec().budget.minutes == pytest.approx(minutes, abs=1e-4)
+    assert "budget: max_steps" in note and "in all" in note, note
+    workbench.budget_minutes.value = 0.0001  # no step fits: the note says so, with the closest budget
+    assert "closest budget" in _settled(workbench, note)
+    workbench.budget_minutes.value = 0  # 0 is no budget
+    assert workbench.spec().budget.minutes is None

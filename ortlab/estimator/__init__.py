@@ -211,11 +211,14 @@ def available_cpu_mb() -> float | None:
     return None
 
 
-def _precision(asked: str, device: str, card: Gpu | None) -> str:
+def _precision(asked: str, device: str, card: Gpu | None, auto_bf16: float | None = None) -> str:
+    """The precision the run will train in. 'auto' on a CPU is the precision race's answer for the model, known
+    only once a run of it here measured (`auto_bf16` from the calibration); until then fp32, the race's usual
+    answer where bf16 units are missing or slow."""
     if asked != "auto":
         return asked
     if device == "cpu":
-        return "fp32"  # 'auto' on a CPU without bf16 units keeps fp32 (the probe measures; fp32 is its usual answer)
+        return "bf16" if auto_bf16 is not None and auto_bf16 >= 0.5 else "fp32"
     return "fp16" if card is not None and card.bf16_tflops is None else "bf16"
 
 
@@ -254,12 +257,18 @@ def estimate(
         m = read_model(spec.model.name)
     except (ModelFactsError, OSError, ValueError) as e:
         raise EstimateError(f"cannot estimate {spec.model.name!r}: {e}") from None
-    precision = _precision(spec.accel.precision, kind, card)
+    entries = calibrated if isinstance(calibrated, dict) else calibration.load() if calibrated else {}
+    auto_bf16 = calibration.value(entries, calibration.auto_key(spec.model.name), "auto_bf16")
+    precision = _precision(spec.accel.precision, kind, card, auto_bf16 if kind == "cpu" else None)
     hyper = spec.hyper
     max_length = min(hyper.max_length, m.positions) if m.positions else hyper.max_length
     lengths = sample_lengths(spec, model_folder(spec.model.name), hyper.batch_size, max_length)
     notes = [f"lengths: {lengths.basis}"]
-    entries = calibrated if isinstance(calibrated, dict) else calibration.load() if calibrated else {}
+    if spec.accel.precision == "auto" and kind == "cpu":
+        notes.append(
+            f"precision 'auto': {precision}, "
+            + ("as runs of this model here measured" if auto_bf16 is not None else "until a run here measures")
+        )
     ckey = calibration.key("cpu" if card is None else card.name, m.family, precision)
 
     lora = spec.adapter.kind == "lora"

@@ -2,8 +2,9 @@
 
 After a run, the estimate made before it is compared with what it measured (`record`): the memory left over once
 the model's terms are taken off (`runtime_mb`: Python, torch and the data on CPU), and the matmul efficiency its
-steady steps reached against the measured peak (`efficiency`). The estimator then uses the median of the last
-KEEP values for the same key (device, model family, precision) in place of its defaults.
+steady steps reached against the measured peak (`efficiency`); and on a CPU which precision 'auto' chose for the
+model (`auto_bf16`, under `auto_key`). The estimator then uses the median of the last KEEP values for the same key
+(device, model family, precision; or the model, for 'auto') in place of its defaults.
 
 Why so guarded: the file is written by runs and read by every estimate, so a wrong value would mislead every
 later run. It lives under `ortlab.envvars.cache_dir()/estimate/` (never in a run folder: a run folder may come from
@@ -36,6 +37,7 @@ RANGES = {
     "efficiency": (0.005, 1.5),
     "act_scale": (0.2, 5.0),
     "startup_s": (0.5, 3600.0),
+    "auto_bf16": (0.0, 1.0),  # 1: precision 'auto' trained this model in bf16 here (the race chose it), 0: fp32
 }
 
 
@@ -47,6 +49,12 @@ def machine() -> str:
 
 def key(device: str, family: str, precision: str) -> str:
     return f"{device}/{family}/{precision}"
+
+
+def auto_key(model_name: str) -> str:
+    """The key of what precision 'auto' chose for a model on this machine's CPU (the race is per model: it chose bf16
+    for MiniLM here and fp32 for smaller models, where bf16's casts outweigh its faster matmuls)."""
+    return f"cpu/auto/{hashlib.sha256(model_name.encode()).hexdigest()[:16]}"
 
 
 def _folder():

@@ -38,9 +38,33 @@ def after_run(est: Estimate | None, spec: Any, result: dict[str, Any], world_siz
             est = estimate(spec, device="cpu")
         except Exception:
             return None
-    out = est.compared(peak, step, wall)
+    out = est.compared(peak, step, wall)  # what was predicted before the run, as it was
+    teaches = world_size == 1 and bool(step) and os.environ.get(RECORD_ENV, "1") != "0"
+    ran = ran_precision(result)
+    if ran is not None and ran != est.precision:
+        # 'auto' chose otherwise than the estimate assumed: learn against the precision the run trained in, so the
+        # efficiency goes under its own key (against the bf16 peak, not fp32's)
+        out["precision"] = {"predicted": est.precision, "ran": ran}
+        try:
+            as_ran = spec.model_copy(update={"accel": spec.accel.model_copy(update={"precision": ran})})
+            est = estimate(as_ran, est.device)
+        except Exception:
+            return {**out, "learned": {}, "recorded": False}
     learned = est.learned(peak, step, wall)
     out["learned"] = learned
-    teaches = world_size == 1 and bool(step) and os.environ.get(RECORD_ENV, "1") != "0"
     out["recorded"] = bool(teaches and calibration.record(est.model["calibration_key"], learned))
+    if teaches and spec.accel.precision == "auto" and est.device == "cpu" and ran in ("fp32", "bf16"):
+        calibration.record(calibration.auto_key(spec.model.name), {"auto_bf16": float(ran == "bf16")})
     return out
+
+
+def ran_precision(result: dict[str, Any]) -> str | None:
+    """The precision a run's matmuls trained in, by what it reports applied (bf16, fp16, else fp32)."""
+    applied = result.get("accelerations")
+    if not isinstance(applied, dict):
+        return None
+    for name in ("bf16", "fp16"):
+        record = applied.get(name)
+        if isinstance(record, dict) and record.get("applied") is True:
+            return name
+    return "fp32"

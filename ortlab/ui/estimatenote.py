@@ -29,8 +29,24 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def estimate_html(est: Any) -> str:
-    """One line for the form: peak memory (of what is available), step time and whole run, each with its range."""
+def estimate_of(spec: Any) -> tuple[Any, list[str]]:
+    """The estimate Launch would start from: of the spec fitted to its budget when it has one (`budget.minutes`,
+    `budget.memory_gb`), with what the fit would change; else of the spec as it is. A budget that cannot be met
+    raises its error (the note says it)."""
+    from ortlab.estimator import estimate
+
+    budget = spec.budget
+    if budget.minutes is None and budget.memory_gb is None:
+        return estimate(spec), []
+    from ortlab.estimator.budget import fit_budget
+
+    fitted = fit_budget(spec, minutes=budget.minutes, memory_gb=budget.memory_gb)
+    return fitted.estimate, fitted.choices or ["fits the budget as it is"]
+
+
+def estimate_html(est: Any, fitted: list[str] | None = None) -> str:
+    """One line for the form: peak memory (of what is available), step time and whole run, each with its range;
+    with a budget, what Launch would change to fit it."""
     peak = est.peak
     memory = f"peak memory ≈ {_mib(peak.value)} ({_mib(peak.low)}–{_mib(peak.high)})"
     if est.available_mb is not None:
@@ -38,6 +54,8 @@ def estimate_html(est: Any) -> str:
     parts = [memory, f"≈ {est.step.value:.2g} s/step"]
     if est.total is not None:
         parts.append(f"≈ {_duration(est.total.value)} in all ({_duration(est.total.low)}–{_duration(est.total.high)})")
+    if fitted:
+        parts.append("budget: " + "; ".join(fitted))
     line = html.escape(" · ".join(parts))
     if est.fits is False:
         biggest = est.biggest
@@ -59,8 +77,6 @@ class EstimateNote:
 
     def refresh_estimate(self, spec: Any) -> threading.Timer:
         """Estimate `spec` (a RunSpec) in the background, DEBOUNCE_S after the last call; the note shows it."""
-        from ortlab.estimator import estimate
-
         self._estimate_asked += 1
         asked = self._estimate_asked
         if self._estimate_timer is not None:
@@ -68,7 +84,7 @@ class EstimateNote:
 
         def work() -> None:
             try:
-                text = estimate_html(estimate(spec))
+                text = estimate_html(*estimate_of(spec))
             except Exception as e:  # an estimate never stands in Launch's way: it says why it has none
                 why = str(e).splitlines()[0] if str(e) else type(e).__name__
                 text = f"<small>no estimate: {html.escape(why)}</small>"

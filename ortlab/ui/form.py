@@ -116,6 +116,8 @@ class SpecForm:
         self.batch_size = self._field(widgets.IntText, "hyper.batch_size", description="batch size")
         self.max_length = self._field(widgets.IntText, "hyper.max_length", description="max length")
         self.max_train_samples = self._field(widgets.IntText, "data.max_train_samples", description="train rows")
+        self.budget_minutes = self._field(widgets.FloatText, "budget.minutes", description="budget, min")
+        self.budget_memory_gb = self._field(widgets.FloatText, "budget.memory_gb", description="budget, GB")
         # what trains (every weight, or a LoRA adapter) and where the metrics also go
         self.lora = widgets.Checkbox(
             value=start.adapter.kind == "lora",

@@ -52,6 +52,7 @@ class Workbench(SpecForm, MixPanel, RunsPanel, EstimateNote, widgets.VBox):
                 widgets.HTML("<b>training</b>"),
                 widgets.HBox([self.learning_rate, self.epochs, self.max_steps]),
                 widgets.HBox([self.batch_size, self.max_length, self.max_train_samples]),
+                widgets.HBox([self.budget_minutes, self.budget_memory_gb]),
                 widgets.HBox([self.lora, self.adapter_rank, self.report_to]),
                 widgets.HBox([self.processes, self.where, self.python, self.cluster, self.name]),
                 widgets.HBox([self.storage, self.max_failures]),
