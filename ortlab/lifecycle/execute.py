@@ -205,7 +205,9 @@ def _train(
         log(f"resuming from {checkpoint}")
     trainer.eval_phase = None
     clock = None
-    if deadline is not None and spec.budget.minutes:
+    # One process only: in a run of several, each rank's clock could end training at another step (a collective
+    # would then wait forever); there the fitted max_steps alone holds the budget.
+    if deadline is not None and spec.budget.minutes and int(os.environ.get("WORLD_SIZE", "1")) == 1:
         from ortlab.lifecycle.budgetclock import BudgetClock, reserve_s
 
         clock = BudgetClock(deadline - reserve_s(eval_s, spec.budget.minutes), log)

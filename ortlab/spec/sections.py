@@ -424,6 +424,14 @@ class BudgetSpec(_Strict):
         description="Written by the launch: what it changed to fit the budget, and why (not an input).",
     )
 
+    @field_validator("fitted")
+    @classmethod
+    def _short_lines(cls, lines: list[str]) -> list[str]:
+        # printed as the run starts (control characters are refused for every text field, by _Strict)
+        if any(len(line) > 300 for line in lines):
+            raise ValueError("budget.fitted: lines of at most 300 characters (ortlab writes them)")
+        return lines
+
 
 class PreferenceSpec(_Strict):
     """Task preference: the loss and its settings (`ortlab.train.preferencetrainer.PreferenceTrainingArguments`)."""
