@@ -422,6 +422,7 @@ def test_auto_precision_on_a_cpu_is_what_runs_of_the_model_chose_here(tiny_bert,
         "summary": {"peak_mem_mb": bf16.peak.value, "steady_step_time_s": 2 * bf16.step.value},
         "wall_time_s": 2 * bf16.total.value,
         "accelerations": {"bf16": {"applied": True}, "fp16": {"applied": False}},
+        "eval_before": {"eval_runtime": 1.5, "eval_loss": 0.7},  # one evaluation took 1.5 s
     }
     assert ran_precision(result) == "bf16" and ran_precision({"accelerations": {}}) == "fp32"
     out = after_run(before, spec, result)
@@ -432,6 +433,8 @@ def test_auto_precision_on_a_cpu_is_what_runs_of_the_model_chose_here(tiny_bert,
     assert again.precision == "bf16" and any("as runs of this model here measured" in n for n in again.notes)
     assert again.model["calibration_key"].endswith("/bf16")
     assert again.efficiency == pytest.approx(out["learned"]["efficiency"])  # the run's, not the default
+    evaluation = next(t for t in again.total_parts if t.name == "evaluation")
+    assert evaluation.value == pytest.approx(2 * 1.5)  # the two evaluations, as long as the measured one
     other = RunSpec.parse({**spec.model_dump(mode="json"), "model": {"name": str(tiny_bert) + "/."}})
     assert estimate(other, device="cpu").precision == "fp32"  # another model (by name): not measured yet
 
@@ -439,7 +442,7 @@ def test_auto_precision_on_a_cpu_is_what_runs_of_the_model_chose_here(tiny_bert,
 def test_the_budget_clock_ends_training_once_and_only_before_the_last_step():
     from types import SimpleNamespace
 
-    from ortlab.lifecycle.budgetclock import SAVE_RESERVE_S, BudgetClock, reserve_s
+    from ortlab.lifecycle.budgetclock import SAVE_BASE_S, SAVE_BYTES_PER_S, BudgetClock, reserve_s
 
     now, said = [0.0], []
     clock = BudgetClock(10.0, said.append, clock=lambda: now[0])
@@ -457,7 +460,8 @@ def test_the_budget_clock_ends_training_once_and_only_before_the_last_step():
     control = SimpleNamespace(should_training_stop=False)
     late.on_step_end(None, SimpleNamespace(global_step=100, max_steps=100), control)
     assert late.ended_at_step is None  # the last step ends the run anyway: not "ended early"
-    assert reserve_s(4.0, 2) == pytest.approx(1.25 * 4.0 + SAVE_RESERVE_S) and reserve_s(None, 2) == 12.0
+    assert reserve_s(4.0, 2, 6e8) == pytest.approx(1.1 * 4.0 + SAVE_BASE_S + 6e8 / SAVE_BYTES_PER_S)
+    assert reserve_s(None, 2) == 12.0
 
 
 def test_a_budget_is_fitted_at_launch_and_the_run_ends_in_time(tiny_bert, tmp_path, cache, monkeypatch):
@@ -478,7 +482,7 @@ def test_a_budget_is_fitted_at_launch_and_the_run_ends_in_time(tiny_bert, tmp_pa
     est = estimate(RunSpec.parse(base), device="cpu")
     minutes = (est.total.value - est.steps * est.step.value + 6 * est.step.value) / 60  # six steps' worth
     assert fit_budget(RunSpec.parse(base), minutes=minutes, device="cpu").spec.hyper.max_steps == 6
-    monkeypatch.setattr(budgetclock, "reserve_s", lambda eval_s, minutes: minutes * 60)
+    monkeypatch.setattr(budgetclock, "reserve_s", lambda eval_s, minutes, save_bytes: minutes * 60)
     said: list[str] = []
     result = train_spec(RunSpec.parse({**base, "budget": {"minutes": minutes}}), progress=False, log=said.append)
     stored = RunSpec.from_run(result["run_dir"])

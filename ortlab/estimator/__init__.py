@@ -95,10 +95,13 @@ class Estimate:
     def term(self, name: str) -> Term | None:
         return next((t for t in [*self.memory, *self.step_terms] if t.name == name), None)
 
-    def learned(self, peak_mb: float | None, step_s: float | None, total_s: float | None = None) -> dict[str, float]:
+    def learned(
+        self, peak_mb: float | None, step_s: float | None, total_s: float | None = None, eval_s: float | None = None
+    ) -> dict[str, float]:
         """What a run's measurements say about the calibrated quantities: on CPU the runtime's memory (the peak less
-        the model's terms), on CUDA the activations' scale; the efficiency its steady steps reached; the startup
-        (the whole run's time less its steps and evaluations)."""
+        the model's terms), on CUDA the activations' scale; the efficiency its steady steps reached; how long its
+        evaluation took against the estimate (`eval_s`: one evaluation, measured); the startup (the whole run's time
+        less its steps and evaluations)."""
         out: dict[str, float] = {}
         runtime, acts, compute = self.term("runtime"), self.term("activations"), self.term("compute")
         if peak_mb and runtime is not None:
@@ -110,9 +113,15 @@ class Estimate:
             left = step_s - (self.step.value - compute.value)
             if left > 0:
                 out["efficiency"] = self.efficiency * compute.value / left
+        evaluation = next((t.value for t in self.total_parts if t.name == "evaluation"), None)
+        rows = self.model.get("eval_rows")
+        if eval_s and rows:
+            # an evaluation is a forward over its rows, batched apart from training, its time mostly not FLOPs
+            # on a small model (tokenized batches, the metric): learned per row, apart from the step's efficiency
+            out["eval_row_s"] = eval_s / rows
+            evaluation = 2 * eval_s
         if total_s and step_s and self.steps and self.total is not None:
-            evaluation = next((t.value for t in self.total_parts if t.name == "evaluation"), 0.0)
-            out["startup_s"] = total_s - self.steps * step_s - evaluation
+            out["startup_s"] = total_s - self.steps * step_s - (evaluation or 0.0)
         return out
 
     def compared(self, peak_mb: float | None, step_s: float | None, total_s: float | None = None) -> dict[str, Any]:
@@ -347,6 +356,9 @@ def estimate(
     if steps is not None:
         eval_rows = spec.data.max_eval_samples or max(1, int((lengths.rows or 0) * spec.data.eval_fraction))
         evals = 2 * eval_seconds(shape, lengths.mean_padded, eval_rows, peak_flops, eff) / spec.target.processes
+        eval_row_s = calibration.value(entries, ckey, "eval_row_s")  # what evaluations here took, per row
+        if eval_row_s is not None:
+            evals = 2 * eval_rows * eval_row_s / spec.target.processes
         start = startup_term(kind, calibration.value(entries, ckey, "startup_s"))
         parts = [
             Term("steps", steps * step.value, steps * step.low, steps * step.high, step.basis, f"{steps} steps"),
@@ -378,6 +390,7 @@ def estimate(
             "trainable": trainable,
             "calibration_key": ckey,
             "act_scale": calibration.value(entries, ckey, "act_scale"),
+            "eval_rows": eval_rows if steps is not None else None,
         },
         notes=notes,
         total_parts=parts,

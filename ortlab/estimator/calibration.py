@@ -34,9 +34,10 @@ MAX_BYTES = 64 * 1024
 # Plausible ranges: outside them the value is a measurement gone wrong (a run swapped out, a clock jump).
 RANGES = {
     "runtime_mb": (50.0, 64_000.0),
-    "efficiency": (0.005, 1.5),
+    "efficiency": (0.005, 3.0),  # above 1: the measured peak or the other step terms are off; it corrects both
     "act_scale": (0.2, 5.0),
     "startup_s": (0.5, 3600.0),
+    "eval_row_s": (1e-6, 60.0),  # seconds per row of an evaluation, measured
     "auto_bf16": (0.0, 1.0),  # 1: precision 'auto' trained this model in bf16 here (the race chose it), 0: fp32
 }
 

@@ -50,7 +50,10 @@ def after_run(est: Estimate | None, spec: Any, result: dict[str, Any], world_siz
             est = estimate(as_ran, est.device)
         except Exception:
             return {**out, "learned": {}, "recorded": False}
-    learned = est.learned(peak, step, wall)
+    before = result.get("eval_before")
+    eval_s = before.get("eval_runtime") if isinstance(before, dict) else None  # (transformers' own timing)
+    eval_s = float(eval_s) if isinstance(eval_s, (int, float)) and not isinstance(eval_s, bool) else None
+    learned = est.learned(peak, step, wall, eval_s)
     out["learned"] = learned
     out["recorded"] = bool(teaches and calibration.record(est.model["calibration_key"], learned))
     if teaches and spec.accel.precision == "auto" and est.device == "cpu" and ran in ("fp32", "bf16"):

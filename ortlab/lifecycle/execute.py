@@ -210,7 +210,9 @@ def _train(
     if deadline is not None and spec.budget.minutes and int(os.environ.get("WORLD_SIZE", "1")) == 1:
         from ortlab.lifecycle.budgetclock import BudgetClock, reserve_s
 
-        clock = BudgetClock(deadline - reserve_s(eval_s, spec.budget.minutes), log)
+        saved = [p for p in trainer.model.parameters() if p.requires_grad or spec.adapter.kind != "lora"]
+        save_bytes = sum(p.numel() * p.element_size() for p in saved)
+        clock = BudgetClock(deadline - reserve_s(eval_s, spec.budget.minutes, save_bytes), log)
         trainer.add_callback(clock.callback())
     stop.training = True  # from here a SIGTERM stops at the end of a step, keeping a checkpoint
     try:
