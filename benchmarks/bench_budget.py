@@ -30,7 +30,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from common import cpu_name, write_report  # noqa: E402
+from common import machine_record, write_report  # noqa: E402
 
 # name: (spec, budget in minutes, the first run's budget). The budgets bind: each is shorter than the run would
 # take without one (the default MiniLM run takes ~40 s here, the SmolLM2 one an epoch of 500 steps). The first run
@@ -125,18 +125,14 @@ def main() -> None:
     ratios = [r["ratio"] for runs in rows.values() for r in runs[1:] or runs if "ratio" in r]
     report = {
         "date": date.today().isoformat(),
-        "machine": {
-            "cpu": cpu_name(),
-            "cores": os.cpu_count(),
-            "load_before": load_before,
-            "load_after": os.getloadavg(),
-        },
+        "machine": machine_record(load_before),
         "what": "runs fitted to budget.minutes: wall time against the budget, cold and then calibrated",
         "goal": "within 10 % of the budget",
         "calibrated_within_10pct": sum(abs(x - 1) <= 0.10 for x in ratios),
         "calibrated_runs": len(ratios),
         "cases": {
-            name: {"minutes": cases[name][1], "spec": cases[name][0], "runs": runs} for name, runs in rows.items()
+            name: {"minutes": cases[name][1], "first_minutes": cases[name][2], "spec": cases[name][0], "runs": runs}
+            for name, runs in rows.items()
         },
     }
     path = write_report(report, opts.out, ("smoke-" if opts.smoke else "") + f"budget-{date.today().isoformat()}.json")

@@ -35,7 +35,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from common import cpu_name, write_report  # noqa: E402
+from common import machine_record, write_report  # noqa: E402
 
 LLM = "HuggingFaceTB/SmolLM2-135M-Instruct"
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
@@ -237,12 +237,7 @@ def main() -> None:
         summary[clock] = {mode: errors(measured, mode, clock) for mode in ("default", "loo")}
     report = {
         "date": date.today().isoformat(),
-        "machine": {
-            "cpu": cpu_name(),
-            "cores": os.cpu_count(),
-            "load_before": load_before,
-            "load_after": os.getloadavg(),
-        },
+        "machine": machine_record(load_before),
         "what": "predicted (ortlab.estimator, CPU) against measured (real ortlab runs): peak memory, steady step time",
         "seconds": round(time.monotonic() - started, 1),
         "rows_seconds": round(sum(r.get("seconds") or 0 for r in rows.values()), 1),  # measuring (kept rows too)

@@ -148,6 +148,13 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def machine_record(load_before: tuple[float, float, float]) -> dict:
+    """The machine a benchmark ran on, with the load average at its start and end (a shared machine's noise)."""
+    import os
+
+    return {"cpu": cpu_name(), "cores": os.cpu_count(), "load_before": load_before, "load_after": os.getloadavg()}
+
+
 def train_demo(name: str, flags: list[str], out: Path) -> tuple[dict, list[dict], float]:
     """One `ortlab train` (the demo, changed by `flags`) as a user runs it, in its own process, into `out/name`:
     its result.json, its metrics records and its wall time. Exits naming the run when it failed."""
