@@ -10,6 +10,10 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# trl (on sys.path in the preference tests' workers) warns on importing trl.experimental with a category of its own;
+# xdist's controller, which has no trl, cannot unpickle that warning and crashes (CI saw it: "No module named
+# 'trl'", the worker replaced, the run ended in INTERNALERROR). trl's own switch keeps the notice from being sent.
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
