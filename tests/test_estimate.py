@@ -406,6 +406,15 @@ def test_a_budget_chooses_what_to_change_and_says_why(tiny_llama, cache):
         fit_budget(spec, minutes=0.01, device="cpu")
     with pytest.raises(BudgetError, match=r"needs \d+\.\d+ GB"):
         fit_budget(spec, memory_gb=0.1, device="cpu")
+    # the spec's own budget section, as the launch and the workbench fit it: never without a line to show
+    from ortlab.estimator.budget import fit_spec_budget
+
+    roomy = RunSpec.parse({**spec.model_dump(mode="json"), "hyper": {"max_steps": 2}, "budget": {"memory_gb": 500}})
+    assert roomy.budget.asked and not RunSpec.parse({}).budget.asked
+    assert fit_spec_budget(roomy).choices[0].startswith("nothing changed: the estimate (")
+    on_cluster = RunSpec.parse({**roomy.model_dump(mode="json"), "target": {"cluster": "local"}})
+    with pytest.raises(BudgetError, match="the cluster's workers are other machines"):
+        fit_spec_budget(on_cluster)
 
 
 def test_auto_precision_on_a_cpu_is_what_runs_of_the_model_chose_here(tiny_bert, cache):

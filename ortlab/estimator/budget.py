@@ -32,6 +32,24 @@ class Budgeted:
     choices: list[str] = field(default_factory=list)  # what was changed, and why
 
 
+def fit_spec_budget(spec: Any) -> Budgeted:
+    """`spec` fitted to its own `budget` section, with `choices` never empty (what changed, or that nothing had to),
+    as the launch writes it into `budget.fitted` and the workbench's note shows it. A cluster run has no budget: the
+    estimate is this machine's, and the cluster's workers are other machines."""
+    spec = as_spec(spec)
+    if spec.target.cluster:
+        raise BudgetError(
+            "budget: a run is fitted to a budget from this machine's estimate, and the cluster's workers are other "
+            "machines; remove budget, and set hyper.max_steps and hyper.batch_size for the cluster yourself"
+        )
+    fitted = fit_budget(spec, minutes=spec.budget.minutes, memory_gb=spec.budget.memory_gb)
+    if not fitted.choices:
+        est = fitted.estimate
+        minutes = f", {est.total.value / 60:.1f} min" if est.total is not None else ""
+        fitted.choices = [f"nothing changed: the estimate ({est.peak.value * 2**20 / 1e9:.2f} GB{minutes}) fits"]
+    return fitted
+
+
 def _with(spec: Any, **hyper: Any) -> Any:
     return spec.model_copy(update={"hyper": spec.hyper.model_copy(update=hyper)})
 

@@ -149,7 +149,7 @@ def _execute(
             result["wall_time_s"] = time.monotonic() - started
             world = int(os.environ.get("WORLD_SIZE", "1"))
             result["estimate"] = after_run(predicted, spec, result, world)  # predicted against measured
-            if spec.budget.minutes or spec.budget.memory_gb:
+            if spec.budget.asked:
                 result["budget"] = {**spec.budget.model_dump(mode="json"), "ended_early_at_step": ended}
             safeio.write_json(run.path, run.result_path.name, result)
             run.set_status("completed", step=result["summary"]["steps"])
@@ -191,13 +191,10 @@ def _train(
             "data: no eval conversation keeps an assistant token within hyper.max_length (every answer is cut off), "
             "so there is nothing to evaluate on; raise hyper.max_length or shorten the prompts"
         )
-    eval_s = None
     if checkpoint is None:
         trainer.eval_phase = "before"  # the metrics callback writes the eval record, tagged with its phase
         log(f"evaluating on {len(loaded.eval_ds)} rows before training ...")
-        eval_started = time.monotonic()
         before = score(trainer.evaluate(metric_key_prefix="eval"))
-        eval_s = time.monotonic() - eval_started
         log("before training: " + _headline(before))
     else:
         before = summary_of(run.path).eval_before or {}
@@ -207,11 +204,12 @@ def _train(
     clock = None
     # One process only: in a run of several, each rank's clock could end training at another step (a collective
     # would then wait forever); there the fitted max_steps alone holds the budget.
-    if deadline is not None and spec.budget.minutes and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+    if deadline is not None and int(os.environ.get("WORLD_SIZE", "1")) == 1:
         from ortlab.lifecycle.budgetclock import BudgetClock, reserve_s
 
         saved = [p for p in trainer.model.parameters() if p.requires_grad or spec.adapter.kind != "lora"]
         save_bytes = sum(p.numel() * p.element_size() for p in saved)
+        eval_s = before.get("eval_runtime") if checkpoint is None else None  # (transformers' timing of it)
         clock = BudgetClock(deadline - reserve_s(eval_s, spec.budget.minutes, save_bytes), log)
         trainer.add_callback(clock.callback())
     stop.training = True  # from here a SIGTERM stops at the end of a step, keeping a checkpoint

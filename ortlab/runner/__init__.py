@@ -341,29 +341,17 @@ def preflight(spec: Any, launcher: Launcher | None = None) -> dict[str, Any] | N
 
 
 def fit_to_budget(spec: Any) -> Any:
-    """`spec` fitted to its `budget` (`ortlab.estimator.budget.fit_budget`), with what was changed in
-    `budget.fitted`; RunError naming the closest budget that would fit when none does. On this machine only: a
-    cluster's workers are not this machine, and their speed and memory are not known here."""
+    """`spec` fitted to its `budget` (`ortlab.estimator.budget.fit_spec_budget`), with what was changed in
+    `budget.fitted`; RunError naming the closest budget that would fit when none does, or why a budget cannot be
+    fitted here (a cluster run)."""
     from ortlab.estimator import EstimateError
-    from ortlab.estimator.budget import BudgetError, fit_budget
+    from ortlab.estimator.budget import BudgetError, fit_spec_budget
 
-    if spec.target.cluster:
-        raise RunError(
-            "budget: a run is fitted to a budget from this machine's estimate, and the cluster's workers are other "
-            "machines; remove budget, and set hyper.max_steps and hyper.batch_size for the cluster yourself"
-        )
-    budget = spec.budget
     try:
-        fitted = fit_budget(spec, minutes=budget.minutes, memory_gb=budget.memory_gb)
+        fitted = fit_spec_budget(spec)
     except (BudgetError, EstimateError) as e:
         raise RunError(str(e)) from None
-    est = fitted.estimate
-    said = fitted.choices or [
-        f"nothing changed: the estimate ({est.peak.value * 2**20 / 1e9:.2f} GB"
-        + (f", {est.total.value / 60:.1f} min" if est.total is not None else "")
-        + ") fits"
-    ]
-    return fitted.spec.model_copy(update={"budget": budget.model_copy(update={"fitted": said})})
+    return fitted.spec.model_copy(update={"budget": spec.budget.model_copy(update={"fitted": fitted.choices})})
 
 
 def target_doctor(spec: Any) -> dict[str, Any]:
@@ -416,7 +404,7 @@ def launch(
     if overrides:
         spec = RunSpec.parse({**spec.model_dump(mode="json"), **overrides})
     check_output_folder(root or spec.output_dir)  # first: before the machine, model and data checks
-    if spec.budget.minutes is not None or spec.budget.memory_gb is not None:
+    if spec.budget.asked:
         spec = fit_to_budget(spec)
     launcher = launcher or launcher_for(spec)
     preflight(spec, launcher)  # before the run folder exists: a refused launch leaves nothing behind

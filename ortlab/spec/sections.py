@@ -424,6 +424,11 @@ class BudgetSpec(_Strict):
         description="Written by the launch: what it changed to fit the budget, and why (not an input).",
     )
 
+    @property
+    def asked(self) -> bool:
+        """Is there a budget to fit (minutes, memory, or both)?"""
+        return self.minutes is not None or self.memory_gb is not None
+
     @field_validator("fitted")
     @classmethod
     def _short_lines(cls, lines: list[str]) -> list[str]:

@@ -30,18 +30,17 @@ def _duration(seconds: float) -> str:
 
 
 def estimate_of(spec: Any) -> tuple[Any, list[str]]:
-    """The estimate Launch would start from: of the spec fitted to its budget when it has one (`budget.minutes`,
-    `budget.memory_gb`), with what the fit would change; else of the spec as it is. A budget that cannot be met
-    raises its error (the note says it)."""
-    from ortlab.estimator import estimate
+    """The estimate Launch would start from: of the spec fitted to its budget when it has one, with what the fit
+    would change (`ortlab.estimator.budget.fit_spec_budget`, as the launch fits it); else of the spec as it is. A
+    budget that cannot be met raises its error (the note says it)."""
+    if not spec.budget.asked:
+        from ortlab.estimator import estimate
 
-    budget = spec.budget
-    if budget.minutes is None and budget.memory_gb is None:
         return estimate(spec), []
-    from ortlab.estimator.budget import fit_budget
+    from ortlab.estimator.budget import fit_spec_budget
 
-    fitted = fit_budget(spec, minutes=budget.minutes, memory_gb=budget.memory_gb)
-    return fitted.estimate, fitted.choices or ["fits the budget as it is"]
+    fitted = fit_spec_budget(spec)
+    return fitted.estimate, fitted.choices
 
 
 def estimate_html(est: Any, fitted: list[str] | None = None) -> str:
