@@ -96,6 +96,38 @@ def test_notebook_is_clean_and_parameterized(path):
     assert sum(c.cell_type == "markdown" for c in nb.cells) >= 2, "each notebook explains what and why in prose"
 
 
+# What a notebook's later cells use, by the extra that provides it: its install cell must ask for that extra (on Colab
+# nothing else installs it; notebook 07 once asked for `ui` alone and would have failed there without peft).
+EXTRA_USES = {
+    "llm": r'"kind": "lora"|\bgguf\b',
+    "remote": r"\bortlab\.cluster\b|from ortlab import cluster",
+    "export": r"\.export\(|\bonnx",
+}
+INSTALL_LINE = re.compile(r'^extras, needs = "([a-z,]+)", \(([^)]*)\).*$', re.M)
+
+
+def install_cell(nb) -> str:
+    return next(c.source for c in nb.cells if c.cell_type == "code")
+
+
+def test_every_install_cell_is_the_quickstarts_with_the_extras_its_notebook_uses():
+    import tomllib
+
+    extras_declared = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    canonical = INSTALL_LINE.sub("", install_cell(nbformat.read(NOTEBOOKS[0], as_version=4)))
+    for path in NOTEBOOKS:
+        nb = nbformat.read(path, as_version=4)
+        cell = install_cell(nb)
+        (found,) = INSTALL_LINE.findall(cell) or [(None, None)]
+        assert found[0], f"{path.name}: its first code cell is not the install cell"
+        assert INSTALL_LINE.sub("", cell) == canonical, f"{path.name}: the install cell differs from the quickstart's"
+        extras = set(found[0].split(","))
+        assert extras <= extras_declared, f"{path.name}: pyproject.toml has no extra {extras - extras_declared}"
+        later = "\n".join(c.source for c in nb.cells if c.cell_type == "code" and c.source != cell)
+        needed = {extra for extra, uses in EXTRA_USES.items() if re.search(uses, later)}
+        assert needed <= extras, f"{path.name} uses {sorted(needed - extras)} but its install cell does not install it"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "path",
