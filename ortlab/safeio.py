@@ -66,6 +66,19 @@ class TooLarge(OrtlabError, OSError):
     """A file is larger than the limit its reader allows."""
 
 
+def real_number(value: Any) -> float | None:
+    """`value` as a finite float, or None: for a bool, a non-number, NaN, +-inf, and an int too large for a float
+    (JSON allows `1e400`-sized integers; `math.isfinite` raises OverflowError on them). Every view of a run's numbers
+    draws or prints through this, so one damaged record leaves a point out instead of failing the view."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
 def finite(value: Any) -> Any:
     """`value` with every non-finite float (NaN, +-inf) replaced by None, at every depth; tuples become lists."""
     if isinstance(value, float):

@@ -208,6 +208,26 @@ def test_a_followed_run_goes_on_from_where_its_history_ended(tmp_path):
     monitor.close()
 
 
+def test_a_view_of_finished_runs_holds_them_whole_as_it_is_displayed(tmp_path):
+    """A notebook cell `RunMonitor(*runs)` after the runs ended: the static view its output keeps is computed as the
+    cell displays it, and a finished run never changes state to have it re-published. It once showed "step 0,
+    applied none" there (the follower thread had not read the history yet; seen in notebook 02's saved output)."""
+    from ortlab.runner import Run
+    from ortlab.ui.charts import RunMonitor
+    from ortlab.ui.summary import static_summary
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "status.json").write_text('{"state": "completed"}')
+    _history_file(run_dir, 3_000)
+    run = Run(run_dir)
+    monitor = RunMonitor(run, throttle_s=3600)
+    shown = repr(monitor)  # what the cell's saved output keeps, computed at once
+    assert shown == static_summary([run])[1]  # the same view read from the folder now
+    assert "step 3000" in shown and "applied ort" in shown, shown
+    monitor.close()
+
+
 def test_the_route_thins_float_columns_as_it_thinned_raw_values():
     from ortlab.server.runindex import DRAWN, _column, thin_steps
 

@@ -138,3 +138,16 @@ def test_copy_files_copies_regular_files_only_and_says_what_it_skipped(tmp_path)
     os.symlink(outside, folder / "onnx")
     assert safeio.copy_files(folder, "onnx", tmp_path / "out2") == ["onnx (a link or not a folder)"]
     assert not (tmp_path / "out2").exists()
+
+
+def test_real_number_is_a_finite_float_or_none():
+    """What the views draw and print through: an int too big for a float (valid JSON) once crashed the static chart
+    of a notebook (`math.isfinite` raises OverflowError on it) instead of leaving its point out."""
+    from ortlab.cli.common import num
+    from ortlab.safeio import real_number
+
+    assert real_number(3) == 3.0 and real_number(-2.5) == -2.5
+    for bad in (10**400, -(10**400), float("nan"), float("inf"), True, "1", None, [1]):
+        assert real_number(bad) is None, bad
+    assert num(10**400, ".1f") == "-" and num(float("nan"), ".1f") == "-" and num(None, ".1f") == "-"
+    assert num(2.25, ".1f") == "2.2" and num("n/a", ".1f") == "n/a"

@@ -11,6 +11,7 @@ import typer
 from typer.core import TyperGroup
 
 from ortlab.errors import OrtlabError
+from ortlab.safeio import real_number
 
 # The command owns its process (the console script, not `app` called from Python, a test's CliRunner included):
 # only then may `ortlab train` start itself again with another allocator (`ortlab.cli.train`).
@@ -68,11 +69,10 @@ def reported(*also: type[Exception], code: int = 2) -> Iterator[None]:
 
 def num(value: object, fmt: str) -> str:
     """A metric for a terminal line: NaN/inf (written as null) or a missing field shows as '-', never a crash."""
-    import math
-
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return format(value, fmt)
-    return "-" if value is None else str(value)
+    number = real_number(value)
+    if number is not None:
+        return format(number, fmt)
+    return "-" if value is None or isinstance(value, (int, float)) else str(value)
 
 
 RootOption = Annotated[

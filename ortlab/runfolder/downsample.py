@@ -18,15 +18,15 @@ from array import array
 from collections.abc import Sequence
 from typing import Any
 
+from ortlab.safeio import real_number
+
 MIN_POINTS = 4  # first, last, and at least one bucket's min and max
 
 
 def _value(v: Any) -> float | None:
     """A number to compare, or None (missing, not a number, NaN, a bool): such points are never a bucket's
     extreme, so one damaged value cannot pin the envelope."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    return float(v) if math.isfinite(v) else None
+    return real_number(v)
 
 
 def _extremes_fast(column: Sequence[Any], lo: int, hi: int) -> tuple[int, int] | None:

@@ -159,17 +159,25 @@ class RunMonitor(RefreshedDisplay, widgets.VBox):
     # --- data in -----------------------------------------------------------------------------------------
 
     def add_run(self, run: Any, follow: bool = True) -> None:
-        """Overlay `run`; its history is drawn at once, then live points as they come (if `follow`)."""
+        """Overlay `run`; its history is drawn at once, then live points as they come (if `follow`).
+
+        The history is read here, in the caller's thread, not by the follower: a view displayed right after (a
+        notebook cell's `RunMonitor(*finished_runs)`) computes its static summary from `summaries` at once, and a
+        finished run never changes state again to have it re-published (`ui.display`), so a summary still empty
+        then stayed "step 0, applied none" in the saved notebook."""
         if run.id in self._runs:
             return
         self.summaries[run.id] = RunSummary()
         self._runs[run.id] = run
+        history = self._read_history(run)
+        self._draw_history(run.id, history)
         if follow:
-            t = threading.Thread(target=self._follow, args=(run,), daemon=True, name=f"ortlab-follow-{run.id}")
+            t = threading.Thread(
+                target=self._follow, args=(run, history.stream.offset), daemon=True, name=f"ortlab-follow-{run.id}"
+            )
             t.start()
             self._threads.append(t)
         else:
-            self._draw_history(run.id, self._read_history(run))
             self.flush()
 
     def _read_history(self, run: Any) -> History:
@@ -192,10 +200,8 @@ class RunMonitor(RefreshedDisplay, widgets.VBox):
         if relabels:
             self._relabel(run_id, relabels[-1])
 
-    def _follow(self, run: Any) -> None:
-        history = self._read_history(run)  # the history in one pass, then the live lines from where it ended
-        self._draw_history(run.id, history)
-        for record in run.follow(poll_s=0.3, offset=history.stream.offset):
+    def _follow(self, run: Any, offset: int) -> None:
+        for record in run.follow(poll_s=0.3, offset=offset):  # the live lines from where the history ended
             if self._stop.is_set():
                 return
             self.consume(run.id, record)

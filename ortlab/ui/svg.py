@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ortlab.runfolder import events
+from ortlab.safeio import real_number
 
 # Plotly's default qualitative colours: readable on white and on JupyterLab's dark background. One colour per
 # run, in the live chart and here alike, so the legend maps a run to its curves in every panel.
@@ -47,7 +48,7 @@ class Series:
 
 
 def _finite(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return real_number(v) is not None
 
 
 def _ticks(lo: float, hi: float, count: int = 4) -> list[float]:
