@@ -1,6 +1,7 @@
 """A tiny BERT trained for 4 steps through ortlab (`train_spec`), once eager and once with gradient checkpointing;
-prints one JSON line: the transformers version that trained, each run's state, and whether checkpointing was
-verified as applied. Run in a child whose PYTHONPATH puts another transformers first (tests/test_floors.py)."""
+prints one JSON line: the transformers version that trained, each run's state, its last logged loss, and whether
+checkpointing was verified as applied. Run in a child whose PYTHONPATH puts another transformers first, or in the
+venv of the lowest declared versions (tests/test_floors.py)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ def main() -> None:
         out[name] = {
             "state": json.loads((run / "status.json").read_text())["state"],
             "steps": sum(r.get("event") == "step" for r in records),
+            "loss": next((r["loss"] for r in reversed(records) if r.get("event") == "step" and "loss" in r), None),
             "checkpointing_applied": bool(applied) and applied[-1]["applied"],
         }
     print(json.dumps(out))
