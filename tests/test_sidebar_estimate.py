@@ -1,10 +1,11 @@
 """The estimate beside the sidebar's Start button, in a real browser (test_sidebar.py's JupyterLab and chromium).
 
 The New run form asks `POST estimate` a moment after the last change (typing a batch size is one request, not one
-per keystroke) and shows the server's answer for the spec the form would launch: peak memory of what this machine
-has, time per step and for the run, the cost once a price is given, what a budget would change; a bigger batch
-predicts more memory and a shorter max_length less; a batch far beyond this machine says plainly that it does not
-fit, with the refusal Launch would give; a spec that cannot be estimated says why in one line, as text.
+per keystroke; an older answer that arrives after a newer one is dropped) and shows the server's answer for the
+spec the form would launch: peak memory of what this machine has, time per step and for the run, the cost once a
+price is given, what a budget would change; a bigger batch predicts more memory and a shorter max_length less; a
+batch far beyond this machine says plainly that it does not fit, with the refusal Launch would give; a spec that
+cannot be estimated says why in one line, as text.
 """
 
 from __future__ import annotations
@@ -100,6 +101,24 @@ def test_the_sidebar_estimate_follows_the_form(lab_with_ortlab, tmp_path):  # no
             assert len(estimates.sent) == asked + 1, estimates.sent[asked:]
             assert estimates.sent[-1]["spec"]["hyper"]["batch_size"] == 64
             assert _peak_mib(bigger) > _peak_mib(first), (first, bigger)
+            # A later request wins: the answer for batch 32 held back until the one for batch 4 has shown, then let
+            # through, changes nothing.
+            held = []
+            page.route("**/ortlab/api/estimate*", lambda route: held.append(route) if not held else route.continue_())
+            batch.fill("32")
+            wait_until(_pumped(page, lambda: held), 30, "the estimate for batch 32 to be asked")
+            batch.fill("4")
+            newer = estimates.settled("ok", bigger)
+            answered = len(estimates.answers)
+            held[0].continue_()
+            wait_until(_pumped(page, lambda: len(estimates.answers) > answered), 30, "the held answer to arrive")
+            page.unroute("**/ortlab/api/estimate*")
+            assert estimates.answers[-1]["batch"] == 32 and _peak_mib(newer) < _peak_mib(bigger), newer
+            time.sleep(0.3)  # (React has had its chance to draw the stale answer)
+            assert estimates.line.inner_text() == newer
+            batch.fill("64")
+            bigger = estimates.settled("ok", newer)
+
             # A shorter max_length (the data's rows are longer than 16 tokens): less memory.
             form.locator('input[name="hyper.max_length"]').fill("16")
             shorter = estimates.settled("ok", bigger)
@@ -152,6 +171,12 @@ def test_the_sidebar_estimate_follows_the_form(lab_with_ortlab, tmp_path):  # no
             raise
         finally:
             browser.close()
+
+
+def _pumped(page, predicate):
+    """`predicate` after a moment in playwright's hands: its sync API delivers events (a routed request, a
+    response) only while the test is inside one of its calls."""
+    return lambda: page.wait_for_timeout(50) or predicate()
 
 
 def _screenshot_form(page, name: str) -> Path:
