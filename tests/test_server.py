@@ -640,6 +640,34 @@ def test_the_estimate_route_answers_before_launch(api, runs_root, tiny_bert):
     assert list(runs_root.iterdir()) == []
 
 
+def test_the_estimate_route_fits_a_budget_and_says_what_launch_would_refuse(api, runs_root, tiny_bert):
+    """As the workbench's note: with a budget, the estimate of the spec fitted to it (the launch's own fit) and what
+    the fit changes; a spec Launch would refuse carries the refusal's text (numbers and remedies); a budget that
+    nothing meets is a 400 naming the closest budget."""
+    from ortlab.estimator.budget import fit_spec_budget
+    from ortlab.spec import RunSpec
+
+    spec = {"model": {"name": str(tiny_bert)}, "hyper": {"batch_size": 8, "max_steps": 20}}
+    code, plain, _ = api("POST", "estimate", {"spec": spec})
+    assert code == 200 and plain["fitted"] == [] and plain["refusal"] is None, plain
+    minutes = (plain["total_time_s"]["value"] - 15 * plain["step_time_s"]["value"]) / 60  # five of the 20 steps
+    budgeted = {**spec, "budget": {"minutes": minutes}}
+    code, body, _ = api("POST", "estimate", {"spec": budgeted, "price_per_hour": 2.0})
+    assert code == 200, body
+    expected = fit_spec_budget(RunSpec.parse(budgeted))
+    assert body["fitted"] == expected.choices and body["fitted"][0].startswith("max_steps"), body["fitted"]
+    assert body["steps"] == expected.estimate.steps < 20 and body["cost"] > 0, body
+    code, body, _ = api("POST", "estimate", {"spec": budgeted, "device": "T4"})
+    assert code == 400 and "leave device out" in body["message"], body
+    code, body, _ = api("POST", "estimate", {"spec": {**spec, "budget": {"minutes": 0.0001}}})
+    assert code == 400 and "closest budget" in body["message"], body
+    huge = {"model": {"name": str(tiny_bert)}, "hyper": {"batch_size": 2**20, "max_length": 512}}
+    code, body, _ = api("POST", "estimate", {"spec": huge})
+    assert code == 200 and body["fits"] is False, body
+    assert body["refusal"].startswith("this run needs about") and "Remedies" in body["refusal"], body["refusal"]
+    assert list(runs_root.iterdir()) == []
+
+
 def test_the_spec_route_gives_the_new_run_form_every_task(api):
     """The sidebar's form takes its task choices and defaults from here: seq2seq, the newest task, is among them,
     and so is every field's description (the form's tooltips)."""

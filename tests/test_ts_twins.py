@@ -157,7 +157,24 @@ def test_the_spec_the_form_posts_parses_as_a_runspec(shared):
         if not case["run"].get("auto", True):  # the ticked toggles' fields, as ortlab.toggles writes them
             for path, value in field_values(case["run"]["ticked"]).items():
                 assert get_path(parsed, path) == value, (name, path, spec)
-        # only the chosen task's fields are sent (a spec keeps only what its task reads)
-        sent = {p for p in ts["task_fields"][case["run"]["task"]]}
+        # only the chosen task's fields (and every task's size fields) are sent (a spec keeps only what its task
+        # reads)
+        sent = {*ts["task_fields"][case["run"]["task"]], *ts["size_fields"]}
         typed_elsewhere = set(case["fields"]) - sent
         assert all(get_path(spec, p) is None for p in typed_elsewhere), (name, spec)
+
+
+def test_the_size_fields_are_the_workbenchs_and_the_estimate_reads_the_same(shared):
+    """The sidebar's size fields (max_length and the budget, under max steps and batch size; the workbench's form
+    has them too) are drawn as the spec says (a budget of 0 is none); the estimate's line beside Start writes MiB
+    and durations as the workbench's note does (estimatetext.ts against ui/estimatenote.py)."""
+    pytest.importorskip("ipywidgets")
+    from ortlab.ui import estimatenote
+
+    cases, ts = shared
+    assert ts["size_fields"] == ["hyper.max_length", "budget.minutes", "budget.memory_gb"]
+    for path in ("budget.minutes", "budget.memory_gb"):
+        assert ts["inputs"][path]["zeroIsUnset"] and ts["inputs"][path]["kind"] == "number", path
+    assert ts["inputs"]["hyper.max_length"]["kind"] == "integer" and not ts["inputs"]["hyper.max_length"]["nullable"]
+    assert ts["mib"] == [estimatenote._mib(v) for v in cases["estimate_text"]["mib"]]
+    assert ts["duration"] == [estimatenote._duration(v) for v in cases["estimate_text"]["seconds"]]

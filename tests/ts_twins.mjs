@@ -32,6 +32,7 @@ try {
   const cases = JSON.parse(fs.readFileSync(casesPath, 'utf8'));
   const specform = await load('specform');
   const series = await load('series');
+  const estimatetext = await load('estimatetext');
   const toggles = cases.toggles.list; // as the server sends them (GET spec)
 
   const exclusive = Object.fromEntries(toggles.map(t => [t.name, specform.exclusiveWith(toggles, t.name)]));
@@ -70,7 +71,7 @@ try {
   const form = cases.form; // GET spec, as the server sends it
   const tasks = specform.choices(form, 'task');
   const taskFields = Object.fromEntries(tasks.map(t => [t, specform.taskFields(form, t)]));
-  const paths = [...new Set(Object.values(taskFields).flat())];
+  const paths = [...new Set([...specform.SIZE_FIELDS, ...Object.values(taskFields).flat()])];
   const inputs = Object.fromEntries(paths.map(p => [p, specform.fieldInput(form, p)]));
   const newRun = (run, fields) => ({
     name: '',
@@ -98,7 +99,11 @@ try {
       task_fields: taskFields,
       inputs,
       requests,
-      task_defaults: taskDefaults
+      task_defaults: taskDefaults,
+      size_fields: specform.SIZE_FIELDS,
+      // The estimate's numbers as the line beside Start writes them (estimatetext.ts).
+      mib: cases.estimate_text.mib.map(estimatetext.mib),
+      duration: cases.estimate_text.seconds.map(estimatetext.duration)
     })
   );
 } finally {

@@ -193,3 +193,32 @@ export async function requestAPI<T>(
 export function runPath(id: string, ...rest: string[]): string {
   return ['runs', encodeURIComponent(id), ...rest].join('/');
 }
+
+/** One term of an estimate (ortlab.estimator.terms.Term): its value with its range, and what it rests on. */
+export interface IEstimateTerm {
+  name: string;
+  value: number;
+  low: number;
+  high: number;
+  basis: string;
+  note: string;
+}
+
+/**
+ * `POST estimate`: the estimate of the spec the form would launch (ortlab.estimator.Estimate.to_dict, the keys the
+ * sidebar reads), with a budget of the spec fitted to it (`fitted`: what the fit changes), and `refusal`: what
+ * Launch would answer when the run cannot fit here (the numbers and the remedies), else null.
+ */
+export interface IEstimate {
+  device: string;
+  peak_mem_mb: IEstimateTerm;
+  available_mb: number | null;
+  fits: boolean | null;
+  memory: IEstimateTerm[];
+  step_time_s: IEstimateTerm;
+  steps: number | null;
+  total_time_s: IEstimateTerm | null;
+  cost: number | null;
+  fitted: string[];
+  refusal: string | null;
+}

@@ -17,6 +17,7 @@ import { Message } from '@lumino/messaging';
 import * as React from 'react';
 
 import { ApiError, IDoctor, IRunRow, ISpecForm } from './api';
+import { EstimateLine } from './estimate';
 import { describe, LIVE_STATES, RunsModel } from './model';
 import {
   choices,
@@ -380,7 +381,20 @@ function NewRunForm(props: {
   const [message, setMessage] = React.useState<string | null>(null);
   const [ok, setOk] = React.useState(false);
   const [problems, setProblems] = React.useState<string[]>([]);
+  const [price, setPrice] = React.useState('');
   const doctor = model.doctor;
+  // the spec the form would launch now: the estimate beside Start follows it
+  const spec = requestSpec(form, {
+    name,
+    model: modelName,
+    data: source,
+    task,
+    maxSteps,
+    batchSize,
+    auto,
+    ticked: [...ticked],
+    fields
+  });
 
   const toggle = (toggleName: string, on: boolean) => {
     const next = new Set(ticked);
@@ -396,22 +410,22 @@ function NewRunForm(props: {
     setTicked(next);
   };
 
+  const sizeField = (path: string) => (
+    <TaskField
+      form={form}
+      path={path}
+      label={SIZE_LABELS[path]}
+      text={fields[path] ?? defaultText(form, path)}
+      trans={trans}
+      onChange={text => setFields({ ...fields, [path]: text })}
+    />
+  );
+
   const submit = async (event: React.FormEvent) => {
     event.preventDefault();
     setBusy(true);
     setMessage(null);
     setProblems([]);
-    const spec = requestSpec(form, {
-      name,
-      model: modelName,
-      data: source,
-      task,
-      maxSteps,
-      batchSize,
-      auto,
-      ticked: [...ticked],
-      fields
-    });
     try {
       const launched = await model.launch(spec);
       setOk(true);
@@ -513,6 +527,30 @@ function NewRunForm(props: {
           />
         </label>
       </div>
+      {/* max length beside the price, then the budget: two to a row, as the sidebar is narrow */}
+      <div className="ortlab-Field-row">
+        {sizeField('hyper.max_length')}
+        <label
+          className="ortlab-Field"
+          title={trans.__("The price of this machine per hour: the estimate shows the run's cost")}
+        >
+          <span>{trans.__('price / hour')}</span>
+          <input
+            className="jp-mod-styled"
+            name="price_per_hour"
+            type="number"
+            min={0}
+            step="any"
+            value={price}
+            placeholder={trans.__('(none)')}
+            onChange={e => setPrice(e.target.value)}
+          />
+        </label>
+      </div>
+      <div className="ortlab-Field-row">
+        {sizeField('budget.minutes')}
+        {sizeField('budget.memory_gb')}
+      </div>
       <fieldset className="ortlab-Mix">
         <legend>{trans.__('acceleration mix')}</legend>
         <label className="ortlab-Toggle">
@@ -570,9 +608,17 @@ function NewRunForm(props: {
           {busy ? trans.__('Starting…') : trans.__('Start run')}
         </button>
       </div>
+      <EstimateLine spec={spec} price={price} trans={trans} />
     </form>
   );
 }
+
+/** The size fields' labels (the workbench's words); their tooltips are the spec's descriptions. */
+const SIZE_LABELS: { [path: string]: string } = {
+  'hyper.max_length': 'max length',
+  'budget.minutes': 'budget, min',
+  'budget.memory_gb': 'budget, GB'
+};
 
 /**
  * One of a task's form fields (its record names them, `tasks` in `GET spec`), drawn from its schema: a select for
@@ -581,13 +627,14 @@ function NewRunForm(props: {
 function TaskField(props: {
   form: ISpecForm;
   path: string;
+  label?: string;
   text: string;
   trans: TranslationBundle;
   onChange(text: string): void;
 }): JSX.Element {
   const { form, path, text, trans } = props;
   const input = fieldInput(form, path);
-  const label = (path.split('.').pop() ?? path).replace(/_/g, ' ');
+  const label = props.label ?? (path.split('.').pop() ?? path).replace(/_/g, ' ');
   const title = description(form, path);
   if (input?.kind === 'boolean') {
     return (

@@ -173,9 +173,19 @@ export function fieldInput(form: ISpecForm, path: string): IFieldInput | null {
   return { path, kind, choices: values, nullable, zeroIsUnset: positive && nullable };
 }
 
-/** Every task's form fields with their defaults as the text of their inputs ('true'/'false' for a checkbox). */
+/**
+ * The fields every task's form shows beside max steps and batch size, which the estimate beside Start follows: the
+ * longest row in tokens, and the budget the launch fits the run to (ortlab.estimator.budget; 0 or empty: none),
+ * as the workbench's form has them (the sidebar draws them under max steps and batch size).
+ */
+export const SIZE_FIELDS = ['hyper.max_length', 'budget.minutes', 'budget.memory_gb'];
+
+/** Every task's form fields (and SIZE_FIELDS) with their defaults as their inputs' text ('true'/'false' for a checkbox). */
 export function fieldTexts(form: ISpecForm): { [path: string]: string } {
   const texts: { [path: string]: string } = {};
+  for (const path of SIZE_FIELDS) {
+    texts[path] = defaultText(form, path);
+  }
   for (const t of form.tasks) {
     for (const path of t.form) {
       texts[path] = defaultText(form, path);
@@ -233,7 +243,7 @@ export interface INewRun {
 /**
  * The RunSpec the form posts (`POST runs`). Only the chosen task's fields are sent: a spec keeps only what its
  * task reads (RunSpec refuses another task's settings, such as `preference` with causal-lm), so values typed
- * for a task chosen before do not follow.
+ * for a task chosen before do not follow; SIZE_FIELDS are every task's.
  */
 export function requestSpec(form: ISpecForm, run: INewRun): { [name: string]: unknown } {
   const spec: { [name: string]: unknown } = {
@@ -254,7 +264,7 @@ export function requestSpec(form: ISpecForm, run: INewRun): { [name: string]: un
   if (run.maxSteps.trim()) hyper.max_steps = Number(run.maxSteps);
   if (run.batchSize.trim()) hyper.batch_size = Number(run.batchSize);
   spec.hyper = hyper;
-  for (const path of taskFields(form, run.task)) {
+  for (const path of [...SIZE_FIELDS, ...taskFields(form, run.task)]) {
     const value = fieldValue(form, path, run.fields[path] ?? defaultText(form, path));
     if (value !== undefined) {
       setPath(spec, path, value);

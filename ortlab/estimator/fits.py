@@ -88,6 +88,12 @@ def refusal(spec: Any, est: Estimate, device: str | None = None) -> str:
     return "\n".join(lines)
 
 
+def refused(est: Estimate) -> bool:
+    """Would the launch refuse this estimate's run? When even the low end of its predicted peak is above what the
+    device has (a confident refusal: a run the estimate is unsure about goes ahead)."""
+    return est.available_mb is not None and est.peak.low > est.available_mb
+
+
 def check(spec: Any, device: str | None = None) -> Estimate | None:
     """Raise DoesNotFit when `spec` cannot fit on this machine (the low end of its predicted peak is above the
     device's memory); returns the estimate, or None when there is none (a model whose config is not here)."""
@@ -100,6 +106,6 @@ def check(spec: Any, device: str | None = None) -> Estimate | None:
         return None
     except Exception:  # an estimator's bug must never stop a launch: the run's own checks still apply
         return None
-    if est.available_mb is not None and est.peak.low > est.available_mb:
+    if refused(est):
         raise DoesNotFit(refusal(spec, est, device))
     return est

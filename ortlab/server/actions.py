@@ -22,16 +22,34 @@ def launch_in(root: Path, spec: dict[str, Any], cwd: Path) -> dict[str, Any]:
 
 def estimate_in(spec: dict[str, Any], device: Any, price: Any, cwd: Path) -> dict[str, Any]:
     """The estimate of `spec` (`ortlab.estimator`), its relative paths read from the server's root folder as a
-    launch reads them, with its table: SpecError or EstimateError say why not."""
+    launch reads them, with its table: SpecError, EstimateError or BudgetError say why not.
+
+    As the workbench's note does, the estimate is the one Launch would start from: with a budget, of the spec
+    fitted to it (`ortlab.estimator.budget.fit_spec_budget`, the launch's own fit), with what the fit changes in
+    `fitted`; a budget is fitted to this machine, so a named `device` with it is refused. `refusal`: when Launch
+    would refuse the run here (`ortlab.estimator.fits.refused`), its message with the remedies, else null."""
     from ortlab.estimator import EstimateError, estimate
+    from ortlab.estimator.fits import refusal, refused
     from ortlab.spec import RunSpec
 
     if device is not None and not isinstance(device, str):
         raise EstimateError("device: a device name (cpu, T4, A100 80GB, H100 SXM, ...)")
     if price is not None and (isinstance(price, bool) or not isinstance(price, (int, float)) or price < 0):
         raise EstimateError("price_per_hour: a number, zero or more")
-    est = estimate(RunSpec.parse(spec).anchored(cwd), device=device, price_per_hour=price)
-    return {**est.to_dict(), "table": est.table()}
+    run = RunSpec.parse(spec).anchored(cwd)
+    fitted: list[str] = []
+    if run.budget.asked:
+        from ortlab.estimator.budget import fit_spec_budget
+
+        if device is not None:
+            raise EstimateError("device: a budget is fitted to this machine's estimate; leave device out with a budget")
+        budgeted = fit_spec_budget(run)
+        run, fitted = budgeted.spec, budgeted.choices
+        est = budgeted.estimate if price is None else estimate(run, price_per_hour=price)
+    else:
+        est = estimate(run, device=device, price_per_hour=price)
+    why = refusal(run, est, device) if refused(est) else None
+    return {**est.to_dict(), "table": est.table(), "fitted": fitted, "refusal": why}
 
 
 def resume_in(root: Path, run_id: str, cwd: Path) -> dict[str, Any]:

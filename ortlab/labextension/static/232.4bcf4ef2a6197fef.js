@@ -1,4 +1,4 @@
-"use strict";(self.rspackChunkortlab_sidebar=self.rspackChunkortlab_sidebar||[]).push([[232],{475(r,o,e){var a=e(601),t=e.n(a),n=e(314),l=(e.n(n))()(t());l.push([r.id,`/*
+"use strict";(self.rspackChunkortlab_sidebar=self.rspackChunkortlab_sidebar||[]).push([[232],{475(r,o,e){var a=e(601),t=e.n(a),l=e(314),i=(e.n(l))()(t());i.push([r.id,`/*
  * ortlab sidebar. Only JupyterLab's theme variables: the panel follows the light and dark themes (and any
  * other theme) without colours of its own.
  */
@@ -401,4 +401,39 @@
   justify-content: flex-end;
   gap: 6px;
 }
-`,""]),e.d(o,{},{A:l})},314(r){r.exports=function(r){var o=[];return o.toString=function(){return this.map(function(o){var e="",a=void 0!==o[5];return o[4]&&(e+="@supports (".concat(o[4],") {")),o[2]&&(e+="@media ".concat(o[2]," {")),a&&(e+="@layer".concat(o[5].length>0?" ".concat(o[5]):""," {")),e+=r(o),a&&(e+="}"),o[2]&&(e+="}"),o[4]&&(e+="}"),e}).join("")},o.i=function(r,e,a,t,n){"string"==typeof r&&(r=[[null,r,void 0]]);var l={};if(a)for(var i=0;i<this.length;i++){var p=this[i][0];null!=p&&(l[p]=!0)}for(var c=0;c<r.length;c++){var s=[].concat(r[c]);a&&l[s[0]]||(void 0!==n&&(void 0===s[5]||(s[1]="@layer".concat(s[5].length>0?" ".concat(s[5]):""," {").concat(s[1],"}")),s[5]=n),e&&(s[2]&&(s[1]="@media ".concat(s[2]," {").concat(s[1],"}")),s[2]=e),t&&(s[4]?(s[1]="@supports (".concat(s[4],") {").concat(s[1],"}"),s[4]=t):s[4]="".concat(t)),o.push(s))}},o}},601(r){r.exports=function(r){return r[1]}},72(r){var o=[];function e(r){for(var e=-1,a=0;a<o.length;a++)if(o[a].identifier===r){e=a;break}return e}function a(r,a){for(var t={},n=[],l=0;l<r.length;l++){var i=r[l],p=a.base?i[0]+a.base:i[0],c=t[p]||0,s="".concat(p," ").concat(c);t[p]=c+1;var d=e(s),u={css:i[1],media:i[2],sourceMap:i[3],supports:i[4],layer:i[5]};if(-1!==d)o[d].references++,o[d].updater(u);else{var f=function(r,o){var e=o.domAPI(o);return e.update(r),function(o){o?(o.css!==r.css||o.media!==r.media||o.sourceMap!==r.sourceMap||o.supports!==r.supports||o.layer!==r.layer)&&e.update(r=o):e.remove()}}(u,a);a.byIndex=l,o.splice(l,0,{identifier:s,updater:f,references:1})}n.push(s)}return n}r.exports=function(r,t){var n=a(r=r||[],t=t||{});return function(r){r=r||[];for(var l=0;l<n.length;l++){var i=e(n[l]);o[i].references--}for(var p=a(r,t),c=0;c<n.length;c++){var s=e(n[c]);0===o[s].references&&(o[s].updater(),o.splice(s,1))}n=p}}},659(r){var o={};r.exports=function(r,e){var a=function(r){if(void 0===o[r]){var e=document.querySelector(r);if(window.HTMLIFrameElement&&e instanceof window.HTMLIFrameElement)try{e=e.contentDocument.head}catch(r){e=null}o[r]=e}return o[r]}(r);if(!a)throw Error("Couldn't find a style target. This probably means that the value for the 'insert' parameter is invalid.");a.appendChild(e)}},540(r){r.exports=function(r){var o=document.createElement("style");return r.setAttributes(o,r.attributes),r.insert(o,r.options),o}},56(r,o,e){r.exports=function(r){var o=e.nc;o&&r.setAttribute("nonce",o)}},825(r){r.exports=function(r){if("u"<typeof document)return{update:function(){},remove:function(){}};var o=r.insertStyleElement(r);return{update:function(e){var a,t,n;a="",e.supports&&(a+="@supports (".concat(e.supports,") {")),e.media&&(a+="@media ".concat(e.media," {")),(t=void 0!==e.layer)&&(a+="@layer".concat(e.layer.length>0?" ".concat(e.layer):""," {")),a+=e.css,t&&(a+="}"),e.media&&(a+="}"),e.supports&&(a+="}"),(n=e.sourceMap)&&"u">typeof btoa&&(a+="\n/*# sourceMappingURL=data:application/json;base64,".concat(btoa(unescape(encodeURIComponent(JSON.stringify(n))))," */")),r.styleTagTransform(a,o,r.options)},remove:function(){var r;null===(r=o).parentNode||r.parentNode.removeChild(r)}}}},113(r){r.exports=function(r,o){if(o.styleSheet)o.styleSheet.cssText=r;else{for(;o.firstChild;)o.removeChild(o.firstChild);o.appendChild(document.createTextNode(r))}}},579(r,o,e){var a=e(72),t=e.n(a),n=e(825),l=e.n(n),i=e(659),p=e.n(i),c=e(56),s=e.n(c),d=e(540),u=e.n(d),f=e(113),b=e.n(f),v=e(475),g={};g.styleTagTransform=b(),g.setAttributes=s(),g.insert=p().bind(null,"head"),g.domAPI=l(),g.insertStyleElement=u(),t()(v.A,g),v.A&&v.A.locals&&v.A.locals}}]);
+
+/* the estimate beside Start (estimate.tsx) */
+
+.ortlab-Estimate {
+  font-size: var(--jp-ui-font-size0);
+  color: var(--jp-ui-font-color2);
+  overflow-wrap: anywhere;
+}
+
+.ortlab-Estimate[data-pending='true'] {
+  opacity: 0.6;
+}
+
+.ortlab-Estimate-verdict {
+  font-weight: bold;
+}
+
+.ortlab-Estimate-nofit .ortlab-Estimate-verdict,
+.ortlab-Estimate-nofit .ortlab-Estimate-line {
+  color: var(--jp-error-color1);
+}
+
+.ortlab-Estimate-refusal {
+  white-space: pre-wrap;
+  margin-top: 4px;
+  padding: 4px 6px;
+  border-left: 3px solid var(--jp-error-color1);
+  background: var(--jp-layout-color2);
+}
+
+.ortlab-Estimate-why {
+  white-space: nowrap;
+  overflow: hidden;
+  text-overflow: ellipsis;
+}
+`,""]),e.d(o,{},{A:i})},314(r){r.exports=function(r){var o=[];return o.toString=function(){return this.map(function(o){var e="",a=void 0!==o[5];return o[4]&&(e+="@supports (".concat(o[4],") {")),o[2]&&(e+="@media ".concat(o[2]," {")),a&&(e+="@layer".concat(o[5].length>0?" ".concat(o[5]):""," {")),e+=r(o),a&&(e+="}"),o[2]&&(e+="}"),o[4]&&(e+="}"),e}).join("")},o.i=function(r,e,a,t,l){"string"==typeof r&&(r=[[null,r,void 0]]);var i={};if(a)for(var n=0;n<this.length;n++){var p=this[n][0];null!=p&&(i[p]=!0)}for(var s=0;s<r.length;s++){var c=[].concat(r[s]);a&&i[c[0]]||(void 0!==l&&(void 0===c[5]||(c[1]="@layer".concat(c[5].length>0?" ".concat(c[5]):""," {").concat(c[1],"}")),c[5]=l),e&&(c[2]&&(c[1]="@media ".concat(c[2]," {").concat(c[1],"}")),c[2]=e),t&&(c[4]?(c[1]="@supports (".concat(c[4],") {").concat(c[1],"}"),c[4]=t):c[4]="".concat(t)),o.push(c))}},o}},601(r){r.exports=function(r){return r[1]}},72(r){var o=[];function e(r){for(var e=-1,a=0;a<o.length;a++)if(o[a].identifier===r){e=a;break}return e}function a(r,a){for(var t={},l=[],i=0;i<r.length;i++){var n=r[i],p=a.base?n[0]+a.base:n[0],s=t[p]||0,c="".concat(p," ").concat(s);t[p]=s+1;var d=e(c),u={css:n[1],media:n[2],sourceMap:n[3],supports:n[4],layer:n[5]};if(-1!==d)o[d].references++,o[d].updater(u);else{var f=function(r,o){var e=o.domAPI(o);return e.update(r),function(o){o?(o.css!==r.css||o.media!==r.media||o.sourceMap!==r.sourceMap||o.supports!==r.supports||o.layer!==r.layer)&&e.update(r=o):e.remove()}}(u,a);a.byIndex=i,o.splice(i,0,{identifier:c,updater:f,references:1})}l.push(c)}return l}r.exports=function(r,t){var l=a(r=r||[],t=t||{});return function(r){r=r||[];for(var i=0;i<l.length;i++){var n=e(l[i]);o[n].references--}for(var p=a(r,t),s=0;s<l.length;s++){var c=e(l[s]);0===o[c].references&&(o[c].updater(),o.splice(c,1))}l=p}}},659(r){var o={};r.exports=function(r,e){var a=function(r){if(void 0===o[r]){var e=document.querySelector(r);if(window.HTMLIFrameElement&&e instanceof window.HTMLIFrameElement)try{e=e.contentDocument.head}catch(r){e=null}o[r]=e}return o[r]}(r);if(!a)throw Error("Couldn't find a style target. This probably means that the value for the 'insert' parameter is invalid.");a.appendChild(e)}},540(r){r.exports=function(r){var o=document.createElement("style");return r.setAttributes(o,r.attributes),r.insert(o,r.options),o}},56(r,o,e){r.exports=function(r){var o=e.nc;o&&r.setAttribute("nonce",o)}},825(r){r.exports=function(r){if("u"<typeof document)return{update:function(){},remove:function(){}};var o=r.insertStyleElement(r);return{update:function(e){var a,t,l;a="",e.supports&&(a+="@supports (".concat(e.supports,") {")),e.media&&(a+="@media ".concat(e.media," {")),(t=void 0!==e.layer)&&(a+="@layer".concat(e.layer.length>0?" ".concat(e.layer):""," {")),a+=e.css,t&&(a+="}"),e.media&&(a+="}"),e.supports&&(a+="}"),(l=e.sourceMap)&&"u">typeof btoa&&(a+="\n/*# sourceMappingURL=data:application/json;base64,".concat(btoa(unescape(encodeURIComponent(JSON.stringify(l))))," */")),r.styleTagTransform(a,o,r.options)},remove:function(){var r;null===(r=o).parentNode||r.parentNode.removeChild(r)}}}},113(r){r.exports=function(r,o){if(o.styleSheet)o.styleSheet.cssText=r;else{for(;o.firstChild;)o.removeChild(o.firstChild);o.appendChild(document.createTextNode(r))}}},579(r,o,e){var a=e(72),t=e.n(a),l=e(825),i=e.n(l),n=e(659),p=e.n(n),s=e(56),c=e.n(s),d=e(540),u=e.n(d),f=e(113),b=e.n(f),v=e(475),g={};g.styleTagTransform=b(),g.setAttributes=c(),g.insert=p().bind(null,"head"),g.domAPI=i(),g.insertStyleElement=u(),t()(v.A,g),v.A&&v.A.locals&&v.A.locals}}]);
