@@ -24,6 +24,7 @@ import nbformat
 import pytest
 from colablike import KERNEL_PACKAGES, _uv, bare_env, colab_like_venv, copy_of, versions
 from conftest import ROOT
+from test_notebooks import warnings_shown
 
 from ortlab.notebooks import run_notebook
 
@@ -79,6 +80,9 @@ def test_the_tutorials_install_and_run_in_a_colab_like_host(host, tmp_path, monk
     monkeypatch.setenv("ORTLAB_PIP_SOURCE", ROOT.resolve().as_uri())
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("PIP_DISABLE_PIP_VERSION_CHECK", "1")
+    # A fresh host's ortlab cache (the doctor's, the peak's): what this machine's other environments cached is not
+    # the host's (its doctor once reported the development venv's compile runtime as "built for another ortlab").
+    monkeypatch.setenv("ORTLAB_CACHE_DIR", str(tmp_path / "ortlab-cache"))
     times["ready_s"] = round(time.monotonic() - start, 1)
     shown = {}
     for name in NOTEBOOKS:
@@ -97,6 +101,7 @@ def test_the_tutorials_install_and_run_in_a_colab_like_host(host, tmp_path, monk
         assert errors == [], f"{name}: a cell failed (IPython 7 prints a failed display and goes on)"
         said = "".join(o.get("text", "") for o in executed.cells[1].get("outputs", []))
         assert "pip changed packages" not in said, f"{name}: {said}"
+        assert warnings_shown(executed) == [], f"{name}: library warnings reached the notebook's output"
         shown[name] = [o["data"][WIDGET_VIEW] for o in outputs if WIDGET_VIEW in o.get("data", {})]
 
     after = versions(python)
