@@ -171,7 +171,8 @@ class MixPanel:
         self.check_button = widgets.Button(
             description="check again" if self.probed else "check this machine",
             tooltip="try each acceleration for real (10-40 s, in the background)",
-            layout=widgets.Layout(width="max-content"),
+            # flex: not shrunk beside a long note (ipywidgets 7 cut the label to "check this …" in the classic notebook)
+            layout=widgets.Layout(width="max-content", flex="0 0 auto"),
         )
         self.check_note = widgets.HTML(_checked_html(self.report))
         self._check_thread: threading.Thread | None = None

@@ -46,7 +46,14 @@ class Workbench(SpecForm, MixPanel, RunsPanel, EstimateNote, widgets.VBox):
                 widgets.HBox([self.task, self.text_column, self.label_column]),
                 self.chat_box,
                 self.preference_box,
-                widgets.HBox([widgets.HTML("<b>acceleration mix</b>"), self.check_button, self.check_note]),
+                # (the heading and button keep their width: ipywidgets 7 shrank both beside a long note, #43)
+                widgets.HBox(
+                    [
+                        widgets.HTML("<b>acceleration mix</b>", layout=widgets.Layout(flex="0 0 auto")),
+                        self.check_button,
+                        self.check_note,
+                    ]
+                ),
                 *accel_rows,
                 widgets.HBox([self.tune_button, self.tune_note]),
                 widgets.HTML("<b>training</b>"),
