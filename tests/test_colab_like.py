@@ -101,6 +101,8 @@ def test_the_tutorials_install_and_run_in_a_colab_like_host(host, tmp_path, monk
         assert errors == [], f"{name}: a cell failed (IPython 7 prints a failed display and goes on)"
         said = "".join(o.get("text", "") for o in executed.cells[1].get("outputs", []))
         assert "pip changed packages" not in said, f"{name}: {said}"
+        if name == NOTEBOOKS[0]:  # no anywidget in the host: the open page must be told to load it
+            assert "with anywidget" in said and "Reload this page once" in said, f"{name}: {said!r}"
         assert warnings_shown(executed) == [], f"{name}: library warnings reached the notebook's output"
         shown[name] = [o["data"][WIDGET_VIEW] for o in outputs if WIDGET_VIEW in o.get("data", {})]
 
