@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -51,8 +52,23 @@ def colab_like_venv() -> tuple[Path, float]:
     if not PYTHON_312.exists():
         pytest.fail(f"no Python 3.12 at {PYTHON_312}: set ORTLAB_TEST_PYTHON312 to one (pyenv install 3.12)")
     recipe = PINS.read_bytes() + ASSETS.read_bytes() + str(PYTHON_312).encode() + BUILD_STEPS_VERSION
-    digest = hashlib.sha256(recipe).hexdigest()[:12]
-    venv = cache_root() / f"colab-like-{digest}"
+
+    def steps(venv: Path) -> list[list[str]]:
+        python = str(venv / "bin" / "python")
+        return [
+            [_uv(), "venv", "-q", "--seed", "--python", str(PYTHON_312), str(venv)],  # --seed: pip, as Colab has
+            [_uv(), "pip", "install", "-q", "--python", python, "-r", str(PINS)],
+            [_uv(), "pip", "install", "-q", "--python", python, "--no-deps", "-r", str(ASSETS)],
+        ]
+
+    return cached_venv("colab-like", recipe, steps)
+
+
+def cached_venv(name: str, recipe: bytes, steps: Callable[[Path], list[list[str]]]) -> tuple[Path, float]:
+    """The venv `cache_root()/NAME-HASH` (HASH of `recipe`: a changed recipe builds a new one), built by the commands
+    `steps(venv)` returns when it is missing or unfinished, under a file lock (xdist workers wait for one build);
+    with the seconds the build took here (0.0 when cached). Fails the test with the command that failed."""
+    venv = cache_root() / f"{name}-{hashlib.sha256(recipe).hexdigest()[:12]}"
     venv.parent.mkdir(parents=True, exist_ok=True)
     with open(venv.parent / f".{venv.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -60,19 +76,14 @@ def colab_like_venv() -> tuple[Path, float]:
             return venv, 0.0
         start = time.monotonic()
         shutil.rmtree(venv, ignore_errors=True)
-        python = str(venv / "bin" / "python")
-        steps = [
-            [_uv(), "venv", "-q", "--seed", "--python", str(PYTHON_312), str(venv)],  # --seed: pip, as Colab has
-            [_uv(), "pip", "install", "-q", "--python", python, "-r", str(PINS)],
-            [_uv(), "pip", "install", "-q", "--python", python, "--no-deps", "-r", str(ASSETS)],
-        ]
-        for cmd in steps:
+        for cmd in steps(venv):
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
             if done.returncode != 0:
-                pytest.fail(f"building the Colab-like venv failed; run: {' '.join(cmd)}\n{done.stderr[-3000:]}")
+                pytest.fail(f"building the {name} venv failed; run: {' '.join(cmd)}\n{done.stderr[-3000:]}")
         # The .pyc files, as Colab's image has them: with PYTHONDONTWRITEBYTECODE set (these machines, CI) every
         # process (the doctor's probes, the run's worker) would compile torch and transformers again. Its exit code
-        # is not checked: a few third-party files (templates, old test data) are not valid Python 3.12.
+        # is not checked: a few third-party files (templates, old test data) are not valid Python 3.
+        python = str(venv / "bin" / "python")
         subprocess.run([python, "-m", "compileall", "-q", "-j", "0", str(venv / "lib")], capture_output=True)
         (venv / ".complete").write_text(f"built in {time.monotonic() - start:.0f} s\n")
         return venv, time.monotonic() - start

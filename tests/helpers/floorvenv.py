@@ -14,19 +14,15 @@ and the build steps); ortlab itself is not in it: a test installs this checkout 
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import os
 import re
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import tomllib
-from colablike import ASSETS, ROOT, _uv, cache_root
+from colablike import ASSETS, ROOT, _uv, cached_venv
 
 BUILD_STEPS_VERSION = b"1"  # raise it when the steps in floor_venv change: a new venv is built
 EXTRAS = ("llm",)  # peft and gguf: cheap, and transformers imports peft whenever it is installed
@@ -65,30 +61,17 @@ def floor_venv() -> tuple[Path, float]:
     test with the command when it cannot be built."""
     python = python_311()
     recipe = "\n".join(declared()).encode() + ASSETS.read_bytes() + str(python).encode() + BUILD_STEPS_VERSION
-    venv = cache_root() / f"floors-{hashlib.sha256(recipe).hexdigest()[:12]}"
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    with open(venv.parent / f".{venv.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (venv / ".complete").is_file():
-            return venv, 0.0
-        start = time.monotonic()
-        shutil.rmtree(venv, ignore_errors=True)
+
+    def steps(venv: Path) -> list[list[str]]:
         py = str(venv / "bin" / "python")
-        constraints = venv / "floors.txt"
-        steps = [
+        constraints = venv.parent / f".{venv.name}.floors.txt"  # (beside the venv: `uv venv` makes its folder)
+        constraints.write_text("".join(f"{name}=={floor}\n" for name, floor in floors().items()))
+        return [
             [_uv(), "venv", "-q", "--python", str(python), str(venv)],
             [_uv(), "pip", "install", "-q", "--python", py, "--resolution", "lowest-direct", "-c", str(constraints),
              f"{ROOT}[{','.join(EXTRAS)}]"],
             [_uv(), "pip", "uninstall", "-q", "--python", py, "ortlab"],  # the test installs its own checkout's
             [_uv(), "pip", "install", "-q", "--python", py, "--no-deps", "-r", str(ASSETS)],
         ]  # fmt: skip
-        for i, cmd in enumerate(steps):
-            if i == 1:
-                constraints.write_text("".join(f"{name}=={floor}\n" for name, floor in floors().items()))
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-            if done.returncode != 0:
-                pytest.fail(f"building the floors venv failed; run: {' '.join(cmd)}\n{done.stderr[-3000:]}")
-        # The .pyc files, as in colablike: with PYTHONDONTWRITEBYTECODE set, every child would compile torch again.
-        subprocess.run([py, "-m", "compileall", "-q", "-j", "0", str(venv / "lib")], capture_output=True)
-        (venv / ".complete").write_text(f"built in {time.monotonic() - start:.0f} s\n")
-        return venv, time.monotonic() - start
+
+    return cached_venv("floors", recipe, steps)
