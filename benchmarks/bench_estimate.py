@@ -72,13 +72,43 @@ def smollm(lora: bool, checkpointing: bool, batch: int = 2) -> dict:
     }
 
 
+# A tiny T5 (tests/helpers/tiny_models.py: ortlab's test models, built here in a second from embedded text) on a toy
+# seq2seq task; built into MODELS by `prepare_models` before the rows run.
+MODELS = Path(tempfile.gettempdir()) / "bench-estimate-models"
+
+
+def seq2seq_tiny() -> dict:
+    return {
+        "task": "seq2seq",
+        "model": {"name": str(MODELS / "tiny-t5")},
+        "data": {"source": str(MODELS / "reverse.csv"), "source_column": "source", "target_column": "target",
+                 "max_train_samples": 400, "max_eval_samples": 16},
+        "hyper": {"batch_size": 16, "max_length": 32, "max_target_length": 16, "max_steps": 12, "eval_batch_size": 16},
+        "generation": {"predict_with_generate": False},
+        "accel": {"precision": "fp32", "tune": "off", "tcmalloc": False},
+    }  # fmt: skip
+
+
+def prepare_models() -> None:
+    """The tiny T5 and its data, once (`MODELS`)."""
+    if (MODELS / "tiny-t5" / "config.json").is_file() and (MODELS / "reverse.csv").is_file():
+        return
+    sys.path.insert(0, str(HERE.parent / "tests" / "helpers"))
+    from tiny_models import build_tiny_bert, build_tiny_seq2seq, write_reverse_pairs
+
+    MODELS.mkdir(parents=True, exist_ok=True)
+    bert = build_tiny_bert(MODELS / "tiny-bert")
+    build_tiny_seq2seq(MODELS / "tiny-t5", "t5", bert)
+    write_reverse_pairs(MODELS / "reverse.csv", n=600)
+
+
 GRID = {
-    "minilm-b8-l32": minilm(8, 32),
-    "minilm-b8-l128": minilm(8, 128),
-    "minilm-b32-l32": minilm(32, 32),
-    "minilm-b32-l128": minilm(32, 128),
+    **{f"minilm-b{b}-l{n}": minilm(b, n) for b in (8, 16, 32) for n in (32, 64, 128)},
     "minilm-b16-l64-ckpt": minilm(16, 64, hyper={"gradient_checkpointing": True}),
     "minilm-b16-l64-fused": minilm(16, 64, accel={"fused_adam": True}),
+    # two processes on this machine with ZeRO-1 (each its share of the cores; the estimate is per process)
+    "minilm-b16-l64-zero1-x2": minilm(16, 64, accel={"zero_stage": 1}, target={"processes": 2}),
+    "seq2seq-tiny-t5": seq2seq_tiny(),
     "smollm-lora": smollm(True, False),
     "smollm-lora-ckpt": smollm(True, True),
     "smollm-full": smollm(False, False),
@@ -98,6 +128,10 @@ def run_row(name: str, spec: dict, out: Path, timeout_s: float) -> dict:
             from ortlab.runner import train_spec
             from ortlab.spec import RunSpec
 
+            if spec.get("target", {}).get("processes", 1) > 1:  # torchrun's processes: the launcher, not train_spec
+                report.write_text(json.dumps(launched_row(name, spec, out)))
+                code = 0
+                return
             run_spec = RunSpec.parse({**spec, "output_dir": str(out / "runs"), "name": name})
             cpu: dict[int, float] = {}  # step -> this process's CPU seconds (all threads) when it ended
 
@@ -141,6 +175,20 @@ def run_row(name: str, spec: dict, out: Path, timeout_s: float) -> dict:
     data = json.loads(report.read_text()) if report.is_file() else {"error": "the child wrote nothing"}
     data["seconds"] = round(time.monotonic() - started, 1)
     return data
+
+
+def launched_row(name: str, spec: dict, out: Path) -> dict:
+    """A multi-process row, launched as a user launches it; measured from its result.json: the steady step time (wall
+    clock: there is no one process whose CPU time is the step's) and the peak memory of its processes."""
+    import ortlab
+
+    run = ortlab.launch({**spec, "name": name}, root=out / "runs")
+    status = run.wait(timeout=600)
+    if status["state"] != "completed":
+        return {"error": f"{status['state']}: {run.dir.log_path.read_text()[-400:]}"}
+    result = run.result()
+    return {"summary": result["summary"], "wall_time_s": result.get("wall_time_s"), "cpu_step_s": None,
+            "threads": None, "load": os.getloadavg()}  # fmt: skip
 
 
 def loo_entries(rows: dict[str, dict], leave: str) -> dict:
@@ -190,6 +238,8 @@ def main() -> None:
     os.environ["ORTLAB_ESTIMATE_RECORD"] = "0"  # the rows must not calibrate this machine's estimator
     started = time.monotonic()
     load_before = os.getloadavg()
+    if any(name.startswith("seq2seq") for name in names):
+        prepare_models()
     import ortlab.lifecycle.execute  # (the heavy imports, once, before the children fork)
     import ortlab.runner.foreground  # noqa: F401
 
@@ -244,9 +294,9 @@ def main() -> None:
         "notes": [
             "the default CPU runtime (700 MB) and backward factor (1.5) were fitted on the MiniLM rows without "
             "checkpointing (in-sample); the SmolLM2 and checkpointed rows test them",
-            "step time: 'wall' is what the run measured on this shared machine (load average 11-17 on 2 cores), "
-            "'cpu' the CPU seconds per steady step over the threads (what the step takes with the cores to itself); "
-            "rows without 'cpu' were measured before it was recorded",
+            "step time: 'wall' is what the run measured (the machine's load average is in `machine`), 'cpu' the "
+            "CPU seconds per steady step over the threads (what the step takes with the cores to itself); a "
+            "multi-process row has 'wall' only",
             "SmolLM2 rows have one steady step each (a step took a minute under the load)",
         ],
         "estimate_seconds": timing,

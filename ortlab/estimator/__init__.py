@@ -318,6 +318,9 @@ def estimate(
     if card is None:
         peak_flops, peak_basis, peak_note = cpu_peak(precision)
         notes.append(f"peak: {peak_note}")
+        if spec.target.processes > 1:  # the processes of a run here share this CPU's cores, and so its peak
+            peak_flops /= spec.target.processes
+            notes.append(f"{spec.target.processes} processes share the CPU's peak: each has 1/{spec.target.processes}")
     else:
         peak_flops, peak_basis = card.peak_flops(precision), FORMULA
     measured_eff = calibration.value(entries, ckey, "efficiency")
@@ -349,6 +352,7 @@ def estimate(
         eff_basis,
         kind,
         spec.target.processes,
+        setup.optimizer,
     )
     step = total("step", sterms)
     steps = _steps(spec, lengths)

@@ -27,23 +27,33 @@ from ortlab.estimator.terms import ASSUMED, CALIBRATED, FORMULA, MEASURED, Term,
 from ortlab.flops import ModelShape, flops_per_sample
 
 # Default efficiency (MFU) by (device, family) before any run here: CPU values from benchmarks/bench_estimate.py on
-# this project's 2-core machine (shared: other work ran), GPU values the usual range of small-model fine-tuning in
-# bf16 (0.2-0.5), assumed until a GPU run here calibrates them.
+# this project's 2-core EPYC, quiet, against its fp32 peak measured quiet (163 GFLOP/s; the 111 cached before was
+# measured under load and made the runs' MFU read 86-128 %): MiniLM 0.53-0.80 by batch (0.75), SmolLM2 0.43-0.62
+# (0.6). GPT-2-style decoders were not measured (0.5, between). The tiny T5 of that grid reached 0.03 (its steps are
+# overhead): 0.25 kept for real encoder-decoders, unmeasured. GPU values: the usual range of small-model fine-tuning
+# in bf16 (0.2-0.5), assumed until a GPU run here calibrates them.
 EFFICIENCY = {
-    ("cpu", "encoder"): 0.25,
-    ("cpu", "decoder-gated"): 0.35,
-    ("cpu", "decoder"): 0.3,
+    ("cpu", "encoder"): 0.75,
+    ("cpu", "decoder-gated"): 0.6,
+    ("cpu", "decoder"): 0.5,
     ("cpu", "encoder-decoder"): 0.25,
 }
 GPU_EFFICIENCY = 0.35
 CPU_PEAK_DEFAULT = 50e9  # FLOP/s when no peak was ever measured here (`ortlab doctor` measures it)
-CPU_BANDWIDTH = 5e9  # bytes/s the optimizer streams its state at (assumed: a busy server core pair)
+# Bytes/s AdamW streams its state at on a CPU, by torch's implementation (`memory.optimizer_variant`), measured on this
+# project's 2-core EPYC (torch 2.6, 2 threads, best of 5 steps at ADAMW_BYTES per parameter): fused 38-40 GB/s,
+# the per-tensor loop 3.6-4.5 GB/s, over 22.7M and 135M parameters. The loop is nearly ten times slower: a step of a
+# full 135M-parameter fine-tune spends 0.85 s in it against 0.10 s fused. (The one assumed 5 GB/s it replaces
+# made every fused run's optimizer term 8x too long: the estimate grid's calibrated step-time error fell from 32 %
+# to 5 % median with it.)
+CPU_BANDWIDTH = {"fused": 38e9, "foreach": 4.5e9, "for-loop": 4.5e9}
+CPU_ALLREDUCE_BANDWIDTH = 5e9  # bytes/s of gloo's all-reduce between processes of one machine (assumed)
 GPU_BANDWIDTH = 1.5e12
 ADAMW_BYTES = 28  # per trainable parameter and step: read weight, grad, 2 moments (16), write weight, 2 moments (12)
 # A step's cost that no FLOP count sees: the trainer's Python, the collator, kernel launches (a GPU runs a small
 # model's kernels faster than Python issues them), per step and per layer of every micro-batch (assumed).
-STEP_OVERHEAD_S = {"cpu": 0.02, "cuda": 0.01}
-STEP_OVERHEAD_PER_LAYER_S = {"cpu": 0.002, "cuda": 0.0015}
+STEP_OVERHEAD_S = {"cpu": 0.005, "cuda": 0.01}  # (cpu: the tiny T5's whole step took 13 ms; 20 ms was assumed)
+STEP_OVERHEAD_PER_LAYER_S = {"cpu": 0.001, "cuda": 0.0015}
 STARTUP_S = {"cpu": 25.0, "cuda": 40.0}  # imports, model and data loading before the first step (assumed)
 
 
@@ -91,6 +101,7 @@ def step_terms(
     efficiency_basis: str,
     device: str,
     processes: int,
+    optimizer: str = "fused",
 ) -> tuple[list[Term], float]:
     """(the terms of one optimizer step in seconds, its model FLOPs for the MFU)."""
     per_sample = flops_per_sample(shape, round(seq_mean))
@@ -107,12 +118,15 @@ def step_terms(
             f"{(model_flops + recompute) / 1e9:,.0f} GFLOP at {efficiency:.0%} of {peak / 1e9:,.0f} GFLOP/s",
         )
     ]
-    bandwidth = GPU_BANDWIDTH if device == "cuda" else CPU_BANDWIDTH
-    terms.append(term("optimizer", trainable * ADAMW_BYTES / bandwidth, 0.5, ASSUMED, "AdamW's pass over its state"))
+    bandwidth = GPU_BANDWIDTH if device == "cuda" else CPU_BANDWIDTH[optimizer]
+    basis, spread = (ASSUMED, 0.5) if device == "cuda" else (MEASURED, 0.3)  # (CPU: measured here, per variant)
+    note = f"AdamW ({optimizer}) over its state at {bandwidth / 1e9:.0f} GB/s"
+    terms.append(term("optimizer", trainable * ADAMW_BYTES / bandwidth, spread, basis, note))
     per_step = STEP_OVERHEAD_S[device] + STEP_OVERHEAD_PER_LAYER_S[device] * shape.layers * micro_batches
     terms.append(term("framework", per_step, 0.5, ASSUMED, "Python, kernel launches, collation"))
     if processes > 1:
-        terms.append(term("gradient all-reduce", trainable * 4 * 2 / bandwidth, 0.7, ASSUMED, "ring all-reduce"))
+        link = GPU_BANDWIDTH if device == "cuda" else CPU_ALLREDUCE_BANDWIDTH
+        terms.append(term("gradient all-reduce", trainable * 4 * 2 / link, 0.7, ASSUMED, "ring all-reduce"))
     return terms, model_flops
 
 
