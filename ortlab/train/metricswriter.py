@@ -160,8 +160,9 @@ class StepMetricsCallback(TrainerCallback):
     `on_step_begin` to `on_step_end` (forward, backward, optimizer), so batch fetching and evaluation are out.
 
     With several processes, every rank's step time and peak memory are gathered into the step line (`workers`, by
-    rank), so a straggler shows, and its loss is the mean of every rank's (equal shares of the batch). `recorded_through`: steps up to this one are already in the stream (a worker group
-    restarted from an earlier checkpoint trains them again): they are not written twice.
+    rank), so a straggler shows, and its loss is the mean of every rank's (equal shares of the batch).
+    `recorded_through`: steps up to this one are already in the stream (a worker group restarted from an earlier
+    checkpoint trains them again): they are not written twice.
     """
 
     def __init__(self, trainer: Any, sink: Callable[[dict], None]):
