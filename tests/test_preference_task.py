@@ -91,14 +91,22 @@ def test_dpo_with_lora_on_smollm2_records_pair_scores(tmp_path):
 
 
 @pytest.mark.slow
-def test_dpo_on_two_processes_with_zero1_trains_what_one_process_trains(tiny_chat_llama, tmp_path):
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("where", ["torchrun", pytest.param("ray", marks=pytest.mark.xdist_group("ray-cluster"))])
+def test_dpo_on_two_processes_with_zero1_trains_what_one_process_trains(where, tiny_chat_llama, tmp_path, request):
     """Full fine-tuning DPO (its reference precomputed on each rank) on two processes with ZeRO-1, each with half the
-    batch, against one process with the whole batch: the same step losses, rewards and held-out scores. The step
-    loss is every rank's (it was rank 0's alone: 0.553 against 0.530 at step 3)."""
+    batch (torchrun on this machine, or two Ray Train workers on the session's local two-node cluster), against one
+    process with the whole batch: the same step losses, rewards and held-out scores. The step loss is every rank's
+    (it was rank 0's alone: 0.553 against 0.530 at step 3)."""
     import ortlab
 
+    if where == "ray":
+        request.getfixturevalue("ray_head")
     results = {}
     for procs in (1, 2):
+        target = {"processes": procs}
+        if procs > 1 and where == "ray":
+            target["cluster"] = "local"
         spec = {
             "name": f"dpo-x{procs}",
             "task": "preference",
@@ -110,7 +118,7 @@ def test_dpo_on_two_processes_with_zero1_trains_what_one_process_trains(tiny_cha
             "preference": {"loss": "dpo", "beta": 0.1},
             "accel": {"ort": False, "fused_adam": False, "precision": "fp32", "tune": "off",
                       "zero_stage": 1 if procs > 1 else 0},
-            "target": {"processes": procs},
+            "target": target,
         }  # fmt: skip
         run = ortlab.launch(spec, root=tmp_path / "runs")
         status = run.wait(timeout=600)
