@@ -183,7 +183,8 @@ def ortlab_child(opts: argparse.Namespace) -> None:
     optim = getattr(args.optim, "value", args.optim)
     print(
         f"[ortlab] reference={trainer.reference} optim={optim} bf16={args.bf16} use_ort={args.use_ort} "
-        f"gradient_checkpointing={args.activation_checkpointing} tcmalloc={args.tcmalloc}",
+        f"gradient_checkpointing={args.activation_checkpointing} tcmalloc={args.tcmalloc} "
+        f"prompt_shared={trainer.prompt_sharing['applied']}",
         file=sys.stderr,
         flush=True,
     )

@@ -77,6 +77,7 @@ def test_the_smoke_run_trains_every_row_and_writes_paired_ratios_memory_and_the_
     assert any("gradient_checkpointing=True optim=adamw_torch loss_type=['sigmoid']" in s for s in rows["trl"]["said"])
     assert any("gradient_checkpointing=False optim=adamw_torch_fused" in s for s in rows["trl_equal"]["said"])
     assert any(s.startswith("[ortlab] reference=adapter optim=adamw_torch_fused") for s in rows["ortlab"]["said"])
+    assert any(s.endswith("prompt_shared=True") for s in rows["ortlab"]["said"])  # each prompt run once
     # Both sides trained the same first batch: the policy's log-probabilities agree (fp32 on both here).
     check = report["first_step_check"]
     assert check["loss_abs_diff"] < 1e-4

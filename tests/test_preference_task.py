@@ -85,6 +85,9 @@ def test_dpo_with_lora_on_smollm2_records_pair_scores(tmp_path):
     assert result["eval_before"]["eval_rewards/margins"] == pytest.approx(0.0, abs=1e-6)
     assert result["eval_after"]["eval_rewards/margins"] != pytest.approx(0.0, abs=1e-6)
     assert result["summary"]["steps"] == 5
+    # the run says which reference scored the pairs and that each prompt ran once (the chat prompts are shared)
+    sharing = {"applied": True, "reason": None, "fallback_batches": 0}
+    assert result["preference"] == {"reference": "adapter", "prompt_sharing": sharing}
     with open(f"{result['run_dir']}/metrics.jsonl") as f:
         steps = [r for r in map(json.loads, f) if r.get("event") == "step"]
     assert steps and all("rewards/margins" in r for r in steps)
@@ -126,6 +129,8 @@ def test_dpo_on_two_processes_with_zero1_trains_what_one_process_trains(where, t
         steps = [r for r in run.metrics() if r.get("event") == "step"]
         results[procs] = (steps, run.result())
     (one, one_result), (two, two_result) = results[1], results[2]
+    assert two_result["preference"]["reference"] == "precomputed"
+    assert two_result["preference"]["prompt_sharing"]["applied"] is True  # (the precomputing shares it too)
     zero = two_result["accelerations"]["zero1"]
     assert zero["applied"] is True and zero["details"]["world_size"] == 2
     assert [s["samples"] for s in two] == [s["samples"] for s in one] == [8, 8, 8]  # sequences: 4 pairs a step

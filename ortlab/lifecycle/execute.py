@@ -243,6 +243,10 @@ def _finish(
     if spec.report_to:
         finish(trainer.callback_handler.callbacks)
     log("after training:  " + _headline(after))
+    if hasattr(trainer, "preference_record"):
+        sharing = trainer.prompt_sharing
+        why = f" ({sharing['reason']})" if sharing["reason"] else ""
+        log(f"pairs: reference {trainer.reference}; each prompt run once: {sharing['applied']}{why}")
     log(f"saving the {'adapter' if spec.adapter.kind == 'lora' else 'model'} to {run.model_dir}")
     trainer.save_model(str(run.model_dir))
     adapter = _adapter_record(trainer.model, spec)  # before a merge folds the adapter away
@@ -263,6 +267,8 @@ def _finish(
         "accelerations": {k: v.to_dict() for k, v in trainer.accelerations.items()},
         "parameters": trainer.parameters_record,
         "adapter": adapter,
+        # A preference run: which reference scored the pairs, and whether each prompt ran once (and if not, why).
+        **({"preference": trainer.preference_record()} if hasattr(trainer, "preference_record") else {}),
     }
 
 

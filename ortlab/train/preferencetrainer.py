@@ -19,6 +19,13 @@ The reference model (DPO, IPO, KTO; ORPO has none), `reference=`:
 - "model": the `ref_model=` passed in.
 Which one ran is recorded in `trainer.reference`.
 
+DPO, IPO and cDPO score each pair with its prompt computed once (`ortlab.train.sharedprompt`: the N prompts, then
+the 2N answers on the prompts' KV cache) for the policy and for a reference that runs at every step, rather than
+the 2N full rows that hold every prompt twice: the same log-probabilities, in fewer token positions. Where that is
+not exact or not supported (gradient checkpointing, ORTModule, torch.compile, a model without a cache, a pair whose
+two rows begin differently, `share_prompt=False`; ORPO, whose NLL may cover the prompt, and KTO, unpaired) the full
+rows run, and `trainer.prompt_sharing` says why.
+
 The metrics TRL logs (rewards/chosen, rewards/rejected, rewards/margins, rewards/accuracies, logps/chosen,
 logps/rejected; ORPO's nll_loss, log_odds_ratio, log_odds_chosen; KTO's kl) go into every `step` record of the
 metrics stream (averaged over the step's micro-batches) and into Trainer's logs (`log` events; `eval_`-prefixed
@@ -34,7 +41,7 @@ from typing import Any
 
 import torch
 
-from ortlab.train.args import ORTTrainingArguments
+from ortlab.train.args import ORTTrainingArguments, checkpointing_on, checkpointing_requested
 from ortlab.train.compat import accepts_optimum_era_arguments
 from ortlab.train.preference import (
     IGNORE,
@@ -50,12 +57,14 @@ from ortlab.train.preference import (
     token_logps,
 )
 from ortlab.train.preferencebatch import PairCollator, UnpairedCollator
+from ortlab.train.sharedprompt import causal_lm, layout, pair_logps, unsupported
 from ortlab.train.trainer import ORTTrainer
 
 __all__ = ["LOSSES", "REFERENCES", "PreferenceTrainer", "PreferenceTrainingArguments"]
 
 LOSSES = ("dpo", "ipo", "orpo", "kto")
 REFERENCES = ("auto", "adapter", "precomputed", "copy", "model")
+NO_CACHE_UNDER_CHECKPOINTING = "gradient checkpointing (transformers turns the KV cache off under it)"
 
 
 @accepts_optimum_era_arguments
@@ -88,6 +97,13 @@ class PreferenceTrainingArguments(ORTTrainingArguments):
         default=True, metadata={"help": "Dropout off in the policy (and a copied reference), so both score alike."}
     )
     max_length: int | None = field(default=None, metadata={"help": "Cut each sequence to this many tokens."})
+    share_prompt: bool = field(
+        default=True,
+        metadata={
+            "help": "DPO/IPO: run each pair's prompt once and both answers on its KV cache (the same numbers, less "
+            "work); where it is not exact or not supported the full rows run and trainer.prompt_sharing says why."
+        },
+    )
     # Trainer would drop every column its model's forward does not name (prompt_ids, chosen_ids, ...).
     remove_unused_columns: bool = field(default=False, metadata={"help": "Keep the preference columns."})
 
@@ -157,7 +173,8 @@ class PreferenceTrainer(ORTTrainer):
             self.ref_model = ref_model.to(self.args.device).eval().requires_grad_(False)
             if args.disable_dropout:
                 _disable_dropout(self.ref_model)
-        elif self.reference == "precomputed":
+        self.prompt_sharing = self._prompt_sharing_at_start()
+        if self.reference == "precomputed":
             self.train_dataset = self.precompute_reference(self.train_dataset)
             if isinstance(self.eval_dataset, dict):
                 self.eval_dataset = {k: self.precompute_reference(v) for k, v in self.eval_dataset.items()}
@@ -188,6 +205,69 @@ class PreferenceTrainer(ORTTrainer):
             return "adapter"
         return "precomputed" if self.method != "kto" and _map_style(self.train_dataset) else "copy"
 
+    # --- each prompt computed once (`ortlab.train.sharedprompt`) ---------------------------------------------------
+
+    def _prompt_sharing_at_start(self) -> dict[str, Any]:
+        """Whether pairs share their prompt in this run, and if not why: what is known before the first batch."""
+        args = self.args
+        if not args.share_prompt:
+            reason = "share_prompt=False"
+        elif self.method not in ("dpo", "ipo"):
+            reason = f"{self.method} scores full rows (ORPO's NLL may cover the prompt; KTO's rows are unpaired)"
+        elif checkpointing_requested(args):
+            reason = NO_CACHE_UNDER_CHECKPOINTING
+        elif args.use_ort:
+            reason = "ORTModule (its exported graph has no KV cache)"
+        elif args.torch_compile:
+            reason = "torch.compile (the cached second forward would recompile)"
+        else:
+            reason = unsupported(self.model) or (unsupported(self.ref_model) if self.ref_model is not None else None)
+        return {"applied": reason is None, "reason": reason, "fallback_batches": 0}
+
+    def preference_record(self) -> dict[str, Any]:
+        """What result.json says of this run's pairs: the reference that scored them and the prompt sharing."""
+        return {"reference": self.reference, "prompt_sharing": dict(self.prompt_sharing)}
+
+    def _layout(self, model: Any, inputs: dict[str, Any]) -> Any:
+        """The batch as prompts and answers, or None (the full rows run; the first reason is recorded)."""
+        sharing = self.prompt_sharing
+        if not sharing["applied"]:
+            return None
+        if type(model).__name__ == "ORTModule" or hasattr(model, "_orig_mod"):
+            sharing.update(applied=False, reason=f"the model runs as {type(model).__name__}")
+            return None
+        if checkpointing_on(causal_lm(self.model)):
+            sharing.update(applied=False, reason=NO_CACHE_UNDER_CHECKPOINTING)
+            return None
+        found = layout(inputs["input_ids"], inputs["attention_mask"], inputs["labels"])
+        if isinstance(found, str):
+            sharing["fallback_batches"] += 1
+            sharing["reason"] = sharing["reason"] or f"a batch ran full rows: {found}"
+            return None
+        return found
+
+    def _policy_pair_logps(self, model: Any, inputs: dict[str, Any], shared: Any) -> tuple[torch.Tensor, ...]:
+        found = pair_logps(model, shared) if shared is not None else None
+        if found is None:
+            logits = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False)
+            found = sequence_logps(logits.logits, inputs["labels"]).chunk(2)
+        return found
+
+    def _reference_pair_logps(self, inputs: dict[str, Any], shared: Any) -> tuple[torch.Tensor, ...]:
+        """The reference's (chosen, rejected) log-probabilities: its prompts once if `shared`, else the full rows."""
+        found = None
+        if shared is not None and self.reference != "precomputed":
+            with torch.no_grad():
+                if self.reference == "adapter":
+                    with _peft_model(self.model).disable_adapter():
+                        found = pair_logps(self.model, shared)
+                else:
+                    found = pair_logps(self.ref_model, shared)
+        if found is None:
+            logits = self._reference_forward(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
+            found = sequence_logps(logits, inputs["labels"]).chunk(2)
+        return found
+
     # --- the reference's log-probabilities ----------------------------------------------------------------------
 
     def _reference_forward(self, **inputs: Any) -> torch.Tensor:
@@ -205,7 +285,8 @@ class PreferenceTrainer(ORTTrainer):
 
     def precompute_reference(self, dataset: Any) -> Any:
         """The rows with `ref_chosen_logps` / `ref_rejected_logps` added: the model as it is now (before training,
-        the reference) scores each pair once, in the precision training runs in."""
+        the reference) scores each pair once, in the precision training runs in (each prompt once where pairs share
+        their prompt, as in training)."""
         if dataset is None or not _map_style(dataset):
             return dataset
         rows = dataset if isinstance(dataset, list) else None
@@ -226,10 +307,7 @@ class PreferenceTrainer(ORTTrainer):
             for batch in loader:
                 batch = {k: v.to(self.args.device) for k, v in batch.items()}
                 with torch.no_grad(), self.compute_loss_context_manager():
-                    logits = self.model(
-                        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False
-                    ).logits
-                c, r = sequence_logps(logits, batch["labels"]).chunk(2)
+                    c, r = self._policy_pair_logps(self.model, batch, self._layout(self.model, batch))
                 chosen += c.float().cpu().tolist()
                 rejected += r.float().cpu().tolist()
         finally:
@@ -263,9 +341,9 @@ class PreferenceTrainer(ORTTrainer):
 
     def _pairs(self, model: Any, inputs: dict[str, Any]) -> tuple[PreferenceLoss, dict[str, float]]:
         ids, mask, labels = inputs["input_ids"], inputs["attention_mask"], inputs["labels"]
-        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
         args = self.args
         if self.method == "orpo":
+            logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
             logps = sequence_logps(logits, labels, average=True)
             chosen, rejected = logps.chunk(2)
             half = ids.shape[0] // 2
@@ -274,13 +352,13 @@ class PreferenceTrainer(ORTTrainer):
             nll = -tok.sum() / tok_mask.sum().clamp(min=1)
             out = orpo_loss(chosen, rejected, nll, beta=args.beta)
         else:
-            chosen, rejected = sequence_logps(logits, labels).chunk(2)
+            shared = self._layout(model, inputs)
+            chosen, rejected = self._policy_pair_logps(model, inputs, shared)
             if "ref_chosen_logps" in inputs:
                 ref_chosen = inputs["ref_chosen_logps"].to(chosen)
                 ref_rejected = inputs["ref_rejected_logps"].to(chosen)
             else:
-                ref_logits = self._reference_forward(input_ids=ids, attention_mask=mask)
-                ref_chosen, ref_rejected = sequence_logps(ref_logits, labels).chunk(2)
+                ref_chosen, ref_rejected = self._reference_pair_logps(inputs, shared)
             lengths = (labels[:, 1:] != IGNORE).sum(-1)
             chosen_len, rejected_len = lengths.chunk(2)
             out = dpo_loss(
