@@ -162,6 +162,9 @@ def test_zero1_two_processes_partition_optimizer_state(runs, tmp_path):
     assert ranks[0]["losses"] != ranks[1]["losses"]
     # ... and the loss has the scale of one process (not multiplied by the number of processes).
     assert abs(ranks[0]["losses"][0] - single["losses"][0]) < 0.1
+    # The step's recorded loss is every rank's mean, the same on both ranks (it was rank 0's own share alone).
+    mean = [(a + b) / 2 for a, b in zip(ranks[0]["losses"], ranks[1]["losses"], strict=True)]
+    assert ranks[0]["step_losses"] == ranks[1]["step_losses"] == pytest.approx(mean, abs=1e-6)
 
 
 @pytest.mark.slow

@@ -209,7 +209,7 @@ RECORDS: dict[str, Record] = {
                 Field(
                     "workers",
                     "list",
-                    doc="by rank: {step_time_s (s), peak_mem_mb (MB)}: a straggler shows",
+                    doc="by rank: {step_time_s (s), peak_mem_mb (MB), loss (its share)}: a straggler shows",
                     when="with several processes",
                 ),
                 *_PREFERENCE,

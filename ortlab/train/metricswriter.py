@@ -160,7 +160,8 @@ class StepMetricsCallback(TrainerCallback):
     `on_step_begin` to `on_step_end` (forward, backward, optimizer), so batch fetching and evaluation are out.
 
     With several processes, every rank's step time and peak memory are gathered into the step line (`workers`, by
-    rank), so a straggler shows, and its loss is the mean of every rank's (equal shares of the batch).
+    rank, with each rank's loss), so a straggler shows; the step's loss is the mean of every rank's (equal shares of
+    the batch).
     `recorded_through`: steps up to this one are already in the stream (a worker group restarted from an earlier
     checkpoint trains them again): they are not written twice.
     """
@@ -232,11 +233,17 @@ class StepMetricsCallback(TrainerCallback):
         world = max(1, args.world_size)
         samples, tokens = counters["samples"] * world, counters["tokens"] * world
         mem, mem_kind = peak_memory_mb(args.device.type)
+        loss, every = counters["loss"], None
+        if args.world_size > 1:
+            every = gather_floats([dt, mem, loss], args.device)  # (dt measured before the gather: it does not count)
+            # The step's loss is every rank's (each trained its share of the batch), as Trainer's own logged loss
+            # is: rank 0's alone made a 2-process run's curve differ from the same batch on one process.
+            loss = sum(rank_loss for _, _, rank_loss in every) / len(every)
         record = {
             "event": events.STEP,
             "step": state.global_step,
             "epoch": state.epoch,
-            "loss": counters["loss"],
+            "loss": loss,
             "learning_rate": self._lr,
             "step_time_s": dt,
             "samples": samples,
@@ -248,12 +255,8 @@ class StepMetricsCallback(TrainerCallback):
         }
         record.update(self._device_numbers(args, counters["flops"] * world, dt))
         record.update(self.trainer._step_extras())  # e.g. rewards/chosen, rewards/accuracies (preference training)
-        if args.world_size > 1:
-            every = gather_floats([dt, mem, counters["loss"]], args.device)  # (dt measured before: not counted)
-            record["workers"] = [{"step_time_s": t, "peak_mem_mb": m} for t, m, _ in every]
-            # The step's loss is every rank's (each trained its share of the batch), as Trainer's own logged loss
-            # is: rank 0's alone made a 2-process run's curve differ from the same batch on one process.
-            record["loss"] = sum(loss for _, _, loss in every) / len(every)
+        if every is not None:
+            record["workers"] = [{"step_time_s": t, "peak_mem_mb": m, "loss": x} for t, m, x in every]
         self.steps.append(record)
         if state.is_world_process_zero and state.global_step > self.recorded_through:
             self.sink(record)

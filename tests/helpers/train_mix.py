@@ -135,9 +135,12 @@ def main() -> None:
         digest.update(params[name].detach().cpu().float().numpy().tobytes())
     inner = innermost_optimizer(trainer.optimizer)
     state_numel = sum(s["exp_avg"].numel() for s in inner.state.values() if "exp_avg" in s)
+    rank = int(os.environ.get("RANK", "0"))
     result = {
-        "rank": int(os.environ.get("RANK", "0")),
-        "losses": [s["loss"] for s in trainer.step_metrics.steps],
+        "rank": rank,
+        # this rank's own loss (its share of the batch), and the step's (every rank's mean) as the run records it
+        "losses": [s["workers"][rank]["loss"] if "workers" in s else s["loss"] for s in trainer.step_metrics.steps],
+        "step_losses": [s["loss"] for s in trainer.step_metrics.steps],
         "changed": sum(not torch.equal(before[n], q) for n, q in params.items() if q.requires_grad),
         "trainable": sum(1 for q in params.values() if q.requires_grad),
         "params_numel": sum(q.numel() for q in params.values()),
