@@ -65,7 +65,8 @@ def test_a_spec_beyond_this_machine_says_it_does_not_fit(workbench, monkeypatch)
         fits = False
         biggest = type("T", (), {"name": "<activations>", "value": 3.5e6})()
 
-    monkeypatch.setattr("ortlab.estimator.estimate", lambda spec: Huge())
+    # (the estimate the note shows comes through `estimator.budget.as_launched`, as the server's route's does)
+    monkeypatch.setattr("ortlab.estimator.budget.estimate", lambda spec, **_: Huge())
     workbench.batch_size.value = 8
     note = _settled(workbench, workbench.estimate_note.value)
     assert "does not fit" in note and "&lt;activations&gt;" in note and "<activations>" not in note
@@ -74,10 +75,10 @@ def test_a_spec_beyond_this_machine_says_it_does_not_fit(workbench, monkeypatch)
 
 
 def test_an_estimate_that_fails_says_why_and_leaves_launch_alone(workbench, monkeypatch):
-    def broken(spec):
+    def broken(spec, **_):
         raise ValueError("no config.json <here>")
 
-    monkeypatch.setattr("ortlab.estimator.estimate", broken)
+    monkeypatch.setattr("ortlab.estimator.budget.estimate", broken)
     workbench.batch_size.value = 16
     note = _settled(workbench, workbench.estimate_note.value)
     assert note == "<small>no estimate: no config.json &lt;here&gt;</small>"

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ortlab.errors import OrtlabError
-from ortlab.estimator import Estimate, as_spec, estimate
+from ortlab.estimator import Estimate, EstimateError, as_spec, estimate
 
 MIN_LENGTH = 32
 
@@ -47,6 +47,22 @@ def fit_spec_budget(spec: Any) -> Budgeted:
         est = fitted.estimate
         minutes = f", {est.total.value / 60:.1f} min" if est.total is not None else ""
         fitted.choices = [f"nothing changed: the estimate ({est.peak.value * 2**20 / 1e9:.2f} GB{minutes}) fits"]
+    return fitted
+
+
+def as_launched(spec: Any, device: str | None = None, price_per_hour: float | None = None) -> Budgeted:
+    """The spec and estimate Launch would start from, for the faces that show it before Launch (the workbench's
+    note, the server's `POST estimate`): with a budget, the spec fitted to it (`fit_spec_budget`, the launch's own
+    fit) and what changed; without one, the spec as it is and no choices. A budget is fitted to this machine, so
+    a named `device` with one is refused; a price is estimated on the fitted spec."""
+    spec = as_spec(spec)
+    if not spec.budget.asked:
+        return Budgeted(spec, estimate(spec, device=device, price_per_hour=price_per_hour))
+    if device is not None:
+        raise EstimateError("device: a budget is fitted to this machine's estimate; leave device out with a budget")
+    fitted = fit_spec_budget(spec)
+    if price_per_hour is not None:  # (the fit's own estimates carry no cost: the fitted spec once more, ~0.1 s)
+        fitted.estimate = estimate(fitted.spec, price_per_hour=price_per_hour)
     return fitted
 
 

@@ -24,11 +24,12 @@ def estimate_in(spec: dict[str, Any], device: Any, price: Any, cwd: Path) -> dic
     """The estimate of `spec` (`ortlab.estimator`), its relative paths read from the server's root folder as a
     launch reads them, with its table: SpecError, EstimateError or BudgetError say why not.
 
-    As the workbench's note does, the estimate is the one Launch would start from: with a budget, of the spec
-    fitted to it (`ortlab.estimator.budget.fit_spec_budget`, the launch's own fit), with what the fit changes in
-    `fitted`; a budget is fitted to this machine, so a named `device` with it is refused. `refusal`: when Launch
-    would refuse the run here (`ortlab.estimator.fits.refused`), its message with the remedies, else null."""
-    from ortlab.estimator import EstimateError, estimate
+    As the workbench's note does, the estimate is the one Launch would start from (`estimator.budget.as_launched`:
+    with a budget, of the spec fitted to it, with what the fit changes in `fitted`; a named `device` with a budget
+    is refused). `refusal`: when Launch would refuse the run here (`ortlab.estimator.fits.refused`), its message
+    with the remedies, else null."""
+    from ortlab.estimator import EstimateError
+    from ortlab.estimator.budget import as_launched
     from ortlab.estimator.fits import refusal, refused
     from ortlab.spec import RunSpec
 
@@ -36,20 +37,10 @@ def estimate_in(spec: dict[str, Any], device: Any, price: Any, cwd: Path) -> dic
         raise EstimateError("device: a device name (cpu, T4, A100 80GB, H100 SXM, ...)")
     if price is not None and (isinstance(price, bool) or not isinstance(price, (int, float)) or price < 0):
         raise EstimateError("price_per_hour: a number, zero or more")
-    run = RunSpec.parse(spec).anchored(cwd)
-    fitted: list[str] = []
-    if run.budget.asked:
-        from ortlab.estimator.budget import fit_spec_budget
-
-        if device is not None:
-            raise EstimateError("device: a budget is fitted to this machine's estimate; leave device out with a budget")
-        budgeted = fit_spec_budget(run)
-        run, fitted = budgeted.spec, budgeted.choices
-        est = budgeted.estimate if price is None else estimate(run, price_per_hour=price)
-    else:
-        est = estimate(run, device=device, price_per_hour=price)
-    why = refusal(run, est, device) if refused(est) else None
-    return {**est.to_dict(), "table": est.table(), "fitted": fitted, "refusal": why}
+    launched = as_launched(RunSpec.parse(spec).anchored(cwd), device=device, price_per_hour=price)
+    est = launched.estimate
+    why = refusal(launched.spec, est, device) if refused(est) else None
+    return {**est.to_dict(), "table": est.table(), "fitted": launched.choices, "refusal": why}
 
 
 def resume_in(root: Path, run_id: str, cwd: Path) -> dict[str, Any]:

@@ -31,16 +31,12 @@ def _duration(seconds: float) -> str:
 
 def estimate_of(spec: Any) -> tuple[Any, list[str]]:
     """The estimate Launch would start from: of the spec fitted to its budget when it has one, with what the fit
-    would change (`ortlab.estimator.budget.fit_spec_budget`, as the launch fits it); else of the spec as it is. A
+    would change (`ortlab.estimator.budget.as_launched`, as the server's route answers); else of the spec as it is. A
     budget that cannot be met raises its error (the note says it)."""
-    if not spec.budget.asked:
-        from ortlab.estimator import estimate
+    from ortlab.estimator.budget import as_launched
 
-        return estimate(spec), []
-    from ortlab.estimator.budget import fit_spec_budget
-
-    fitted = fit_spec_budget(spec)
-    return fitted.estimate, fitted.choices
+    launched = as_launched(spec)
+    return launched.estimate, launched.choices
 
 
 def estimate_html(est: Any, fitted: list[str] | None = None) -> str:
