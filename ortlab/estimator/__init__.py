@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ortlab.accel import tcmalloc
 from ortlab.errors import OrtlabError
 from ortlab.estimator import calibration
 from ortlab.estimator.gpus import Gpu, gpu
@@ -249,12 +250,14 @@ def estimate(
     device: str | None = None,
     price_per_hour: float | None = None,
     calibrated: bool | dict[str, dict[str, list[float]]] = True,
+    allocator: str | None = None,
 ) -> Estimate:
     """Estimate `spec` (a RunSpec, a dict or a YAML/JSON path; default: the embedded default run) on `device`:
     None for this machine (its GPU when the driver shows one, else the CPU), "cpu", or a GPU of the table in
     `ortlab.estimator.gpus` ("T4", "A100 80GB", "H100 SXM", ...). `price_per_hour`: the machine's price, for the cost.
     `calibrated=False`: the defaults only, without what runs here measured (to compare the two); a dict: those
-    calibration entries instead of this machine's file (the benchmark's leave-one-out)."""
+    calibration entries instead of this machine's file (the benchmark's leave-one-out). `allocator` ("tcmalloc",
+    "glibc"): a CPU process's malloc, which moves its peak RSS; None: the one a run ortlab launches gets here."""
     spec = as_spec(spec)
     name = device if device is not None else (local_gpu_name() or "cpu")
     try:
@@ -298,7 +301,13 @@ def estimate(
         eager_attention=spec.accel.ort is True,
         lm_head=task.lm_head,
         classes=classes,
+        allocator=allocator or ("tcmalloc" if kind == "cpu" and tcmalloc.wanted(spec.accel.tcmalloc) else "glibc"),
     )
+    if kind == "cpu" and allocator is None:
+        notes.append(
+            f"malloc: {setup.allocator}, as a launched run has it here"
+            + (" (a run in the kernel's own process has glibc's)" if setup.allocator == "tcmalloc" else "")
+        )
     mem = memory_terms(
         m, setup, calibration.value(entries, ckey, "runtime_mb"), calibration.value(entries, ckey, "act_scale")
     )
@@ -353,6 +362,7 @@ def estimate(
         kind,
         spec.target.processes,
         setup.optimizer,
+        spec.accel.zero_stage,
     )
     step = total("step", sterms)
     steps = _steps(spec, lengths)
@@ -393,6 +403,7 @@ def estimate(
             **m.to_dict(),
             "trainable": trainable,
             "calibration_key": ckey,
+            "allocator": setup.allocator,
             "act_scale": calibration.value(entries, ckey, "act_scale"),
             "eval_rows": eval_rows if steps is not None else None,
         },

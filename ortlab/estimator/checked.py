@@ -12,16 +12,17 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ortlab.accel import tcmalloc
 from ortlab.estimator import Estimate, calibration, estimate
 
 RECORD_ENV = "ORTLAB_ESTIMATE_RECORD"
 
 
 def before_run(spec: Any) -> Estimate | None:
-    """The estimate of `spec` on this machine, or None (a model whose config is not here, say): a run never fails
-    for want of a prediction."""
+    """The estimate of `spec` on this machine for this process, or None (a model whose config is not here, say): a
+    run never fails for want of a prediction. On a CPU its peak RSS follows the allocator this process has."""
     try:
-        return estimate(spec)
+        return estimate(spec, allocator="tcmalloc" if tcmalloc.loaded() else "glibc")
     except Exception:
         return None
 
@@ -35,7 +36,7 @@ def after_run(est: Estimate | None, spec: Any, result: dict[str, Any], world_siz
     peak, step, wall = summary.get("peak_mem_mb"), summary.get("steady_step_time_s"), result.get("wall_time_s")
     if summary.get("mem_kind") == "cpu_peak_rss" and est.device != "cpu":
         try:  # the driver shows a GPU but the run trained on the CPU (a CPU build of torch): compare like with like
-            est = estimate(spec, device="cpu")
+            est = estimate(spec, device="cpu", allocator=est.model.get("allocator"))
         except Exception:
             return None
     out = est.compared(peak, step, wall)  # what was predicted before the run, as it was
@@ -47,7 +48,7 @@ def after_run(est: Estimate | None, spec: Any, result: dict[str, Any], world_siz
         out["precision"] = {"predicted": est.precision, "ran": ran}
         try:
             as_ran = spec.model_copy(update={"accel": spec.accel.model_copy(update={"precision": ran})})
-            est = estimate(as_ran, est.device)
+            est = estimate(as_ran, est.device, allocator=est.model.get("allocator"))
         except Exception:
             return {**out, "learned": {}, "recorded": False}
     before = result.get("eval_before")

@@ -26,6 +26,13 @@ measured on runs (`ortlab.estimator.calibration`) scales the activations once ru
 On CPU the measured figure is the process's peak RSS, which also holds Python, torch, transformers and the data
 (`runtime`, a constant measured on runs here); on CUDA it is the allocator's peak (`max_memory_allocated`), which
 does not count the CUDA context (`CUDA_CONTEXT_MB`, taken off the device's memory instead).
+
+On CPU the peak RSS also depends on the allocator the process started with (`Setup.allocator`): a run ortlab
+launches gets tcmalloc where it is installed (`ortlab.accel.tcmalloc`), a run in the kernel's own process glibc's
+malloc. Measured with a 5 ms RSS sampler through MiniLM's steps (2026-11-29, batch 16, length 64): under tcmalloc the
+RSS rises once in the first step and stays; under glibc it climbs another ~200 MB over the next steps, whose
+padded lengths differ (freed blocks of one length are kept and do not fit the next), and gradient checkpointing
+saves almost none of it (peak 1299 MB against 1362 MB unchecked; under tcmalloc 1128 against 1234).
 """
 
 from __future__ import annotations
@@ -46,11 +53,14 @@ LAYOUT = {
 LOGIT_COPIES = 3
 # The peak RSS of a CPU training process before the model's own memory (Python, torch, transformers, datasets, the
 # tokenizer, the data), and how much more than the saved activations the backward pass holds on a CPU (the
-# activations' gradients, and freed blocks glibc keeps): fitted on the MiniLM rows of benchmarks/bench_estimate.py
-# (2026-11-28: peak RSS = 700 MB + model terms + 1.5 x activations, within 6 % on five of six rows; the SmolLM2 rows
-# were not used, so they test it). A run here replaces the runtime by its own residual.
+# activations' gradients, and under glibc the freed blocks it keeps), by allocator: fitted on the MiniLM rows of
+# benchmarks/bench_estimate.py without checkpointing (in-sample; the SmolLM2, T5 and checkpointed rows test them).
+# 2026-11-28, glibc: peak RSS = 700 MB + model terms + 1.5 x activations. 2026-11-29, tcmalloc: 1.0 x. Under glibc a
+# checkpointed run's peak keeps GLIBC_CHECKPOINT_KEEPS of what the unchecked run's activations take (see the module
+# docstring; measured 0.8 on MiniLM, 0.7-0.9 on SmolLM2). A run here replaces the runtime by its own residual.
 CPU_RUNTIME_MB = 700.0
-CPU_BACKWARD = 1.5
+CPU_BACKWARD = {"glibc": 1.5, "tcmalloc": 1.0}
+GLIBC_CHECKPOINT_KEEPS = 0.8
 CUDA_CONTEXT_MB = 600.0  # the CUDA context and cuBLAS workspace, outside the allocator's count (H200, torch 2.x)
 
 
@@ -70,6 +80,7 @@ class Setup:
     eager_attention: bool
     lm_head: bool  # a language model's vocabulary-wide logits
     classes: int
+    allocator: str = "glibc"  # a CPU process's malloc: "tcmalloc" or "glibc" (see the module docstring)
 
 
 def optimizer_variant(device: str, fused: bool) -> str:
@@ -86,13 +97,16 @@ def activation_bytes(m: ModelFacts, s: Setup, scale: float = 1.0) -> tuple[float
     per_token_layer = per_hidden * m.hidden + per_inter * m.intermediate
     if s.eager_attention or s.device == "cpu":  # the scores are materialised (see the module docstring)
         per_token_layer += (3 if m.attention_dropout else 1) * m.heads * s.seq
-    if s.checkpointing:  # each layer's input kept, one layer's activations live while it is recomputed
-        kept = tokens * m.layers * m.hidden * elem + tokens * per_token_layer * elem
-    else:
-        kept = tokens * m.layers * per_token_layer * elem
-    kept += tokens * m.hidden * elem * 2  # embeddings' output and the final norm
+    unchecked = tokens * m.layers * per_token_layer * elem
+    # checkpointing: each layer's input kept, one layer's activations live while it is recomputed
+    checked = tokens * m.layers * m.hidden * elem + tokens * per_token_layer * elem
+    kept = checked if s.checkpointing else unchecked
+    edges = tokens * m.hidden * elem * 2  # embeddings' output and the final norm
+    kept += edges
     if s.device == "cpu":
-        kept *= CPU_BACKWARD
+        kept *= CPU_BACKWARD[s.allocator]
+        if s.checkpointing and s.allocator == "glibc":  # glibc keeps the blocks recomputation frees (docstring)
+            kept = max(kept, GLIBC_CHECKPOINT_KEEPS * (unchecked + edges) * CPU_BACKWARD["glibc"])
     logits = LOGIT_COPIES * tokens * m.vocab * 4.0 if s.lm_head else 0.0
     return kept * scale, logits
 
@@ -125,6 +139,7 @@ def memory_terms(m: ModelFacts, s: Setup, runtime_mb: float | None, act_scale: f
     kept, logits = activation_bytes(m, s, act_scale or 1.0)
     basis = FORMULA if act_scale is None else MEASURED
     what = f"batch {s.batch} x {s.seq} tokens x {m.layers} layers" + (", checkpointed" if s.checkpointing else "")
+    what += f", {s.allocator}" if s.device == "cpu" else ""
     if kept + logits >= temp:  # the optimizer step runs after the activations are freed: the larger one counts
         terms.append(term("activations", kept / MB, 0.3 if act_scale is None else 0.15, basis, what))
         if logits:

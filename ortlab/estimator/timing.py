@@ -47,13 +47,22 @@ CPU_PEAK_DEFAULT = 50e9  # FLOP/s when no peak was ever measured here (`ortlab d
 # made every fused run's optimizer term 8x too long: the estimate grid's calibrated step-time error fell from 32 %
 # to 5 % median with it.)
 CPU_BANDWIDTH = {"fused": 38e9, "foreach": 4.5e9, "for-loop": 4.5e9}
-CPU_ALLREDUCE_BANDWIDTH = 5e9  # bytes/s of gloo's all-reduce between processes of one machine (assumed)
+# Bytes/s of gloo's collectives between two processes of one machine, over the tensor's size (torchrun, 22.7M fp32,
+# best of 5; this project's 2-core EPYC, 2026-11-29): all-reduce 1.04 GB/s, all-gather 0.47 GB/s. (The 5 GB/s assumed
+# before made the 2-process ZeRO-1 row of the estimate grid 27 % short.) A ring moves 2(n-1)/n of the tensor per
+# process: scaled from n = 2 by that.
+CPU_ALLREDUCE_BANDWIDTH = 1.04e9
+CPU_ALLGATHER_BANDWIDTH = 0.47e9
 GPU_BANDWIDTH = 1.5e12
 ADAMW_BYTES = 28  # per trainable parameter and step: read weight, grad, 2 moments (16), write weight, 2 moments (12)
 # A step's cost that no FLOP count sees: the trainer's Python, the collator, kernel launches (a GPU runs a small
-# model's kernels faster than Python issues them), per step and per layer of every micro-batch (assumed).
-STEP_OVERHEAD_S = {"cpu": 0.005, "cuda": 0.01}  # (cpu: the tiny T5's whole step took 13 ms; 20 ms was assumed)
-STEP_OVERHEAD_PER_LAYER_S = {"cpu": 0.001, "cuda": 0.0015}
+# model's kernels faster than Python issues them), per step and per layer of every micro-batch. CPU: the tiny T5's
+# whole step took 13 ms (20 ms was assumed). CUDA: the one GPU measurement, an H200 (torch 2.11, 2026-11-28,
+# benchmarks/results/gpu-session-2026-11-28-h200.json): SmolLM2-135M's 30 layers, batch 16 of short chat rows,
+# steady steps of 0.29 s (LoRA) and 0.32 s (full) at 0.4-0.5 % MFU, so all but ~5 ms of it overhead; 1.5 ms a
+# layer had predicted 0.06 s. Now 10 ms a layer: fitted on that one run (in-sample, one model, one host CPU).
+STEP_OVERHEAD_S = {"cpu": 0.005, "cuda": 0.01}
+STEP_OVERHEAD_PER_LAYER_S = {"cpu": 0.001, "cuda": 0.0095}
 STARTUP_S = {"cpu": 25.0, "cuda": 40.0}  # imports, model and data loading before the first step (assumed)
 
 
@@ -102,6 +111,7 @@ def step_terms(
     device: str,
     processes: int,
     optimizer: str = "fused",
+    zero_stage: int = 0,
 ) -> tuple[list[Term], float]:
     """(the terms of one optimizer step in seconds, its model FLOPs for the MFU)."""
     per_sample = flops_per_sample(shape, round(seq_mean))
@@ -124,9 +134,16 @@ def step_terms(
     terms.append(term("optimizer", trainable * ADAMW_BYTES / bandwidth, spread, basis, note))
     per_step = STEP_OVERHEAD_S[device] + STEP_OVERHEAD_PER_LAYER_S[device] * shape.layers * micro_batches
     terms.append(term("framework", per_step, 0.5, ASSUMED, "Python, kernel launches, collation"))
-    if processes > 1:
-        link = GPU_BANDWIDTH if device == "cuda" else CPU_ALLREDUCE_BANDWIDTH
-        terms.append(term("gradient all-reduce", trainable * 4 * 2 / link, 0.7, ASSUMED, "ring all-reduce"))
+    if processes > 1 and device == "cuda":
+        terms.append(term("gradient all-reduce", trainable * 4 * 2 / GPU_BANDWIDTH, 0.7, ASSUMED, "ring all-reduce"))
+    elif processes > 1:
+        ring = (processes - 1) / processes / 0.5  # relative to the 2 processes it was measured on
+        note = f"gloo, {processes} processes here, at {CPU_ALLREDUCE_BANDWIDTH / 1e9:.2f} GB/s"
+        terms.append(term("gradient all-reduce", trainable * 4 * ring / CPU_ALLREDUCE_BANDWIDTH, 0.3, MEASURED, note))
+        if zero_stage >= 1:  # each process updates its shard, then every process gathers the others' parameters
+            note = f"ZeRO-{zero_stage}: gloo all-gather at {CPU_ALLGATHER_BANDWIDTH / 1e9:.2f} GB/s"
+            gather = trainable * 4 * ring / CPU_ALLGATHER_BANDWIDTH
+            terms.append(term("parameter all-gather", gather, 0.3, MEASURED, note))
     return terms, model_flops
 
 
