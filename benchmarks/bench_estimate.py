@@ -3,10 +3,9 @@
     .venv/bin/python benchmarks/bench_estimate.py                  # the grid (~5-8 min on the 2-core machine)
     .venv/bin/python benchmarks/bench_estimate.py --smoke --out /tmp/e.json   # two MiniLM rows (the machinery)
 
-Each row is a real `ortlab.runner.train_spec` run (the trainer, its metrics, its result.json) of a few steps. To
-keep the grid within minutes, the heavy imports happen once in this process and every row runs in a child forked
-from it (a fresh process would pay ~8 s of imports per row; the child's peak RSS counts from the same imported
-state, as a fresh run's does once its imports are done). Measured per row: the run's peak memory (peak RSS on CPU,
+Each row is a real `ortlab.runner.train_spec` run (the trainer, its metrics, its result.json) of a few steps. Every
+row runs in a fresh Python process, as a user's run does (~8 s of imports per row): its peak RSS is then what a
+run's is. Measured per row: the run's peak memory (peak RSS on CPU,
 as its result.json reports it) and its steady step time (`summary.steady_step_time_s`: the steps after the first
 two). Predicted per row, twice:
 
@@ -26,6 +25,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -46,7 +46,7 @@ def minilm(batch: int, length: int, **extra: dict) -> dict:
         "model": {"name": MINILM},
         "data": {"source": "embedded:rotten-tomatoes", "max_train_samples": 400, "max_eval_samples": 16},
         "hyper": {"batch_size": batch, "max_length": length, "max_steps": 6, "eval_batch_size": 16},
-        "accel": {"precision": "fp32", "tune": "off", "tcmalloc": False},
+        "accel": {"precision": "fp32", "tune": "off"},
     }
     for section, values in extra.items():
         spec.setdefault(section, {}).update(values)
@@ -68,7 +68,7 @@ def smollm(lora: bool, checkpointing: bool, batch: int = 2) -> dict:
         },
         "generation": {"num_prompts": 0},
         "adapter": {"kind": "lora" if lora else "none"},
-        "accel": {"precision": "fp32", "tune": "off", "tcmalloc": False},
+        "accel": {"precision": "fp32", "tune": "off"},
     }
 
 
@@ -85,7 +85,7 @@ def seq2seq_tiny() -> dict:
                  "max_train_samples": 400, "max_eval_samples": 16},
         "hyper": {"batch_size": 16, "max_length": 32, "max_target_length": 16, "max_steps": 12, "eval_batch_size": 16},
         "generation": {"predict_with_generate": False},
-        "accel": {"precision": "fp32", "tune": "off", "tcmalloc": False},
+        "accel": {"precision": "fp32", "tune": "off"},
     }  # fmt: skip
 
 
@@ -113,68 +113,75 @@ GRID = {
     "smollm-lora-ckpt": smollm(True, True),
     "smollm-full": smollm(False, False),
     "smollm-full-ckpt": smollm(False, True),
+    # glibc's malloc, as a run in the kernel's own process has it (the rows above: tcmalloc, as launched, where it
+    # is installed)
+    "minilm-b16-l64-glibc": minilm(16, 64, accel={"tcmalloc": False}),
+    "minilm-b16-l64-ckpt-glibc": minilm(16, 64, hyper={"gradient_checkpointing": True}, accel={"tcmalloc": False}),
+    "smollm-lora-ckpt-glibc": {**smollm(True, True), "accel": {"precision": "fp32", "tune": "off", "tcmalloc": False}},
 }
 SMOKE = ("minilm-b8-l32", "minilm-b32-l128")
 
 
-def run_row(name: str, spec: dict, out: Path, timeout_s: float) -> dict:
-    """Fork a child that trains `spec` and writes what it measured; wait for it (at most `timeout_s`)."""
+def run_row(name: str, out: Path, timeout_s: float) -> dict:
+    """Train grid row `name` in a fresh Python process, as a user's run is one, and return what it measured (at most
+    `timeout_s`). A fresh process, not a fork of this one: a forked child's peak RSS starts from whatever this
+    process holds when it forks, which changed from one grid to the next by ~180 MB (2026-11-28)."""
     report = out / f"{name}.json"
     started = time.monotonic()
-    pid = os.fork()
-    if pid == 0:  # the child: train, write, leave without running the parent's cleanup
-        code = 1
-        try:
-            from ortlab.runner import train_spec
-            from ortlab.spec import RunSpec
+    from ortlab.accel import tcmalloc
 
-            if spec.get("target", {}).get("processes", 1) > 1:  # torchrun's processes: the launcher, not train_spec
-                report.write_text(json.dumps(launched_row(name, spec, out)))
-                code = 0
-                return
-            run_spec = RunSpec.parse({**spec, "output_dir": str(out / "runs"), "name": name})
-            cpu: dict[int, float] = {}  # step -> this process's CPU seconds (all threads) when it ended
-
-            def on_metrics(record: dict) -> None:
-                if record.get("event") == "step":
-                    cpu[record["step"]] = time.process_time()
-
-            result = train_spec(run_spec, progress=False, log=lambda line: None, on_metrics=on_metrics)
-            summary = result["summary"]
-            import torch
-
-            steps = sorted(cpu)[summary.get("warmup_steps", 2) - 1 :]  # from the end of the last warm-up step
-            threads = torch.get_num_threads()
-            cpu_step = (cpu[steps[-1]] - cpu[steps[0]]) / (len(steps) - 1) / threads if len(steps) > 1 else None
-            report.write_text(
-                json.dumps(
-                    {
-                        "summary": summary,
-                        "wall_time_s": result.get("wall_time_s"),
-                        "cpu_step_s": cpu_step,  # CPU seconds per steady step / threads: the step on an idle machine
-                        "threads": threads,
-                        "load": os.getloadavg(),
-                    }
-                )
-            )
-            code = 0
-        except BaseException as e:  # reported by the parent as the row's error
-            report.write_text(json.dumps({"error": f"{type(e).__name__}: {e}"[:600]}))
-        finally:
-            os._exit(code)
-    deadline = started + timeout_s
-    while True:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            return {"error": f"timed out after {timeout_s:.0f} s"}
-        time.sleep(0.5)
-    data = json.loads(report.read_text()) if report.is_file() else {"error": "the child wrote nothing"}
+    command = [sys.executable, str(Path(__file__).resolve()), "--row", name, "--row-dir", str(out)]
+    env = tcmalloc.process_env(dict(os.environ), tcmalloc.wanted(GRID[name]["accel"].get("tcmalloc", "auto")))
+    log = out / f"{name}.log"  # (the libraries' own output: loading bars, warnings)
+    try:  # (the allocator as ortlab's launcher starts a run's process with it)
+        with log.open("wb") as sink:
+            subprocess.run(command, timeout=timeout_s, check=False, stdout=sink, stderr=sink, env=env)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout_s:.0f} s"}
+    if not report.is_file():
+        return {"error": f"the row's process wrote nothing: {log.read_text(errors='replace')[-400:]}"}
+    data = json.loads(report.read_text())
     data["seconds"] = round(time.monotonic() - started, 1)
     return data
+
+
+def measure_row(name: str, out: Path) -> None:
+    """The row's own process: train GRID[name], write what it measured to out/NAME.json (an error as one too)."""
+    report, spec = out / f"{name}.json", GRID[name]
+    try:
+        if spec.get("target", {}).get("processes", 1) > 1:  # torchrun's processes: the launcher, not train_spec
+            report.write_text(json.dumps(launched_row(name, spec, out)))
+            return
+        from ortlab.runner import train_spec
+        from ortlab.spec import RunSpec
+
+        run_spec = RunSpec.parse({**spec, "output_dir": str(out / "runs"), "name": name})
+        cpu: dict[int, float] = {}  # step -> this process's CPU seconds (all threads) when it ended
+
+        def on_metrics(record: dict) -> None:
+            if record.get("event") == "step":
+                cpu[record["step"]] = time.process_time()
+
+        result = train_spec(run_spec, progress=False, log=lambda line: None, on_metrics=on_metrics)
+        summary = result["summary"]
+        import torch
+
+        steps = sorted(cpu)[summary.get("warmup_steps", 2) - 1 :]  # from the end of the last warm-up step
+        threads = torch.get_num_threads()
+        cpu_step = (cpu[steps[-1]] - cpu[steps[0]]) / (len(steps) - 1) / threads if len(steps) > 1 else None
+        report.write_text(
+            json.dumps(
+                {
+                    "summary": summary,
+                    "wall_time_s": result.get("wall_time_s"),
+                    "cpu_step_s": cpu_step,  # CPU seconds per steady step / threads: the step on an idle machine
+                    "threads": threads,
+                    "load": os.getloadavg(),
+                }
+            )
+        )
+    except BaseException as e:  # reported by the parent as the row's error
+        report.write_text(json.dumps({"error": f"{type(e).__name__}: {e}"[:600]}))
 
 
 def launched_row(name: str, spec: dict, out: Path) -> dict:
@@ -233,16 +240,18 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per row")
     parser.add_argument("--measured", default="/tmp/bench-estimate-rows.json", help="where the measurements are kept")
     parser.add_argument("--reuse", action="store_true", help="reuse the kept measurements of rows already run")
+    parser.add_argument("--row", help=argparse.SUPPRESS)  # (a row's own process: see run_row)
+    parser.add_argument("--row-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.row:
+        measure_row(args.row, Path(args.row_dir))
+        return
     names = list(SMOKE) if args.smoke else (args.only or list(GRID))
     os.environ["ORTLAB_ESTIMATE_RECORD"] = "0"  # the rows must not calibrate this machine's estimator
     started = time.monotonic()
     load_before = os.getloadavg()
     if any(name.startswith("seq2seq") for name in names):
         prepare_models()
-    import ortlab.lifecycle.execute  # (the heavy imports, once, before the children fork)
-    import ortlab.runner.foreground  # noqa: F401
-
     # The measurements are kept as they come (`--measured`): the predictions can be made again from them without
     # training again (`--reuse`), e.g. after a change of the estimator's constants.
     kept = Path(args.measured)
@@ -252,7 +261,7 @@ def main() -> None:
             if "summary" in rows.get(name, {}) and rows[name]["spec"] == GRID[name]:
                 continue
             print(f"[estimate] {name} ...", flush=True)
-            rows[name] = {"spec": GRID[name], **run_row(name, GRID[name], Path(tmp), args.timeout)}
+            rows[name] = {"spec": GRID[name], **run_row(name, Path(tmp), args.timeout)}
             if "error" in rows[name]:
                 print(f"[estimate] {name} failed: {rows[name]['error']}", file=sys.stderr, flush=True)
             kept.write_text(json.dumps(rows, indent=1))
@@ -292,8 +301,10 @@ def main() -> None:
         "seconds": round(time.monotonic() - started, 1),
         "rows_seconds": round(sum(r.get("seconds") or 0 for r in rows.values()), 1),  # measuring (kept rows too)
         "notes": [
-            "the default CPU runtime (700 MB) and backward factor (1.5) were fitted on the MiniLM rows without "
-            "checkpointing (in-sample); the SmolLM2 and checkpointed rows test them",
+            "every row ran in a fresh process, with the allocator a launched run gets (tcmalloc where installed; the "
+            "'-glibc' rows glibc's malloc, as in a kernel's own process)",
+            "the default CPU runtime (700 MB) and backward factors (glibc 1.5, tcmalloc 1.0) were fitted on the "
+            "MiniLM rows without checkpointing (in-sample); the SmolLM2, T5 and checkpointed rows test them",
             "step time: 'wall' is what the run measured (the machine's load average is in `machine`), 'cpu' the "
             "CPU seconds per steady step over the threads (what the step takes with the cores to itself); a "
             "multi-process row has 'wall' only",
