@@ -2,7 +2,8 @@
 model before it is marked good.
 
 What is compared, per GGUF type, on held-out prompts (the run's own eval rows: conversations cut before the
-assistant's answer and rendered with the chat template, or raw text lines):
+assistant's answer and rendered with the chat template, or raw text lines; a preference run's pairs give their
+prompts, `Task.lm_rows`):
 
 - the file read back by transformers (`from_pretrained(folder, gguf_file=...)`, which dequantizes every tensor to
   fp32: the numbers compared are the file's, not a runtime's kernels), its tokenizer and chat template included:
@@ -95,7 +96,8 @@ class GgufReport:
 
 
 def held_out_prompts(run: RunDir, tokenizer: Any, n: int) -> tuple[list[str], str]:
-    """(prompts, where they come from): the first `n` usable rows of the run's eval split, as the model sees them."""
+    """(prompts, where they come from): the first `n` usable rows of the run's eval split, as the model sees them;
+    for a task whose rows are not plain LM rows (preference pairs), the prompts its `lm_rows` gives."""
     from ortlab.chat import prompts_for
     from ortlab.data import load_and_check
 
