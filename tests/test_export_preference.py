@@ -79,21 +79,22 @@ def test_a_dpo_run_exports_to_onnx_with_parity(dpo_runs, kind):
     assert json.loads((dpo_runs[kind] / "onnx" / "export.json").read_text())["good"] is True
 
 
-def test_a_lora_dpo_run_exports_its_merged_model_to_gguf(dpo_runs, tiny_chat_llama):
+@pytest.mark.parametrize("kind", ["lora", "full"])
+def test_a_dpo_run_exports_its_trained_model_to_gguf(dpo_runs, tiny_chat_llama, kind):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ortlab.export import export_gguf
 
-    report = export_gguf(dpo_runs["lora"], quant="f16", prompts=4, max_new_tokens=8)
+    report = export_gguf(dpo_runs[kind], quant="f16", prompts=4, max_new_tokens=8)
     assert report.good, report.to_dict()
     assert "preference rows" in report.prompts_from and "generation prompt" in report.prompts_from
     f16 = report.variants["f16"]
     assert f16.prompts == f16.tokenizer_identical == 4 and f16.chat_template_identical
     assert f16.max_abs_logit_diff <= f16.tolerance
-    assert (dpo_runs["lora"] / "gguf" / "Modelfile").is_file()
-    # the file is the trained model (the adapter merged), not the base it started from
-    folder = dpo_runs["lora"] / "gguf"
+    assert (dpo_runs[kind] / "gguf" / "Modelfile").is_file()
+    # the file is the trained model (a LoRA run's adapter merged), not the base it started from
+    folder = dpo_runs[kind] / "gguf"
     back = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=f16.file, dtype=torch.float32).eval()
     base = AutoModelForCausalLM.from_pretrained(str(tiny_chat_llama), dtype=torch.float32).eval()
     ids = AutoTokenizer.from_pretrained(str(tiny_chat_llama))("Is this review fresh or rotten?", return_tensors="pt")
