@@ -103,6 +103,35 @@ def encode_row(row: dict[str, Any], tokenizer: Any, max_length: int) -> dict[str
     return encode_conversation(row, tokenizer, max_length)
 
 
+def prompt_and_answer(row: dict[str, Any]) -> tuple[Messages, Messages]:
+    """(the prompt, the answer trained toward) of an internal row: a pair's chosen answer, a KTO row's answer, or a
+    conversation cut before its last assistant turn."""
+    if "chosen" in row:
+        return row["prompt"], row["chosen"]
+    if "completion" in row:
+        return row["prompt"], row["completion"]
+    last = max(i for i, turn in enumerate(row["messages"]) if turn["role"] == "assistant")
+    return row["messages"][:last], row["messages"][last:]
+
+
+def lm_rows(prepared: Any, tokenizer: Any, max_length: int, n: int) -> list[dict[str, Any]]:
+    """Up to `n` held-out rows as a causal LM's rows, for what takes example inputs from a run's data (the exports'
+    parity checks; task preference's `lm_rows`): the prompt with the chosen answer (KTO: its answer, the desirable
+    ones first), encoded as training encodes that side (`encode_side`, cut to `max_length`), and `prompt`, the
+    prompt alone rendered with the chat template's generation prompt: what the aligned model is asked at inference.
+    The chosen side because it is what the run trained the model toward; the rejected one is no less valid input,
+    but a check needs one row per pair."""
+    rows = [normalize_row(prepared.eval[i], prepared.pairs) for i in range(min(len(prepared.eval), 20 * n))]
+    rows.sort(key=lambda row: not row.get("label", True))  # KTO: desirable answers first (a stable sort)
+    out = []
+    for row in rows[:n]:
+        prompt, answer = prompt_and_answer(row)
+        side = encode_side(tokenizer, prompt + answer, len(prompt))
+        text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        out.append({"input_ids": side.input_ids[:max_length], "prompt": text})
+    return out
+
+
 def tokenize_pairs(
     dataset: Dataset, mapping: PairsMapping, tokenizer: Any, max_length: int, where: str = "data"
 ) -> Dataset:

@@ -2,7 +2,8 @@
 model before it is marked good.
 
 What is compared, per GGUF type, on held-out prompts (the run's own eval rows: conversations cut before the
-assistant's answer and rendered with the chat template, or raw text lines):
+assistant's answer and rendered with the chat template, or raw text lines; a preference run's pairs give their
+prompts, `Task.lm_rows`):
 
 - the file read back by transformers (`from_pretrained(folder, gguf_file=...)`, which dequantizes every tensor to
   fp32: the numbers compared are the file's, not a runtime's kernels), its tokenizer and chat template included:
@@ -39,6 +40,7 @@ from ortlab.export.modelfile import is_chatml, modelfile
 from ortlab.export.parity import ExportError
 from ortlab.runfolder.rundir import RunDir
 from ortlab.spec import RunSpec
+from ortlab.tasks import NAMES, get_task
 
 # Max |logit difference| against the trained fp32 model, per type. Measured on SmolLM2-135M (vocab 49,152) after a
 # LoRA run, 20 held-out chat prompts (benchmarks/results/gguf-2026-11-28.json): f16 0.056, bf16 0.52, q8_0 3.64, with
@@ -94,12 +96,18 @@ class GgufReport:
 
 
 def held_out_prompts(run: RunDir, tokenizer: Any, n: int) -> tuple[list[str], str]:
-    """(prompts, where they come from): the first `n` usable rows of the run's eval split, as the model sees them."""
+    """(prompts, where they come from): the first `n` usable rows of the run's eval split, as the model sees them;
+    for a task whose rows are not plain LM rows (preference pairs), the prompts its `lm_rows` gives."""
     from ortlab.chat import prompts_for
     from ortlab.data import load_and_check
 
     spec = RunSpec.from_run(run)
     prepared = load_and_check(spec.data, spec.task, spec.seed)
+    if spec.task_record.lm_rows:  # rows of another shape (preference pairs): the task gives their prompts
+        rows = spec.task_record.part("lm_rows")(prepared, tokenizer, spec.hyper.max_length, n)
+        texts = [r["prompt"] for r in rows]
+        source = f"eval split: the prompts of {len(texts)} {spec.task} rows, chat template applied with the generation"
+        return texts, source + " prompt"
     rows = prepared.eval.select(range(min(len(prepared.eval), 20 * n)))
     if prepared.messages_column or prepared.prompt_column:
         if prepared.messages_column:
@@ -244,8 +252,9 @@ def _checked_run(run: Any) -> RunDir:
         raise ExportError(f"run {run.id} is {status.get('state')}: only a completed run has a model to export")
     task = RunSpec.from_run(run).task_record
     if "gguf" not in task.exports:
+        can = ", ".join(t for t in NAMES if "gguf" in get_task(t).exports)
         raise ExportError(
-            f"run {run.id}: GGUF export is for causal LMs trained on text or chats (task causal-lm), not a {task.name} "
+            f"run {run.id}: GGUF export is for causal LMs (the tasks that export to GGUF: {can}), not a {task.name} "
             "run" + ("; export it to ONNX (`ortlab export`)" if "onnx" in task.exports else "")
         )
     if foreign := run.model_not_own():

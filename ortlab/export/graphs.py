@@ -71,12 +71,19 @@ def export_logits(model: Any, inputs: dict[str, Any], path: Path, task: str = "c
 
 
 def _eval_batch(run: Any, tokenizer: Any, n: int) -> tuple[dict[str, Any], Any]:
-    """Up to `n` eval rows of the run's own data, tokenized and padded, and their labels (or None)."""
+    """Up to `n` eval rows of the run's own data, tokenized and padded, and their labels (or None). A task whose rows
+    are not a model's rows (preference pairs) gives them as plain LM rows (`Task.lm_rows`), with no labels to
+    compare: as a causal LM's, they are the inputs."""
     import torch
 
     spec = RunSpec.from_run(run)
     task = spec.task_record
     prepared = load_and_check(spec.data, spec.task, spec.seed)
+    if task.lm_rows:  # rows of another shape (preference pairs): the task says which plain LM rows they give
+        rows = task.part("lm_rows")(prepared, tokenizer, spec.hyper.max_length, n)
+        ids = [{"input_ids": r["input_ids"], "attention_mask": [1] * len(r["input_ids"])} for r in rows]
+        padded = tokenizer.pad(ids, return_tensors="pt")
+        return {"input_ids": padded["input_ids"], "attention_mask": padded["attention_mask"]}, None
     if not task.blocks:  # a causal LM's lines may be packed into blocks: select after tokenizing
         prepared.eval = prepared.eval.select(range(min(n, len(prepared.eval))))
     prepared.train = prepared.eval  # tokenize() works on both splits; only eval is used here

@@ -26,6 +26,7 @@ TASK = Task(
     arguments="ortlab.train.preferencetrainer:PreferenceTrainingArguments",
     argmax=False,  # its trainer's evaluation returns the pair scores itself
     headline=("eval_rewards/accuracies", "eval_rewards/margins"),
-    exports=(),  # not yet: the exports' parity checks take inputs from the run's data, and pairs are not rows
+    lm_rows="ortlab.data.pairtokens:lm_rows",  # the exports check on the prompt with the chosen answer
+    exports=("onnx", "gguf"),  # its model is a causal LM: it exports as a causal-lm run's does
     form=("preference.loss", "preference.beta", "preference.reference"),
 )

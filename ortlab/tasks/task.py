@@ -55,6 +55,10 @@ class Task:
     rows: str = ""  # the row tokenizer factory, `(prepared, tokenizer, max_length, max_target_length) -> fn`
     collate: str = ""  # the batch collator factory, `(tokenizer, model, prepared, pad_to_multiple_of) -> collator`
     metrics: str | None = None  # the compute_metrics factory, `(label_names, tokenizer, generated) -> fn`
+    # its held-out rows as a causal LM's plain rows, for what takes example inputs from the run's data (the exports'
+    # parity checks): `(prepared, tokenizer, max_length, n) -> [{input_ids, prompt}]`, `prompt` the rendered prompt
+    # text to continue; "": the rows its own `tokenize` (and, for chats, the chat template) gives
+    lm_rows: str = ""
     trainer: str = "ortlab.train.trainer:ORTTrainer"
     arguments: str = "ortlab.train.args:ORTTrainingArguments"
     # --- scores and generations ---
