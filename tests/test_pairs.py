@@ -5,6 +5,7 @@ truncation that keeps the prompt, the rendered preview escaping hostile text, an
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -390,17 +391,31 @@ def test_the_embedded_pairs_load_and_pass_the_checks():
         "rejected": "rejected",
     }
     assert check_rows(pairs, mapping) == len(pairs) > 12_000
-    first = normalize_row(pairs[0], mapping)
-    assert first["chosen"][0]["content"] in ("fresh", "rotten")
-    wrong = sum(normalize_row(pairs[i], mapping)["rejected"][0]["content"] in ("fresh", "rotten") for i in range(100))
-    assert wrong == 50  # half the rejected answers are the wrong label, half the right one in a wrong style
+    rows = [normalize_row(pairs[i], mapping) for i in range(99)]
+    chosen = [r["chosen"][0]["content"] for r in rows]
+    rejected = [r["rejected"][0]["content"] for r in rows]
+    assert set(chosen) == {"Fresh.", "Rotten."}  # the house style, which the chat data (SFT) never shows
+    styled_wrong = sum(n in ("Fresh.", "Rotten.") and n != c for c, n in zip(chosen, rejected, strict=True))
+    plain_right = sum(n == c.removesuffix(".").lower() for c, n in zip(chosen, rejected, strict=True))
+    long_right = sum(
+        len(n.split()) > 5 and c.removesuffix(".").lower() in n for c, n in zip(chosen, rejected, strict=True)
+    )
+    # a third each: the wrong label in the house style (what), the right one plain as SFT says it (how), at length
+    assert styled_wrong == plain_right == long_right == 33
+    chat, _ = embedded_dataset("rotten-tomatoes-chat")
+    with chat.open(encoding="utf-8") as f:
+        sft = [json.loads(next(f))["messages"][1]["content"] for _ in range(99)]
+    assert sft == [c.removesuffix(".").lower() for c in chosen]  # the same rows, the SFT answer in the plain style
 
     path, fmt = embedded_dataset("rotten-tomatoes-kto")
     kto = load_dataset(fmt, data_files=str(path), split="train")
     mapping = propose_pairs_mapping(kto)
     assert mapping.shape == "kto"
     assert check_rows(kto, mapping) == len(kto)
-    assert sum(kto.select(range(100))["label"]) == 50
+    head = kto.select(range(100))
+    assert sum(head["label"]) == 50
+    good = {t[0]["content"] for t, ok in zip(head["completion"], head["label"], strict=True) if ok}
+    assert good == {"Fresh.", "Rotten."}  # desirable = the house style, as the pairs' chosen side
     assert propose_mapping(pairs)["task"] == propose_mapping(kto)["task"] == "preference"
 
 
