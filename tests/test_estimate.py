@@ -4,6 +4,7 @@ the CLI; the calibration file (bounded, this machine's only, validated)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -147,6 +148,21 @@ def test_the_cpu_peak_follows_the_allocator_the_process_has(tiny_llama, cache):
     assert estimate(off, "cpu").model["allocator"] == "glibc"
     # this test's own process has no tcmalloc preloaded: a run in it predicts for glibc, whatever the spec says
     assert tcmalloc.loaded() is None and before_run(spec).model["allocator"] == "glibc"
+
+
+def test_a_step_of_overhead_teaches_no_efficiency(tiny_bert, cache):
+    """Where the matmuls are a small share of the step, or the measured step leaves them less time than the peak
+    allows, the run's step says nothing reliable about the efficiency: nothing is learned of it."""
+    est = estimate(bert_spec(tiny_bert), device="cpu")
+    compute, step = est.term("compute").value, est.step.value
+    others = step - compute
+    if compute >= 0.25 * step:  # a step the matmuls fill: learned, and the measured step gives it back
+        assert est.learned(None, step)["efficiency"] == pytest.approx(est.efficiency)
+        assert "efficiency" not in est.learned(None, others + compute * est.efficiency / 1.5)  # past the peak
+    else:
+        assert "efficiency" not in est.learned(None, step * 3)
+    small = dataclasses.replace(est, step=dataclasses.replace(est.step, value=compute * 5))
+    assert "efficiency" not in small.learned(None, compute * 5)  # compute 20 % of the step: too small a share
 
 
 def test_the_data_sample_sets_the_padded_length(tiny_bert, cache):

@@ -36,6 +36,13 @@ class EstimateError(OrtlabError, ValueError):
     """The spec cannot be estimated here (its model's config is not on this machine, say); the message says why."""
 
 
+# A run teaches the matmul efficiency only where the matmuls are at least this share of its predicted step: where
+# they are less (a tiny model's step is Python and kernel launches), the step less the other terms is a small
+# difference of two larger numbers, and an efficiency learned from it was anything from 0.05 to well over 1
+# (a tiny BERT on a quiet machine), and would have set the next MiniLM run's prediction.
+LEARN_COMPUTE_SHARE = 0.25
+
+
 @dataclass
 class Estimate:
     """A run's predicted peak memory per process, time per step and in all, and cost, with every term."""
@@ -110,10 +117,11 @@ class Estimate:
         elif peak_mb and acts is not None and acts.value > 0:
             scale = float(self.model.get("act_scale") or 1.0)
             out["act_scale"] = scale * (peak_mb - (self.peak.value - acts.value)) / acts.value
-        if step_s and compute is not None and compute.value > 0:
+        if step_s and compute is not None and compute.value >= LEARN_COMPUTE_SHARE * self.step.value:
             left = step_s - (self.step.value - compute.value)
-            if left > 0:
-                out["efficiency"] = self.efficiency * compute.value / left
+            efficiency = self.efficiency * compute.value / left if left > 0 else None
+            if efficiency is not None and efficiency <= 1.0:  # above the measured peak: the other terms were off
+                out["efficiency"] = efficiency
         evaluation = next((t.value for t in self.total_parts if t.name == "evaluation"), None)
         rows = self.model.get("eval_rows")
         if eval_s and rows:

@@ -27,15 +27,17 @@ from ortlab.estimator.terms import ASSUMED, CALIBRATED, FORMULA, MEASURED, Term,
 from ortlab.flops import ModelShape, flops_per_sample
 
 # Default efficiency (MFU) by (device, family) before any run here: CPU values from benchmarks/bench_estimate.py on
-# this project's 2-core EPYC, quiet, against its fp32 peak measured quiet (163 GFLOP/s; the 111 cached before was
-# measured under load and made the runs' MFU read 86-128 %): MiniLM 0.53-0.80 by batch (0.75), SmolLM2 0.43-0.62
-# (0.6). GPT-2-style decoders were not measured (0.5, between). The tiny T5 of that grid reached 0.03 (its steps are
-# overhead): 0.25 kept for real encoder-decoders, unmeasured. GPU values: the usual range of small-model fine-tuning
-# in bf16 (0.2-0.5), assumed until a GPU run here calibrates them.
+# this project's 2-core EPYC, quiet, against its fp32 peak measured quiet (163 GFLOP/s), each row in a fresh process
+# with tcmalloc, as a launched run has it (2026-11-29, in-sample: the medians of the rows' own efficiencies):
+# MiniLM 0.74-0.94 (0.85), SmolLM2 0.68-0.82 (0.75). Under glibc (a run in a kernel's own process) steps here were
+# up to 1.1x slower (bench_allocator: 1.07-1.16x); that is not modelled. GPT-2-style decoders were not measured
+# (0.65, below the gated ones). The tiny T5 reached 0.05 (its steps are overhead): 0.25 kept for real
+# encoder-decoders, unmeasured. (2026-11-28, glibc, forked rows: 0.75 and 0.6.) GPU values: the usual range of
+# small-model fine-tuning in bf16 (0.2-0.5), assumed until a GPU run here calibrates them.
 EFFICIENCY = {
-    ("cpu", "encoder"): 0.75,
-    ("cpu", "decoder-gated"): 0.6,
-    ("cpu", "decoder"): 0.5,
+    ("cpu", "encoder"): 0.85,
+    ("cpu", "decoder-gated"): 0.75,
+    ("cpu", "decoder"): 0.65,
     ("cpu", "encoder-decoder"): 0.25,
 }
 GPU_EFFICIENCY = 0.35
@@ -56,13 +58,16 @@ CPU_ALLGATHER_BANDWIDTH = 0.47e9
 GPU_BANDWIDTH = 1.5e12
 ADAMW_BYTES = 28  # per trainable parameter and step: read weight, grad, 2 moments (16), write weight, 2 moments (12)
 # A step's cost that no FLOP count sees: the trainer's Python, the collator, kernel launches (a GPU runs a small
-# model's kernels faster than Python issues them), per step and per layer of every micro-batch. CPU: the tiny T5's
-# whole step took 13 ms (20 ms was assumed). CUDA: the one GPU measurement, an H200 (torch 2.11, 2026-11-28,
-# benchmarks/results/gpu-session-2026-11-28-h200.json): SmolLM2-135M's 30 layers, batch 16 of short chat rows,
-# steady steps of 0.29 s (LoRA) and 0.32 s (full) at 0.4-0.5 % MFU, so all but ~5 ms of it overhead; 1.5 ms a
-# layer had predicted 0.06 s. Now 10 ms a layer: fitted on that one run (in-sample, one model, one host CPU).
+# model's kernels faster than Python issues them), per step and per layer of every micro-batch.
+# - CPU: the tiny T5's step (4 layers, a tenth of it matmuls) took 13 ms in a forked process under glibc and 14-16 ms
+#   in a fresh one with tcmalloc (2026-11-29): 5 ms + 2 ms a layer (1 ms a layer predicted 10 ms; 20 ms + 2 ms a
+#   layer had been assumed first).
+# - CUDA: the one GPU measurement, an H200 (torch 2.11, 2026-11-28,
+#   benchmarks/results/gpu-session-2026-11-28-h200.json): SmolLM2-135M's 30 layers, batch 16 of short chat rows,
+#   steady steps of 0.29 s (LoRA) and 0.32 s (full) at 0.4-0.5 % MFU, so all but ~5 ms of it overhead; 1.5 ms a
+#   layer had predicted 0.06 s. Now 9.5 ms a layer: fitted on that one run (in-sample, one model, one host CPU).
 STEP_OVERHEAD_S = {"cpu": 0.005, "cuda": 0.01}
-STEP_OVERHEAD_PER_LAYER_S = {"cpu": 0.001, "cuda": 0.0095}
+STEP_OVERHEAD_PER_LAYER_S = {"cpu": 0.002, "cuda": 0.0095}
 STARTUP_S = {"cpu": 25.0, "cuda": 40.0}  # imports, model and data loading before the first step (assumed)
 
 
