@@ -53,9 +53,10 @@ LAYOUT = {
 LOGIT_COPIES = 3
 # The peak RSS of a CPU training process before the model's own memory (Python, torch, transformers, datasets, the
 # tokenizer, the data), and how much more than the saved activations the backward pass holds on a CPU (the
-# activations' gradients, and under glibc the freed blocks it keeps), by allocator: fitted on the MiniLM rows of
+# activations' gradients, and under glibc the freed blocks it keeps), by allocator, from the MiniLM rows of
 # benchmarks/bench_estimate.py without checkpointing (in-sample; the SmolLM2, T5 and checkpointed rows test them).
-# 2026-11-28, glibc: peak RSS = 700 MB + model terms + 1.5 x activations. 2026-11-29, tcmalloc: 1.0 x. Under glibc a
+# 2026-11-28, glibc: peak RSS = 700 MB + model terms + 1.5 x activations. 2026-11-29, tcmalloc: 1.0 x (the RSS
+# sampler's run measured 0.83 x; at 1.0 the grid's MiniLM rows are within -2 to +4 %). Under glibc a
 # checkpointed run's peak keeps GLIBC_CHECKPOINT_KEEPS of what the unchecked run's activations take (see the module
 # docstring; measured 0.8 on MiniLM, 0.7-0.9 on SmolLM2). A run here replaces the runtime by its own residual.
 CPU_RUNTIME_MB = 700.0
