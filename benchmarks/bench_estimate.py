@@ -53,18 +53,20 @@ def minilm(batch: int, length: int, **extra: dict) -> dict:
     return spec
 
 
-def smollm(lora: bool, checkpointing: bool, batch: int = 2) -> dict:
-    """SmolLM2-135M on Hamlet's raw text: every row a full block of max_length tokens (no padding to guess)."""
+def smollm(lora: bool, checkpointing: bool, **hyper: object) -> dict:
+    """SmolLM2-135M on Hamlet's raw text: every row a full block of max_length tokens (no padding to guess); `hyper`
+    changes the batch settings."""
     return {
         "task": "causal-lm",
         "model": {"name": LLM},
         "data": {"source": "embedded:hamlet", "max_train_samples": 400, "max_eval_samples": 4},
         "hyper": {
-            "batch_size": batch,
+            "batch_size": 2,
             "max_length": 64,
             "max_steps": 3,  # (the first two are warm-up: one steady step; a SmolLM2 step here took a minute)
             "eval_batch_size": 4,
             "gradient_checkpointing": checkpointing,
+            **hyper,
         },
         "generation": {"num_prompts": 0},
         "adapter": {"kind": "lora" if lora else "none"},
@@ -121,14 +123,8 @@ GRID = {
     # Held out: rows added after the CPU constants were fitted on the rows above (2026-11-29), to test them on
     # settings they did not see (LoRA on an encoder, longer rows, gradient accumulation); summarised apart.
     "heldout-minilm-b24-l96-lora": minilm(24, 96, adapter={"kind": "lora"}),
-    "heldout-smollm-lora-b4-l128": {
-        **smollm(True, False, batch=4),
-        "hyper": {**smollm(True, False)["hyper"], "batch_size": 4, "max_length": 128},
-    },
-    "heldout-smollm-full-accum2": {
-        **smollm(False, False),
-        "hyper": {**smollm(False, False)["hyper"], "gradient_accumulation_steps": 2},
-    },
+    "heldout-smollm-lora-b4-l128": smollm(True, False, batch_size=4, max_length=128),
+    "heldout-smollm-full-accum2": smollm(False, False, gradient_accumulation_steps=2),
 }
 HELD_OUT = "heldout-"
 SMOKE = ("minilm-b8-l32", "minilm-b32-l128")
